@@ -1,0 +1,137 @@
+"""Admin API for models and their policies (model names may contain `/`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from sqlalchemy.orm import Session
+
+from gateway.admin.schemas import ListOf, ModelCreate, ModelPublic, Policy
+from gateway.db import queries
+from gateway.db.tables import ModelPolicy
+from gateway.deps import SessionDep
+from gateway.errors import Conflict
+
+router = APIRouter(prefix="/models", tags=["models"])
+ACTOR = "admin-api"
+
+
+def policy_of(row: ModelPolicy) -> Policy:
+    """The policy stored on a model row."""
+    return Policy(
+        mode=row.mode,
+        method=row.method,
+        k=row.k,
+        itl_objective_ms=row.itl_objective_ms,
+        explore_fraction=row.explore_fraction,
+    )
+
+
+def model_public(row: ModelPolicy) -> ModelPublic:
+    """A model as the API shows it."""
+    return ModelPublic(
+        name=row.name, policy=policy_of(row), created_at=row.created_at, updated_at=row.updated_at
+    )
+
+
+def _snapshot(row: ModelPolicy) -> dict[str, Any]:
+    return {"name": row.name, "policy": policy_of(row).model_dump(mode="json")}
+
+
+def _assign(row: ModelPolicy, policy: Policy) -> None:
+    for key, value in policy.model_dump().items():
+        setattr(row, key, value)
+
+
+def create_model(session: Session, data: ModelCreate, actor: str) -> ModelPolicy:
+    """Add a model with its policy."""
+    row = ModelPolicy(name=data.name)
+    _assign(row, data.policy)
+    queries.add(session, row, f"model {data.name!r}")
+    queries.record_audit(
+        session,
+        actor=actor,
+        action="create",
+        resource=("model", row.name),
+        before=None,
+        after=_snapshot(row),
+    )
+    return row
+
+
+def ensure_model(session: Session, name: str, actor: str) -> ModelPolicy:
+    """The model called `name`, created with the default policy if it is new."""
+    row = queries.find_model(session, name)
+    return row or create_model(session, ModelCreate(name=name), actor)
+
+
+def set_policy(session: Session, name: str, policy: Policy, actor: str) -> ModelPolicy:
+    """Replace a model's policy, creating the model if it is new."""
+    row = queries.find_model(session, name)
+    if row is None:
+        return create_model(session, ModelCreate(name=name, policy=policy), actor)
+    before = _snapshot(row)
+    _assign(row, policy)
+    session.flush()
+    queries.record_audit(
+        session,
+        actor=actor,
+        action="update",
+        resource=("model", name),
+        before=before,
+        after=_snapshot(row),
+    )
+    return row
+
+
+def delete_model(session: Session, name: str, actor: str) -> None:
+    """Remove a model that no backend serves any more."""
+    row = queries.get_model(session, name)
+    serving = queries.list_backends(session, model=name)
+    if serving:
+        names = ", ".join(b.name for b in serving)
+        raise Conflict(f"model {name!r} is served by backends {names}; remove them first")
+    before = _snapshot(row)
+    session.delete(row)
+    session.flush()
+    queries.record_audit(
+        session, actor=actor, action="delete", resource=("model", name), before=before, after=None
+    )
+
+
+@router.get("")
+def list_models(session: SessionDep) -> ListOf[ModelPublic]:
+    """Every model with its policy."""
+    return ListOf[ModelPublic](data=[model_public(r) for r in queries.list_models(session)])
+
+
+@router.post("", status_code=201)
+def post_model(data: ModelCreate, session: SessionDep) -> ModelPublic:
+    """Add a model."""
+    return model_public(create_model(session, data, ACTOR))
+
+
+@router.get("/{name:path}/policy")
+def get_policy(name: str, session: SessionDep) -> Policy:
+    """A model's policy."""
+    return policy_of(queries.get_model(session, name))
+
+
+@router.put("/{name:path}/policy")
+def put_policy(name: str, policy: Policy, session: SessionDep) -> ModelPublic:
+    """Set a model's policy: auto by load, or pinned to a method and K."""
+    return model_public(set_policy(session, name, policy, ACTOR))
+
+
+@router.get("/{name:path}")
+def get_model(name: str, session: SessionDep) -> ModelPublic:
+    """One model."""
+    return model_public(queries.get_model(session, name))
+
+
+@router.delete("/{name:path}", status_code=204)
+def remove_model(name: str, session: SessionDep) -> Response:
+    """Remove a model no backend serves."""
+    delete_model(session, name, ACTOR)
+    return Response(status_code=204)

@@ -1,0 +1,258 @@
+"""Request and response shapes of the admin API (the same keys as `fleet.yaml`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar, get_args
+
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from backends.methods import METHOD_IDS, MethodSpec, spec_from_options
+
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"),
+]
+BackendName = Annotated[
+    str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+]
+GpuType = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][\w.-]*$")]
+Method = Literal[
+    "plain", "eagle3", "p-eagle", "dflash", "dspark", "ngram", "suffix", "mtp", "draft_model"
+]
+PriceKind = Literal["on-demand", "reserved", "spot"]
+assert set(METHOD_IDS) == set(get_args(Method)), "Method literal out of step with the catalog"
+
+
+class Strict(BaseModel):
+    """Refuse unknown keys, so a typo is an error rather than silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Public(BaseModel):
+    """Read from ORM rows."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+def _check_backend_url(url: AnyHttpUrl) -> str:
+    text = str(url).rstrip("/")
+    if text.endswith("/v1"):
+        raise ValueError(f"url is the server's base URL without /v1, got {text!r}")
+    return text
+
+
+class BackendFields(Strict):
+    """Fields of a backend that describe how it decodes."""
+
+    url: AnyHttpUrl
+    model: Name
+    method: Method
+    k: int | None = None
+    drafter: str | None = Field(default=None, max_length=500)
+    speculative_options: dict[str, Any] = Field(default_factory=dict)
+    gpu_type: GpuType = "B200"
+    gpu_count: int = Field(default=1, ge=1, le=1024)
+    enabled: bool = True
+    managed: bool = False
+
+    def method_spec(self) -> MethodSpec:
+        """The validated method spec (raises `InvalidMethodSpec`)."""
+        return spec_from_options(self.method, self.k, self.drafter, self.speculative_options)
+
+    @model_validator(mode="after")
+    def _check_method(self) -> Self:
+        self.method_spec()  # InvalidMethodSpec is a ValueError naming the field at fault
+        return self
+
+    def normalised_url(self) -> str:
+        """The base URL as stored: no trailing slash, no `/v1`."""
+        return _check_backend_url(self.url)
+
+    @field_validator("url")
+    @classmethod
+    def _no_v1(cls, url: AnyHttpUrl) -> AnyHttpUrl:
+        _check_backend_url(url)
+        return url
+
+
+class BackendCreate(BackendFields):
+    """A new backend."""
+
+    name: BackendName
+
+
+class BackendUpdate(Strict):
+    """A partial change to a backend; absent keys are left as they are."""
+
+    url: AnyHttpUrl | None = None
+    model: Name | None = None
+    method: Method | None = None
+    k: int | None = None
+    drafter: str | None = Field(default=None, max_length=500)
+    speculative_options: dict[str, Any] | None = None
+    gpu_type: GpuType | None = None
+    gpu_count: int | None = Field(default=None, ge=1, le=1024)
+    enabled: bool | None = None
+    managed: bool | None = None
+
+
+class BackendPublic(Public):
+    """A backend as the API shows it, with the vLLM speculative config it implies."""
+
+    name: str
+    url: str
+    model: str
+    method: str
+    k: int | None
+    drafter: str | None
+    speculative_options: dict[str, Any]
+    speculative_config: dict[str, Any] | None = None
+    gpu_type: str
+    gpu_count: int
+    enabled: bool
+    managed: bool
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class Policy(Strict):
+    """How a model's traffic picks a method: pinned to one, or the planner's choice by load."""
+
+    mode: Literal["auto", "pinned"] = "auto"
+    method: Method | None = None
+    k: int | None = Field(default=None, ge=1, le=64)
+    itl_objective_ms: float | None = Field(default=None, gt=0)
+    explore_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _pinned_names_method(self) -> Self:
+        if self.mode == "pinned" and self.method is None:
+            raise ValueError("a pinned policy needs a method (mode='pinned', method=None)")
+        if self.k is not None and self.method is None:
+            raise ValueError(f"k={self.k} needs a method to apply to")
+        if self.method == "plain" and self.k is not None:
+            raise ValueError(f"method 'plain' takes no k, got k={self.k}")
+        return self
+
+
+class ModelCreate(Strict):
+    """A new model, with its policy (default: auto)."""
+
+    name: Name
+    policy: Policy = Field(default_factory=Policy)
+
+
+class ModelPublic(BaseModel):
+    """A model and its policy."""
+
+    name: str
+    policy: Policy
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class PriceFields(Strict):
+    """What one GPU-hour costs, and where that figure came from."""
+
+    usd_per_gpu_hour: float = Field(ge=0, le=1000)
+    source: str = Field(min_length=1, max_length=500)
+    date: dt.date
+
+
+class PriceCreate(PriceFields):
+    """A new GPU price."""
+
+    gpu_type: GpuType
+    kind: PriceKind = "on-demand"
+
+
+class PriceUpdate(Strict):
+    """A partial change to a GPU price."""
+
+    usd_per_gpu_hour: float | None = Field(default=None, ge=0, le=1000)
+    source: str | None = Field(default=None, min_length=1, max_length=500)
+    date: dt.date | None = None
+
+
+class PricePublic(Public):
+    """A GPU price as the API shows it."""
+
+    id: int
+    gpu_type: str
+    usd_per_gpu_hour: float
+    kind: str
+    source: str
+    date: dt.date
+
+
+class KeyLimits(Strict):
+    """Limits of one API key; None means unlimited."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    budget_usd: float | None = Field(default=None, ge=0)
+    budget_period: Literal["daily", "monthly", "total"] = "monthly"
+    allowed_models: list[Name] | None = None
+
+
+class KeyCreate(KeyLimits):
+    """A new API key."""
+
+    name: str = Field(min_length=1, max_length=200)
+
+
+class KeyUpdate(Strict):
+    """A partial change to an API key's name or limits."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    budget_usd: float | None = Field(default=None, ge=0)
+    budget_period: Literal["daily", "monthly", "total"] | None = None
+    allowed_models: list[Name] | None = None
+
+
+class KeyPublic(Public):
+    """An API key as the API shows it: never the key, only its prefix."""
+
+    id: int
+    name: str
+    key_prefix: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    budget_usd: float | None
+    budget_period: str
+    allowed_models: list[str] | None
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+
+
+class KeyCreated(KeyPublic):
+    """A key just created: the only response that carries the secret."""
+
+    key: str
+
+
+class AuditPublic(Public):
+    """One audit log entry."""
+
+    id: int
+    at: dt.datetime
+    actor: str
+    action: str
+    resource_type: str
+    resource_id: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+ItemT = TypeVar("ItemT", bound=BaseModel)
+
+
+class ListOf(BaseModel, Generic[ItemT]):
+    """A list in OpenAI's shape."""
+
+    object: Literal["list"] = "list"
+    data: list[ItemT]

@@ -1,0 +1,229 @@
+"""The `draftgate` command: the stack, the gateway alone, the database and API keys."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+import uvicorn
+from pydantic import SecretStr, ValidationError
+
+from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
+db_app = typer.Typer(help="Database schema.")
+keys_app = typer.Typer(help="Client API keys.")
+app.add_typer(db_app, name="db")
+app.add_typer(keys_app, name="keys")
+
+Port = Annotated[int, typer.Option(min=1, max=65535)]
+CLI_ACTOR = "cli"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"draftgate: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings(**overrides: object) -> Settings:
+    """Settings from the environment, with command-line overrides; exit 2 when invalid."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        _fail("invalid settings: " + "; ".join(str(e["msg"]) for e in exc.errors()))
+
+
+def _serve(settings: Settings) -> None:
+    from gateway.app import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(levelname)s %(name)s %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+    )
+
+
+@app.command()
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Interface to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535)] = None,
+) -> None:
+    """Run the gateway alone (settings from DRAFTGATE_* and DRAFTGATE_FLEET)."""
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = _settings(**overrides)
+    if settings.admin_token is None:
+        _fail("DRAFTGATE_ADMIN_TOKEN is not set; the admin API needs a token")
+    _serve(settings)
+
+
+@app.command()
+def up(
+    port: Port = 8080,
+    dashboard_port: Port = 8501,
+    sim_base_port: Port = 8101,
+    time_scale: float = 1.0,
+    demo_traffic: bool = False,
+    dashboard: bool = True,
+) -> None:
+    """Run the whole stack locally on SQLite (what exists so far: the gateway and admin API)."""
+    settings = _settings(port=port)
+    if settings.admin_token is None:
+        token = secrets.token_urlsafe(32)
+        settings = settings.model_copy(update={"admin_token": SecretStr(token)})
+    _prepare(settings)
+    _print_banner(settings)
+    _serve(settings)
+
+
+def _prepare(settings: Settings) -> None:
+    from gateway.app import prepare_database
+    from gateway.db.session import make_engine
+
+    engine = make_engine(settings.database_url)
+    try:
+        prepare_database(settings, engine)
+    finally:
+        engine.dispose()
+
+
+def _print_banner(settings: Settings) -> None:
+    assert settings.admin_token is not None
+    base = f"http://{settings.host}:{settings.port}"
+    typer.echo(
+        f"""
+draftgate is starting
+  gateway      {base}   (OpenAI API at {base}/v1 arrives with the gateway issue)
+  admin API    {base}/admin/v1   docs: {base}/docs
+  database     {settings.database_url}
+  admin token  {settings.admin_token.get_secret_value()}
+
+  try: curl -H 'Authorization: Bearer {settings.admin_token.get_secret_value()}' \\
+         {base}/admin/v1/backends
+
+  not started yet: simulated backends, collector, dashboard, demo traffic
+  (their issues: the vLLM simulator, measure-and-act, the dashboard, ship-it)
+Ctrl-C stops everything.
+""",
+        err=False,
+    )
+    sys.stdout.flush()
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Apply every pending migration to DRAFTGATE_DATABASE_URL."""
+    from gateway.db import migrate
+    from gateway.db.session import make_engine
+
+    engine = make_engine(_settings().database_url)
+    try:
+        before = migrate.current_revision(engine)
+        migrate.upgrade(engine)
+        after = migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+    status = "already at" if before == after else f"upgraded from {before or 'empty'} to"
+    typer.echo(f"database {status} revision {after}")
+
+
+@contextmanager
+def _session() -> Iterator[Session]:
+    """A transaction on the migrated database of the current settings."""
+    from gateway.db import migrate
+    from gateway.db.session import make_engine, make_sessionmaker, transaction
+
+    engine = make_engine(_settings().database_url)
+    try:
+        migrate.upgrade(engine)
+        with transaction(make_sessionmaker(engine)) as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+@keys_app.command("create")
+def keys_create(
+    name: str,
+    requests_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    budget_usd: Annotated[float | None, typer.Option(min=0)] = None,
+) -> None:
+    """Create an API key and print it once."""
+    from gateway.admin.keys import create_key
+    from gateway.admin.schemas import KeyCreate
+
+    data = KeyCreate(
+        name=name,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        budget_usd=budget_usd,
+    )
+    with _session() as session:
+        created = create_key(session, data, CLI_ACTOR)
+    typer.echo(f"created key {created.id} ({created.name}); it is shown only this once:")
+    typer.echo(created.key)
+
+
+@keys_app.command("list")
+def keys_list(include_revoked: bool = False) -> None:
+    """List API keys (prefixes only; secrets are never stored)."""
+    from gateway.db import queries
+
+    with _session() as session:
+        rows = queries.list_keys(session, include_revoked)
+        typer.echo(f"{'id':>5}  {'prefix':<12} {'name':<24} {'created':<20} revoked")
+        for row in rows:
+            created = row.created_at.strftime("%Y-%m-%d %H:%M:%S")
+            revoked = row.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if row.revoked_at else "-"
+            typer.echo(f"{row.id:>5}  {row.key_prefix:<12} {row.name:<24} {created:<20} {revoked}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: int) -> None:
+    """Revoke an API key by id."""
+    from gateway.admin.keys import revoke_key
+    from gateway.errors import NotFound
+
+    try:
+        with _session() as session:
+            row = revoke_key(session, key_id, CLI_ACTOR)
+    except NotFound as exc:
+        _fail(exc.message, 1)
+    typer.echo(f"revoked key {row.id} ({row.key_prefix}…, {row.name})")
+
+
+def _not_yet(command: str, issue: str) -> NoReturn:
+    _fail(f"`draftgate {command}` is not implemented yet; it arrives with {issue}")
+
+
+@app.command(context_settings=PASSTHROUGH)
+def sim() -> None:
+    """One simulated vLLM server (not implemented yet)."""
+    _not_yet("sim", "the vLLM simulator issue")
+
+
+@app.command(context_settings=PASSTHROUGH)
+def bench() -> None:
+    """A load sweep against a backend (not implemented yet)."""
+    _not_yet("bench", "the measure-and-act issue")
+
+
+@app.command(context_settings=PASSTHROUGH)
+def plan() -> None:
+    """The planner from the command line (not implemented yet)."""
+    _not_yet("plan", "the planner issue")

@@ -1,0 +1,220 @@
+"""The database tables, as SQLAlchemy 2 typed models."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Date,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from gateway.db.base import Base, UtcDateTime, utcnow
+
+# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAME = 200
+URL = 500
+
+
+class Timestamps:
+    """Creation and last-update times."""
+
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Backend(Timestamps, Base):
+    """One vLLM server serving one model with one decoding method."""
+
+    __tablename__ = "backends"
+    __table_args__ = (CheckConstraint("gpu_count >= 1", name="gpu_count_positive"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME), unique=True)
+    url: Mapped[str] = mapped_column(String(URL))
+    model: Mapped[str] = mapped_column(String(NAME), index=True)
+    method: Mapped[str] = mapped_column(String(32))
+    k: Mapped[int | None]
+    drafter: Mapped[str | None] = mapped_column(String(URL))
+    # vLLM speculative-config keys beyond method, model and K (schedule, adaptive verification…).
+    speculative_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    gpu_count: Mapped[int] = mapped_column(default=1)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    # Managed backends are started and stopped by draftgate; external ones only routed to.
+    managed: Mapped[bool] = mapped_column(default=False)
+
+
+class ModelPolicy(Timestamps, Base):
+    """A served model name and the policy choosing which method serves it."""
+
+    __tablename__ = "models"
+    __table_args__ = (
+        CheckConstraint("mode IN ('auto', 'pinned')", name="mode_known"),
+        CheckConstraint("explore_fraction >= 0 AND explore_fraction <= 1", name="explore_range"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME), unique=True)
+    mode: Mapped[str] = mapped_column(String(16), default="auto")
+    method: Mapped[str | None] = mapped_column(String(32))
+    k: Mapped[int | None]
+    itl_objective_ms: Mapped[float | None]
+    explore_fraction: Mapped[float] = mapped_column(default=0.0)
+
+
+class ApiKey(Base):
+    """A client API key; only its SHA-256 hash and a display prefix are stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME))
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    requests_per_minute: Mapped[int | None]
+    tokens_per_minute: Mapped[int | None]
+    budget_usd: Mapped[float | None]
+    budget_period: Mapped[str] = mapped_column(String(16), default="monthly")
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class GpuPrice(Timestamps, Base):
+    """What one GPU-hour of a type costs, with where the figure came from."""
+
+    __tablename__ = "gpu_prices"
+    __table_args__ = (
+        UniqueConstraint("gpu_type", "kind"),
+        CheckConstraint("kind IN ('on-demand', 'reserved', 'spot')", name="kind_known"),
+        CheckConstraint("usd_per_gpu_hour >= 0", name="price_not_negative"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    usd_per_gpu_hour: Mapped[float]
+    kind: Mapped[str] = mapped_column(String(16), default="on-demand")
+    source: Mapped[str] = mapped_column(String(URL))
+    date: Mapped[date] = mapped_column(Date)
+
+
+class UsageRecord(Base):
+    """One client request as the ledger saw it."""
+
+    __tablename__ = "usage_records"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    model: Mapped[str] = mapped_column(String(NAME))
+    method: Mapped[str | None] = mapped_column(String(32))
+    backend_name: Mapped[str | None] = mapped_column(String(NAME))
+    prompt_tokens: Mapped[int] = mapped_column(default=0)
+    completion_tokens: Mapped[int] = mapped_column(default=0)
+    status_code: Mapped[int]
+    outcome: Mapped[str] = mapped_column(String(16))
+    latency_ms: Mapped[float]
+    ttft_ms: Mapped[float | None]
+    concurrency: Mapped[float | None]
+    cost_usd: Mapped[float | None]
+    baseline_cost_usd: Mapped[float | None]
+
+
+class UsageHourly(Base):
+    """Usage rolled up per hour, model, method, backend and key (0 = no key)."""
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (UniqueConstraint("hour", "model", "method", "backend_name", "api_key_id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UtcDateTime)
+    model: Mapped[str] = mapped_column(String(NAME))
+    method: Mapped[str] = mapped_column(String(32))
+    backend_name: Mapped[str] = mapped_column(String(NAME))
+    api_key_id: Mapped[int] = mapped_column(default=0)
+    requests: Mapped[int] = mapped_column(default=0)
+    errors: Mapped[int] = mapped_column(default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(default=0.0)
+    baseline_cost_usd: Mapped[float] = mapped_column(default=0.0)
+
+
+class Measurement(Base):
+    """One observed performance point of a method at a concurrency."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        Index("ix_measurements_model_method_gpu_type", "model", "method", "gpu_type"),
+        CheckConstraint("source IN ('scrape', 'bench', 'import')", name="source_known"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model: Mapped[str] = mapped_column(String(NAME))
+    method: Mapped[str] = mapped_column(String(32))
+    k: Mapped[int] = mapped_column(default=0)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    gpu_count: Mapped[int] = mapped_column(default=1)
+    concurrency: Mapped[float]
+    output_tokens_per_s: Mapped[float]
+    mean_acceptance_length: Mapped[float | None]
+    acceptance_per_position: Mapped[list[float] | None] = mapped_column(JSON)
+    ttft_ms: Mapped[float | None]
+    itl_ms: Mapped[float | None]
+    source: Mapped[str] = mapped_column(String(16))
+    backend_name: Mapped[str | None] = mapped_column(String(NAME))
+    measured_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class BenchmarkRun(Base):
+    """A load sweep against one backend: its parameters, progress and results."""
+
+    __tablename__ = "benchmark_runs"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
+            name="status_known",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    model: Mapped[str] = mapped_column(String(NAME))
+    url: Mapped[str] = mapped_column(String(URL))
+    backend_name: Mapped[str | None] = mapped_column(String(NAME))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    progress: Mapped[float] = mapped_column(default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class AuditEntry(Base):
+    """One change made through the admin API, the CLI or fleet.yaml."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(16))
+    resource_type: Mapped[str] = mapped_column(String(32))
+    resource_id: Mapped[str] = mapped_column(String(URL))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON)

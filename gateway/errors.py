@@ -1,0 +1,142 @@
+"""The one error model: `GatewayError` and its rendering as the OpenAI error envelope."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class GatewayError(Exception):
+    """An error with an HTTP status, rendered as `{"error": {...}}`."""
+
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def envelope(self) -> dict[str, Any]:
+        """The OpenAI error body."""
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+class InvalidRequest(GatewayError):
+    """The request is malformed or names invalid values."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ValidationFailed(InvalidRequest):
+    """A well-formed body whose fields fail validation."""
+
+    status_code = 422
+
+
+class AuthenticationFailed(GatewayError):
+    """Missing or wrong credentials."""
+
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    """The named resource does not exist."""
+
+    status_code = 404
+    error_type = "not_found_error"
+    code = "not_found"
+
+
+class Conflict(GatewayError):
+    """The resource already exists."""
+
+    status_code = 409
+    error_type = "conflict_error"
+    code = "already_exists"
+
+
+class ServiceUnavailable(GatewayError):
+    """A dependency (database, every backend) is unavailable."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "service_unavailable"
+
+
+def error_body(
+    message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """Build the OpenAI error envelope."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def _location(error: Mapping[str, Any]) -> str:
+    """The dotted field an error is about; a model-level error may name its field itself."""
+    parts = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
+    field = getattr(error.get("ctx", {}).get("error"), "field", None)
+    if isinstance(field, str):
+        parts.append(field)
+    return ".".join(parts) or "body"
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    if error.get("type") == "json_invalid":
+        return "request body is not valid JSON"
+    return f"{_location(error)}: {error.get('msg', 'invalid value')}"
+
+
+def validation_failed(errors: Sequence[Mapping[str, Any]]) -> ValidationFailed:
+    """A 422 that names the offending fields, the first one as `param`."""
+    if not errors:
+        return ValidationFailed("invalid request", code="invalid_value")
+    first = errors[0]
+    param = None if first.get("type") == "json_invalid" else _location(first)
+    message = "; ".join(_describe(e) for e in errors[:5])
+    return ValidationFailed(message, param=param, code="invalid_value")
+
+
+async def _on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return JSONResponse(exc.envelope(), status_code=exc.status_code)
+
+
+async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    error = validation_failed(exc.errors())
+    return JSONResponse(error.envelope(), status_code=error.status_code)
+
+
+async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kinds = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
+    body = error_body(str(exc.detail), kinds.get(exc.status_code, "invalid_request_error"))
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error", exc_info=exc)
+    body = error_body("internal error", "server_error", None, "internal_error")
+    return JSONResponse(body, status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Render every error of the app as the OpenAI envelope."""
+    app.add_exception_handler(GatewayError, _on_gateway_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,86 @@
+"""`fleet.yaml`: backends, models with policies, and GPU prices, declared and applied at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError
+from sqlalchemy.orm import Session
+
+from gateway.admin.backends import create_backend, update_backend
+from gateway.admin.models import set_policy
+from gateway.admin.prices import create_price, update_price
+from gateway.admin.schemas import (
+    BackendCreate,
+    BackendUpdate,
+    Name,
+    Policy,
+    PriceCreate,
+    PriceUpdate,
+    Strict,
+)
+from gateway.db import queries
+
+ACTOR = "fleet"
+
+
+class FleetError(ValueError):
+    """A fleet file that cannot be read or does not validate."""
+
+
+class FleetModel(Strict):
+    """A model and its policy as declared in the fleet file."""
+
+    name: Name
+    policy: Policy = Field(default_factory=Policy)
+
+
+class Fleet(Strict):
+    """The whole fleet file."""
+
+    backends: list[BackendCreate] = Field(default_factory=list)
+    models: list[FleetModel] = Field(default_factory=list)
+    prices: list[PriceCreate] = Field(default_factory=list)
+
+
+def load_fleet(path: Path) -> Fleet:
+    """Read and validate a fleet file, naming the file and field on error."""
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+        return Fleet.model_validate(document)
+    except OSError as exc:
+        raise FleetError(f"cannot read fleet file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise FleetError(f"fleet file {path} is not valid YAML: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise FleetError(f"fleet file {path}: {where}: {first['msg']}") from exc
+
+
+def apply_fleet(session: Session, fleet: Fleet) -> None:
+    """Create or update what the fleet declares; what it does not mention is left alone."""
+    for model in fleet.models:
+        set_policy(session, model.name, model.policy, ACTOR)
+    for backend in fleet.backends:
+        _apply_backend(session, backend)
+    for price in fleet.prices:
+        _apply_price(session, price)
+
+
+def _apply_backend(session: Session, backend: BackendCreate) -> None:
+    if queries.find_backend(session, backend.name) is None:
+        create_backend(session, backend, ACTOR)
+        return
+    fields = backend.model_dump(mode="json", exclude={"name"})
+    update_backend(session, backend.name, BackendUpdate.model_validate(fields), ACTOR)
+
+
+def _apply_price(session: Session, price: PriceCreate) -> None:
+    row = queries.find_price(session, price.gpu_type, price.kind)
+    if row is None:
+        create_price(session, price, ACTOR)
+        return
+    patch = PriceUpdate.model_validate(price.model_dump(exclude={"gpu_type", "kind"}))
+    update_price(session, row.id, patch, ACTOR)
