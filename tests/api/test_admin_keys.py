@@ -1,0 +1,57 @@
+"""Admin API for API keys: shown once, stored hashed."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from gateway.settings import Settings
+from tests.api.test_admin_backends import assert_envelope
+
+
+async def test_key_is_shown_once_and_stored_hashed(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
+    created = await client.post("/admin/v1/keys", json={"name": "team-a", "budget_usd": 100})
+    assert created.status_code == 201, created.text
+    key = created.json()["key"]
+    assert key.startswith("dg-") and len(key) > 40
+    assert created.json()["key_prefix"] == key[:10]
+
+    read = (await client.get(f"/admin/v1/keys/{created.json()['id']}")).text
+    listed = (await client.get("/admin/v1/keys")).text
+    audit = (await client.get("/admin/v1/audit")).text
+    for text_seen in (read, listed, audit):
+        assert key not in text_seen
+        assert hashlib.sha256(key.encode()).hexdigest() not in text_seen
+
+    engine = create_engine(settings.database_url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT key_hash, key_prefix FROM api_keys")).all()
+    engine.dispose()
+    assert rows == [(hashlib.sha256(key.encode()).hexdigest(), key[:10])]
+
+
+async def test_limits_update_and_revoke(client: httpx.AsyncClient) -> None:
+    key_id = (await client.post("/admin/v1/keys", json={"name": "k"})).json()["id"]
+    patched = await client.patch(f"/admin/v1/keys/{key_id}", json={"requests_per_minute": 60})
+    assert patched.json()["requests_per_minute"] == 60
+    assert patched.json()["name"] == "k"
+    revoked = await client.delete(f"/admin/v1/keys/{key_id}")
+    assert revoked.status_code == 200
+    assert revoked.json()["revoked_at"] is not None
+    assert (await client.get("/admin/v1/keys")).json()["data"] == []
+    everything = await client.get("/admin/v1/keys", params={"include_revoked": True})
+    assert [k["id"] for k in everything.json()["data"]] == [key_id]
+    actions = [e["action"] for e in (await client.get("/admin/v1/audit")).json()["data"]]
+    assert actions == ["revoke", "update", "create"]
+
+
+async def test_key_errors(client: httpx.AsyncClient) -> None:
+    assert_envelope(await client.get("/admin/v1/keys/999"), 404, "key_id")
+    assert_envelope(await client.delete("/admin/v1/keys/999"), 404)
+    assert_envelope(await client.post("/admin/v1/keys", json={"name": ""}), 422, "name")
+    bad_limit = {"name": "x", "tokens_per_minute": 0}
+    assert_envelope(await client.post("/admin/v1/keys", json=bad_limit), 422, "tokens_per_minute")

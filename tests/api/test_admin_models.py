@@ -1,0 +1,81 @@
+"""Admin API for models and policies (model names contain `/`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.test_admin_backends import EAGLE3, assert_envelope
+
+MODEL = "Qwen/Qwen3-8B"
+
+
+async def test_backend_creates_its_model_with_the_auto_policy(client: httpx.AsyncClient) -> None:
+    await client.post("/admin/v1/backends", json=EAGLE3)
+    model = (await client.get(f"/admin/v1/models/{MODEL}")).json()
+    assert model["name"] == MODEL
+    assert model["policy"] == {
+        "mode": "auto",
+        "method": None,
+        "k": None,
+        "itl_objective_ms": None,
+        "explore_fraction": 0.0,
+    }
+
+
+async def test_put_policy_pins_a_method_and_is_audited(client: httpx.AsyncClient) -> None:
+    await client.post("/admin/v1/backends", json=EAGLE3)
+    policy = {"mode": "pinned", "method": "eagle3", "k": 3, "itl_objective_ms": 25.0}
+    response = await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)
+    assert response.status_code == 200, response.text
+    stored = (await client.get(f"/admin/v1/models/{MODEL}/policy")).json()
+    assert stored == {**policy, "explore_fraction": 0.0}
+    [entry, *_] = (await client.get("/admin/v1/audit", params={"resource_type": "model"})).json()[
+        "data"
+    ]
+    assert (entry["action"], entry["resource_id"]) == ("update", MODEL)
+    assert entry["before"]["policy"]["mode"] == "auto"
+    assert entry["after"]["policy"]["method"] == "eagle3"
+
+
+async def test_put_policy_creates_an_unknown_model(client: httpx.AsyncClient) -> None:
+    response = await client.put("/admin/v1/models/org/new-model/policy", json={"mode": "auto"})
+    assert response.status_code == 200
+    names = [m["name"] for m in (await client.get("/admin/v1/models")).json()["data"]]
+    assert names == ["org/new-model"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "param", "fragment"),
+    [
+        ({"mode": "pinned"}, "body", "pinned policy needs a method"),
+        ({"mode": "sometimes"}, "mode", "'auto' or 'pinned'"),
+        ({"mode": "auto", "explore_fraction": 1.5}, "explore_fraction", "less than or equal"),
+        ({"mode": "pinned", "method": "dflash", "k": 0}, "k", "greater than or equal to 1"),
+        ({"mode": "pinned", "method": "plain", "k": 2}, "body", "'plain' takes no k"),
+        ({"mode": "auto", "itl_objective_ms": -1}, "itl_objective_ms", "greater than 0"),
+    ],
+)
+async def test_invalid_policy_is_422(
+    client: httpx.AsyncClient, policy: dict[str, Any], param: str, fragment: str
+) -> None:
+    response = await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)
+    assert fragment in assert_envelope(response, 422, param=param)
+
+
+async def test_create_model_conflicts_and_deletes(client: httpx.AsyncClient) -> None:
+    created = await client.post("/admin/v1/models", json={"name": "a/b"})
+    assert created.status_code == 201
+    assert_envelope(await client.post("/admin/v1/models", json={"name": "a/b"}), 409)
+    assert (await client.delete("/admin/v1/models/a/b")).status_code == 204
+    assert_envelope(await client.get("/admin/v1/models/a/b"), 404, param="model")
+    assert_envelope(await client.get("/admin/v1/models/a/b/policy"), 404)
+
+
+async def test_model_with_backends_cannot_be_deleted(client: httpx.AsyncClient) -> None:
+    await client.post("/admin/v1/backends", json=EAGLE3)
+    message = assert_envelope(await client.delete(f"/admin/v1/models/{MODEL}"), 409)
+    assert "qwen-eagle3" in message
+    assert (await client.get(f"/admin/v1/models/{MODEL}")).status_code == 200

@@ -1,0 +1,176 @@
+"""End-to-end helpers: the real `draftgate` console script as a subprocess on a free port."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+DRAFTGATE = Path(sys.executable).parent / "draftgate"
+ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
+HEALTH_TIMEOUT_S = 20.0
+EXIT_TIMEOUT_S = 10.0
+CLI_TIMEOUT_S = 60.0
+POLL_INTERVAL_S = 0.05
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def draftgate_env(**variables: str) -> dict[str, str]:
+    """This process's environment without any DRAFTGATE_* variable, plus `variables`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTGATE_")}
+    env.update(variables)
+    return env
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """The URL the gateway's settings would use (psycopg 3 for PostgreSQL)."""
+    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", database_url)
+
+
+CliRunner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path) -> CliRunner:
+    """Run `draftgate ARGS...` to completion with an explicit environment, in tmp_path."""
+
+    def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(DRAFTGATE), *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+        )
+
+    return run
+
+
+@dataclass
+class Server:
+    """A running `draftgate` process listening on `port`; its output goes to `log_path`."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    log_file: IO[bytes] = field(repr=False)
+
+    @property
+    def base_url(self) -> str:
+        """Where the process listens."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        """Everything the process wrote so far (stdout and stderr)."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        """An HTTP client for this server, carrying `token` as the bearer when given."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=10.0)
+
+    def _fail_if_exited(self, waiting_for: str) -> None:
+        code = self.process.poll()
+        if code is not None:
+            pytest.fail(f"draftgate exited with {code} before {waiting_for}:\n{self.output()}")
+
+    def wait_healthy(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        """Poll GET /health until it answers 200; fail with the output if the process dies."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(base_url=self.base_url, timeout=1.0) as http:
+            while time.monotonic() < deadline:
+                self._fail_if_exited("answering /health")
+                try:
+                    if http.get("/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(POLL_INTERVAL_S)
+        pytest.fail(f"/health did not answer within {timeout_s} s:\n{self.output()}")
+
+    def wait_for_output(self, pattern: str, timeout_s: float = HEALTH_TIMEOUT_S) -> re.Match[str]:
+        """Wait until the output matches `pattern` (a regex); the match."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = re.search(pattern, self.output(), re.MULTILINE)
+            if match:
+                return match
+            self._fail_if_exited(f"printing {pattern!r}")
+            time.sleep(POLL_INTERVAL_S)
+        pytest.fail(f"no output matching {pattern!r} within {timeout_s} s:\n{self.output()}")
+
+    def stop(self, sig: signal.Signals, timeout_s: float = EXIT_TIMEOUT_S) -> int:
+        """Send `sig` and wait for the process to exit; its exit code."""
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"draftgate did not exit within {timeout_s} s of {sig.name}")
+
+    def close(self) -> None:
+        """Terminate the process if it still runs (kill it if it will not exit)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log_file.close()
+
+
+ServerStarter = Callable[..., Server]
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[ServerStarter]:
+    """Start `draftgate ARGS... --port P` on a free port and wait until /health answers.
+
+    Every process started is terminated in teardown, whatever the test did.
+    """
+    servers: list[Server] = []
+
+    def start(*args: str, env: dict[str, str], wait: bool = True) -> Server:
+        port = free_port()
+        log_path = tmp_path / f"draftgate-{len(servers)}-{port}.log"
+        log_file = log_path.open("wb")
+        process = subprocess.Popen(
+            [str(DRAFTGATE), *args, "--port", str(port)],
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        server = Server(process=process, port=port, log_path=log_path, log_file=log_file)
+        servers.append(server)
+        if wait:
+            server.wait_healthy()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()

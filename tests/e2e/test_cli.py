@@ -1,0 +1,219 @@
+"""The `draftgate` console script end to end: real processes, real sockets, real databases."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from gateway.db.base import Base
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    CliRunner,
+    Server,
+    ServerStarter,
+    draftgate_env,
+    sqlalchemy_url,
+)
+
+BACKEND = {
+    "name": "qwen-eagle3",
+    "url": "http://127.0.0.1:8102",
+    "model": "Qwen/Qwen3-8B",
+    "method": "eagle3",
+    "k": 3,
+    "drafter": "RedHatAI/Qwen3-8B-speculator.eagle3",
+}
+SPECULATIVE_CONFIG = {
+    "method": "eagle3",
+    "model": "RedHatAI/Qwen3-8B-speculator.eagle3",
+    "num_speculative_tokens": 3,
+}
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def _table_names(database_url: str) -> set[str]:
+    engine = create_engine(sqlalchemy_url(database_url))
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _assert_openai_error(body: Any) -> None:
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str)
+    assert body["error"]["message"]
+
+
+def _create_backend_and_check_audit(server: Server, token: str) -> None:
+    """POST a backend, read it back, and find its creation in the audit log."""
+    with server.client(token) as http:
+        created = http.post("/admin/v1/backends", json=BACKEND)
+        assert created.status_code == 201, created.text
+        assert created.json()["speculative_config"] == SPECULATIVE_CONFIG
+
+        listed = http.get("/admin/v1/backends")
+        assert listed.status_code == 200
+        (backend,) = listed.json()["data"]
+        assert {k: backend[k] for k in BACKEND} == BACKEND
+
+        audit = http.get("/admin/v1/audit", params={"resource_type": "backend"})
+        assert audit.status_code == 200
+        (entry,) = audit.json()["data"]
+    assert (entry["action"], entry["resource_type"], entry["resource_id"]) == (
+        "create",
+        "backend",
+        "qwen-eagle3",
+    )
+    assert entry["before"] is None
+    assert {k: entry["after"][k] for k in BACKEND} == BACKEND
+
+
+# --- draftgate db upgrade ---------------------------------------------------------------
+
+
+def test_db_upgrade_creates_schema_once(run_cli: CliRunner, database_url: str) -> None:
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+
+    first = run_cli("db", "upgrade", env=env)
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"upgraded from empty to revision \S+", first.stdout), first.stdout
+
+    second = run_cli("db", "upgrade", env=env)
+    assert second.returncode == 0, second.stderr
+    assert "already at revision" in second.stdout
+    assert "upgraded" not in second.stdout
+
+    tables = _table_names(database_url)
+    assert set(Base.metadata.tables) <= tables
+    assert "alembic_version" in tables
+
+
+# --- draftgate gateway ------------------------------------------------------------------
+
+
+def test_gateway_serves_admin_api_and_stops_on_sigterm(
+    start_server: ServerStarter, database_url: str
+) -> None:
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url, DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN)
+    server = start_server("gateway", env=env)
+
+    _create_backend_and_check_audit(server, ADMIN_TOKEN)
+    with server.client() as anonymous:
+        refused = anonymous.get("/admin/v1/backends")
+    assert refused.status_code == 401
+    _assert_openai_error(refused.json())
+    with server.client("not-the-admin-token-at-all") as wrong:
+        assert wrong.get("/admin/v1/backends").status_code == 401
+
+    code = server.stop(signal.SIGTERM, timeout_s=SHUTDOWN_TIMEOUT_S)
+    assert code == 0, server.output()
+
+
+def test_gateway_without_admin_token_refuses_to_start(run_cli: CliRunner, tmp_path: Path) -> None:
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/draftgate.db")
+    result = run_cli("gateway", "--port", "1", env=env)
+    assert result.returncode == 2
+    assert "DRAFTGATE_ADMIN_TOKEN" in result.stderr
+
+
+def test_gateway_refuses_placeholder_admin_token(run_cli: CliRunner, tmp_path: Path) -> None:
+    env = draftgate_env(
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/draftgate.db",
+        DRAFTGATE_ADMIN_TOKEN="changeme",
+    )
+    result = run_cli("gateway", "--port", "1", env=env)
+    assert result.returncode == 2
+    assert "placeholder" in result.stderr
+    assert "changeme" not in result.stderr  # the secret is never echoed
+
+
+def test_gateway_dev_mode_accepts_placeholder_token(
+    start_server: ServerStarter, tmp_path: Path
+) -> None:
+    env = draftgate_env(
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/draftgate.db",
+        DRAFTGATE_ADMIN_TOKEN="changeme",
+        DRAFTGATE_DEV_MODE="true",
+    )
+    server = start_server("gateway", env=env)
+    with server.client("changeme") as http:
+        assert http.get("/health").json() == {"status": "ok"}
+        assert http.get("/admin/v1/backends").json() == {"object": "list", "data": []}
+
+
+# --- draftgate up -----------------------------------------------------------------------
+
+
+def _start_up(start_server: ServerStarter, database_url: str) -> tuple[Server, str]:
+    server = start_server("up", env=draftgate_env(DRAFTGATE_DATABASE_URL=database_url))
+    token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
+    return server, token
+
+
+def test_up_generates_token_and_reuses_database(
+    start_server: ServerStarter, tmp_path: Path
+) -> None:
+    database_url = f"sqlite:///{tmp_path}/up.db"
+    server, token = _start_up(start_server, database_url)
+    assert len(token) >= 32
+    _create_backend_and_check_audit(server, token)
+    assert server.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, server.output()
+
+    again, new_token = _start_up(start_server, database_url)
+    assert new_token != token  # a fresh token each start when none is configured
+    with again.client(new_token) as http:
+        names = [b["name"] for b in http.get("/admin/v1/backends").json()["data"]]
+    assert names == ["qwen-eagle3"]
+    assert again.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, again.output()
+
+
+# --- draftgate keys ---------------------------------------------------------------------
+
+
+def test_keys_create_list_revoke(run_cli: CliRunner, database_url: str) -> None:
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+
+    created = run_cli("keys", "create", "team-a", env=env)
+    assert created.returncode == 0, created.stderr
+    match = re.search(r"created key (\d+) \(team-a\)", created.stdout)
+    assert match, created.stdout
+    key_id = match.group(1)
+    keys = [w for w in created.stdout.split() if w.startswith("dg-")]
+    assert len(keys) == 1, created.stdout
+    key = keys[0]
+    assert len(key) > 20
+
+    listed = run_cli("keys", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert key[:10] in listed.stdout
+    assert "team-a" in listed.stdout
+    assert key not in listed.stdout
+
+    revoked = run_cli("keys", "revoke", key_id, env=env)
+    assert revoked.returncode == 0, revoked.stderr
+    assert f"revoked key {key_id}" in revoked.stdout
+    assert "team-a" not in run_cli("keys", "list", env=env).stdout
+    with_revoked = run_cli("keys", "list", "--include-revoked", env=env).stdout
+    (row,) = [line for line in with_revoked.splitlines() if "team-a" in line]
+    assert not row.rstrip().endswith(" -")  # carries a revocation time
+
+    unknown = run_cli("keys", "revoke", "999999", env=env)
+    assert unknown.returncode == 1
+    assert "999999" in unknown.stderr
+
+
+# --- commands still to come -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["sim", "bench", "plan"])
+def test_unimplemented_commands_exit_2(run_cli: CliRunner, command: str) -> None:
+    result = run_cli(command, "--model", "Qwen/Qwen3-8B", env=draftgate_env())
+    assert result.returncode == 2
+    assert "not implemented yet" in result.stderr
