@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         default=8080,
         ge=1,
         le=65535,
-        description="TCP port of the gateway. Default 8080, the port clients, docs and compose use.",
+        description="TCP port of the gateway. Default 8080, the port docs and compose use.",
     )
     migrate_on_start: bool = Field(
         default=True,

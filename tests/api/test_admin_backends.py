@@ -22,7 +22,8 @@ def assert_envelope(response: httpx.Response, status: int, param: str | None = N
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["message"], str)
+    assert error["message"]
     if param is not None:
         assert error["param"] == param
     message: str = error["message"]
@@ -47,7 +48,8 @@ async def test_create_list_read_and_audit(client: httpx.AsyncClient) -> None:
 
     audit = (await client.get("/admin/v1/audit", params={"resource_type": "backend"})).json()
     [entry] = audit["data"]
-    assert (entry["action"], entry["resource_id"], entry["before"]) == ("create", "qwen-eagle3", None)
+    assert (entry["action"], entry["resource_id"]) == ("create", "qwen-eagle3")
+    assert entry["before"] is None
     assert entry["after"]["speculative_config"] == body["speculative_config"]
 
 
@@ -192,7 +194,9 @@ async def test_invalid_backend_is_422_naming_the_field(
         b'{"name": null}',
         b'{"name": {"nested": [1, 2]}, "k": "three"}',
         b'{"name": "x", "url": "http://h", "model": "m", "method": "eagle3", "k": 1e400}',
-        b'{"name": "x", "url": "http://h", "model": "m", "method": "eagle3", "k": 99999999999999999999}',
+        b'{"name": "x", "url": "http://h", "model": "m", "method": "eagle3", "k": 1'
+        + b"0" * 30
+        + b"}",
         b"\xff\xfe\x00",
         b'{"name": "' + b"a" * 10_000 + b'"}',
     ],

@@ -17,7 +17,8 @@ async def test_key_is_shown_once_and_stored_hashed(
     created = await client.post("/admin/v1/keys", json={"name": "team-a", "budget_usd": 100})
     assert created.status_code == 201, created.text
     key = created.json()["key"]
-    assert key.startswith("dg-") and len(key) > 40
+    assert key.startswith("dg-")
+    assert len(key) > 40
     assert created.json()["key_prefix"] == key[:10]
 
     read = (await client.get(f"/admin/v1/keys/{created.json()['id']}")).text

@@ -11,8 +11,9 @@ from gateway.settings import Settings
 @pytest.mark.parametrize("name", sorted(Settings.model_fields))
 def test_every_field_is_documented(name: str) -> None:
     description = Settings.model_fields[name].description
-    assert description is not None and len(description) > 30, name
-    assert "Default" in description or "default" in description, name
+    assert description is not None, name
+    assert len(description) > 30, name
+    assert "default" in description.lower(), name
 
 
 def test_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
