@@ -1,0 +1,1 @@
+"""Everything about vLLM servers: method catalog, metrics, probing, bench, simulator."""

@@ -1,0 +1,1 @@
+"""Streamlit dashboard; reads and writes only through the admin API."""

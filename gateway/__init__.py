@@ -1,0 +1,1 @@
+"""The gateway: OpenAI-compatible data plane and the admin control plane."""

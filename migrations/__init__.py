@@ -1,0 +1,1 @@
+"""Alembic migrations; applied by `draftgate db upgrade` and at gateway start."""

@@ -1,0 +1,1 @@
+"""Planner: hardware catalog, cost model, speculative-decoding performance model (pure)."""

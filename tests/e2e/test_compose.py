@@ -66,13 +66,21 @@ def test_gateway_service_runs_the_gateway_and_checks_health(compose: dict[str, A
     assert "pg_isready" in _text(compose["services"]["postgres"]["healthcheck"]["test"])
 
 
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) of each Dockerfile instruction, continuation lines joined."""
+    text = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    pairs = [line.split(maxsplit=1) for line in lines if line and not line.startswith("#")]
+    return [(keyword.upper(), args) for keyword, args in pairs]
+
+
 def test_dockerfile_runs_gateway_as_non_root_with_healthcheck() -> None:
-    lines = DOCKERFILE.read_text(encoding="utf-8").splitlines()
-    instructions = [line.split(maxsplit=1) for line in lines if line and not line[0].isspace()]
-    by_keyword = {parts[0]: parts[-1] for parts in instructions if parts[0].isupper()}
-    assert by_keyword["USER"] not in {"root", "0"}
-    assert by_keyword["EXPOSE"] == "8080"
-    assert "draftgate" in by_keyword["CMD"]
-    assert "gateway" in by_keyword["CMD"]
-    healthcheck = DOCKERFILE.read_text(encoding="utf-8").split("HEALTHCHECK", 1)[1]
-    assert "/health" in healthcheck.split("\nCMD", 1)[0]
+    instructions = _dockerfile_instructions()
+    last = dict(instructions)  # the final stage's value wins, as in Docker
+    assert instructions[0] == ("FROM", "python:3.11-slim AS build")
+    assert last["FROM"] == "python:3.11-slim"
+    assert last["USER"] not in {"root", "0"}
+    assert last["EXPOSE"] == "8080"
+    assert last["CMD"] == '["draftgate", "gateway", "--host", "0.0.0.0"]'
+    assert "/health" in last["HEALTHCHECK"]
+    assert "urllib" in last["HEALTHCHECK"]
