@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
@@ -43,8 +45,16 @@ def _settings(**overrides: object) -> Settings:
         _fail("invalid settings: " + "; ".join(str(e["msg"]) for e in exc.errors()))
 
 
+def _exit_zero(signum: int, frame: FrameType | None) -> NoReturn:
+    raise SystemExit(0)
+
+
 def _serve(settings: Settings) -> None:
     from gateway.app import create_app
+
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the previous
+    # handler; without this one the process would die by the signal (exit 143) after a clean stop.
+    signal.signal(signal.SIGTERM, _exit_zero)
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s %(message)s"
