@@ -4,28 +4,25 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, get_args
+from typing import Protocol, TypeVar
 
-import yaml
+from planner.datafile import (
+    PRICE_KINDS,
+    WEIGHT_DTYPES,
+    CatalogError,
+    Fraction,
+    PriceKind,
+    WeightDtype,
+    load_entries,
+)
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-PriceKind = Literal["on-demand", "reserved", "spot"]
-WeightDtype = Literal["bf16", "fp8", "mxfp4"]
-PRICE_KINDS: tuple[PriceKind, ...] = get_args(PriceKind)
-WEIGHT_DTYPES: tuple[WeightDtype, ...] = get_args(WeightDtype)
-Fraction = float  # a number in [0, 1]
-
-
-class CatalogError(ValueError):
-    """A catalog data file is malformed; the message names the file and the entry."""
+__all__ = ["PRICE_KINDS", "WEIGHT_DTYPES", "CatalogError", "PriceKind", "WeightDtype"]
 
 
 class UnknownCatalogEntry(KeyError):
@@ -112,6 +109,12 @@ class ModelSpec:
     full_attention_head_dim: int | None = None
     # Tokens per stored KV row in full-attention layers (DeepSeek-V4's compressed attention).
     full_attention_kv_compression: float = 1.0
+    # Mixture of experts: routed experts per layer, experts each token uses, and the
+    # parameters (billions) and bytes per parameter of all routed experts together.
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    expert_params_b: float | None = None
+    expert_bytes_per_param: float | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -129,6 +132,18 @@ class ModelSpec:
     def full_attention_layers(self) -> int:
         """Number of layers that attend over the whole context."""
         return self.layers - self.sliding_layers
+
+    def expert_weight_bytes(self) -> float:
+        """Bytes of all routed experts (0 for a dense model)."""
+        per_param = self.expert_bytes_per_param or self.weight_bytes_per_param
+        return (self.expert_params_b or 0.0) * 1e9 * per_param
+
+    def expert_fraction_read(self, routed_tokens: float) -> float:
+        """Expected fraction of experts touched by `routed_tokens` independently routed tokens."""
+        if not self.num_experts or not self.experts_per_token:
+            return 0.0
+        miss = 1.0 - self.experts_per_token / self.num_experts
+        return float(1.0 - miss**routed_tokens)
 
     def weight_bytes(self) -> float:
         """Bytes of weights held in GPU memory (and streamed once per forward step)."""
@@ -194,93 +209,12 @@ class _Named(Protocol):
     def aliases(self) -> tuple[str, ...]: ...
 
 
-_D = TypeVar("_D", bound="DataclassInstance")
 _N = TypeVar("_N", bound=_Named)
-
-
-def _is_number(value: object) -> bool:
-    """An int or float, but not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _as_date(value: object) -> dt.date | None:
-    """A date from YAML (already parsed, or a YYYY-MM-DD string); None if it is not one."""
-    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
-        return value
-    try:
-        return dt.date.fromisoformat(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-
-
-# By field annotation: (accepts the raw value?, what was expected, conversion).
-# An `X | None` field also accepts null; a field with a default may be left out.
-_Reader = tuple[Callable[[Any], bool], str, Callable[[Any], object]]
-_READERS: dict[str, _Reader] = {
-    "str": (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string", str.strip),
-    "tuple[str, ...]": (
-        lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v),
-        "a list of non-empty strings",
-        tuple,
-    ),
-    "float": (lambda v: _is_number(v) and v > 0, "a positive number", float),
-    "int": (lambda v: _is_number(v) and isinstance(v, int) and v > 0, "a positive integer", int),
-    "Fraction": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]", float),
-    "bool": (lambda v: isinstance(v, bool), "true or false", bool),
-    "dt.date": (lambda v: _as_date(v) is not None, "a YYYY-MM-DD date", _as_date),
-    "PriceKind": (lambda v: v in PRICE_KINDS, f"one of {list(PRICE_KINDS)}", str),
-    "WeightDtype": (lambda v: v in WEIGHT_DTYPES, f"one of {list(WEIGHT_DTYPES)}", str),
-}
-
-
-def _entry_label(raw: object, index: int) -> str:
-    """How error messages name an entry: its name, its GPU and kind, or its position."""
-    if not isinstance(raw, dict) or not (label := raw.get("name") or raw.get("gpu_type")):
-        return f"#{index}"
-    return f"{label} ({raw['kind']})" if "kind" in raw else str(label)
-
-
-def _build(cls: type[_D], raw: object, where: str) -> _D:
-    """An instance of dataclass `cls` read and validated from one raw entry."""
-    if not isinstance(raw, dict):
-        raise CatalogError(f"{where}: must be a mapping")
-    known = {f.name: f for f in fields(cls)}
-    if unknown := sorted(set(raw) - set(known)):
-        raise CatalogError(f"{where}: unknown keys {unknown}")
-    values: dict[str, object] = {}
-    for name, field in known.items():
-        if name not in raw:
-            if field.default is MISSING:
-                raise CatalogError(f"{where}: missing required key {name!r}")
-            continue
-        annotation = str(field.type)
-        if raw[name] is None and annotation.endswith(" | None"):
-            values[name] = None
-            continue
-        accepts, expected, convert = _READERS[annotation.removesuffix(" | None")]
-        if not accepts(raw[name]):
-            raise CatalogError(f"{where}: {name!r} must be {expected}, got {raw[name]!r}")
-        values[name] = convert(raw[name])
-    return cls(**values)
 
 
 def _data_file(name: str) -> Traversable:
     """A data file shipped in the planner package."""
     return resources.files("planner").joinpath("data", name)
-
-
-def _load_entries(file: Traversable | Path, key: str, cls: type[_D]) -> tuple[_D, ...]:
-    """Parse `file` as {key: [entry, ...]} into instances of `cls`, validating each."""
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{file.name}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get(key), list) or not data[key]:
-        raise CatalogError(f"{file.name}: must be a mapping with a non-empty {key!r} list")
-    return tuple(
-        _build(cls, raw, f"{file.name}: entry {_entry_label(raw, i)!r}")
-        for i, raw in enumerate(data[key])
-    )
 
 
 def _check_model(spec: ModelSpec, file: str) -> ModelSpec:
@@ -290,6 +224,8 @@ def _check_model(spec: ModelSpec, file: str) -> ModelSpec:
         problem = "active_params_b must not exceed params_b"
     elif spec.sliding_window_layer_fraction > 0 and spec.sliding_window is None:
         problem = "sliding_window_layer_fraction > 0 needs a sliding_window"
+    elif spec.is_moe and None in (spec.num_experts, spec.experts_per_token, spec.expert_params_b):
+        problem = "an MoE model needs num_experts, experts_per_token and expert_params_b"
     elif spec.full_attention_kv_compression < 1:
         problem = "full_attention_kv_compression must be >= 1"
     if problem:
@@ -311,18 +247,18 @@ def _index(entries: Iterable[_N], file: str) -> dict[str, _N]:
 
 def _load_gpus(file: Traversable | Path) -> dict[str, GpuSpec]:
     """GPU specs from a gpus.yaml file, by lower-cased name and alias."""
-    return _index(_load_entries(file, "gpus", GpuSpec), file.name)
+    return _index(load_entries(file, "gpus", GpuSpec), file.name)
 
 
 def _load_models(file: Traversable | Path) -> dict[str, ModelSpec]:
     """Model specs from a models.yaml file, by lower-cased name and alias."""
-    specs = _load_entries(file, "models", ModelSpec)
+    specs = load_entries(file, "models", ModelSpec)
     return _index((_check_model(spec, file.name) for spec in specs), file.name)
 
 
 def _load_prices(file: Traversable | Path, gpu_names: Iterable[str]) -> tuple[GpuPriceSpec, ...]:
     """Prices from a prices.yaml file; each for a known GPU and unique per (gpu, kind)."""
-    prices = _load_entries(file, "prices", GpuPriceSpec)
+    prices = load_entries(file, "prices", GpuPriceSpec)
     known, seen = set(gpu_names), set()
     for price in prices:
         key = (price.gpu_type, price.kind)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from planner import catalog
+from planner import catalog, datafile
 from planner.catalog import CatalogError, UnknownCatalogEntry
 
 REQUIRED_MODELS = [
@@ -323,7 +323,7 @@ GOOD_PRICE: dict[str, Any] = {
 @pytest.mark.parametrize("cls", [catalog.GpuSpec, catalog.ModelSpec, catalog.GpuPriceSpec])
 def test_every_field_type_has_a_reader(cls: type) -> None:
     for field in dataclasses.fields(cls):
-        assert str(field.type).removesuffix(" | None") in catalog._READERS, field.name
+        assert str(field.type).removesuffix(" | None") in datafile.READERS, field.name
 
 
 def _write(tmp_path: Path, key: str, entries: list[dict[str, Any]]) -> Path:
