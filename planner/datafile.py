@@ -19,6 +19,7 @@ WeightDtype = Literal["bf16", "fp8", "mxfp4"]
 PRICE_KINDS: tuple[PriceKind, ...] = get_args(PriceKind)
 WEIGHT_DTYPES: tuple[WeightDtype, ...] = get_args(WeightDtype)
 Fraction = float  # a number in [0, 1]
+NonNegative = float  # a number >= 0
 
 
 class CatalogError(ValueError):
@@ -56,6 +57,7 @@ READERS: dict[str, _Reader] = {
     "float": (lambda v: _is_number(v) and v > 0, "a positive number", float),
     "int": (lambda v: _is_number(v) and isinstance(v, int) and v > 0, "a positive integer", int),
     "Fraction": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]", float),
+    "NonNegative": (lambda v: _is_number(v) and v >= 0, "a number >= 0", float),
     "bool": (lambda v: isinstance(v, bool), "true or false", bool),
     "dt.date": (lambda v: _as_date(v) is not None, "a YYYY-MM-DD date", _as_date),
     "PriceKind": (lambda v: v in PRICE_KINDS, f"one of {list(PRICE_KINDS)}", str),
