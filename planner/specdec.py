@@ -10,7 +10,7 @@ the hardware only changes step times, so a what-if on another GPU keeps the acce
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.calibration import DrafterShape, EngineCalibration, Workload
 from planner.catalog import GpuSpec, ModelSpec
@@ -120,27 +120,35 @@ class StepTimeModel:
         return passes * per_pass
 
 
-def steady_state_shape(
-    concurrency: int, k: int, acceptance_length: float, workload: Workload
-) -> StepShape:
-    """The average step of a closed loop of `concurrency` clients sending `workload`."""
+def steady_state_shape(concurrency: int, k: int, workload: Workload) -> StepShape:
+    """The average decode step of a closed loop of `concurrency` clients sending `workload`."""
     context = workload.prompt_tokens + workload.output_tokens // 2
-    # Requests finish at rate c * AL / output_tokens per step; each brings its prompt.
-    prefill = round(
-        concurrency * acceptance_length / workload.output_tokens * workload.prompt_tokens
-    )
     return StepShape(
         decode_seqs=concurrency,
         verify_tokens=concurrency * (1 + k),
         drafted_tokens=concurrency * k,
-        prefill_tokens=prefill,
+        prefill_tokens=0,
         context_tokens=concurrency * context,
     )
+
+
+def mean_step_s(
+    model: StepTimeModel, concurrency: int, acceptance_length: float, workload: Workload
+) -> float:
+    """Average step time: decode steps, plus a prompt's prefill each time a request ends."""
+    decode = steady_state_shape(concurrency, model.k, workload)
+    with_prefill = replace(decode, prefill_tokens=workload.prompt_tokens)
+    prefills_per_step = concurrency * acceptance_length / workload.output_tokens
+    decode_s = model.step_s(decode)
+    return decode_s + prefills_per_step * (model.step_s(with_prefill) - decode_s)
 
 
 def output_tokens_per_s(
     model: StepTimeModel, concurrency: int, acceptance_length: float, workload: Workload
 ) -> float:
     """Aggregate output tokens/s of `concurrency` steady clients."""
-    shape = steady_state_shape(concurrency, model.k, acceptance_length, workload)
-    return concurrency * acceptance_length / model.step_s(shape)
+    return (
+        concurrency
+        * acceptance_length
+        / mean_step_s(model, concurrency, acceptance_length, workload)
+    )

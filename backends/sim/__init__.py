@@ -1,0 +1,1 @@
+"""A vLLM-compatible simulator: vLLM's API and metrics over a modelled engine, no GPU."""

@@ -1,0 +1,133 @@
+"""How one simulated server is set up, and building its engine from the planner's data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends.methods import METHODS, method_info
+from backends.sim.engine import EngineCore, EngineLimits
+from planner import calibration, catalog
+from planner.acceptance import AcceptanceProfile
+from planner.specdec import StepTimeModel
+
+# K when none is given: where each method family peaks at low load (published results).
+DEFAULT_K = {
+    "eagle3": 3,
+    "p-eagle": 7,
+    "dflash": 7,
+    "dspark": 7,
+    "ngram": 4,
+    "suffix": 8,
+    "mtp": 1,
+    "draft_model": 4,
+}
+DEFAULT_MAX_MODEL_LEN = 32768  # keeps the demo's KV math and histograms at a usual size
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fault switches for reliability tests; all off by default."""
+
+    error_rate: float = 0.0  # fraction of requests answered with HTTP 500
+    stall_rate: float = 0.0  # fraction of streams that stop sending mid-way
+    drop_rate: float = 0.0  # fraction of streams whose connection is cut mid-way
+    crash_after_s: float | None = None  # the process exits (code 1) this long after start
+    startup_delay_s: float = 0.0  # time before the server accepts connections
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated vLLM server: what it serves, how, on what, and how fast."""
+
+    model: str
+    method: str = "plain"
+    k: int | None = None
+    gpu: str = "B200"
+    gpu_count: int = 1
+    workload: str = "chat"
+    served_model_name: str | None = None
+    time_scale: float = 1.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    adaptive_verification: bool = False
+    per_request_spec_metrics: bool = False
+    seed: int = 0
+    faults: Faults = field(default_factory=Faults)
+
+    @property
+    def name(self) -> str:
+        """The model name clients send."""
+        return self.served_model_name or self.model
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K, or 0 for plain decoding."""
+        if not method_info(self.method).speculative:
+            return 0
+        return self.k if self.k is not None else DEFAULT_K[self.method]
+
+    def check(self) -> None:
+        """Raise ValueError naming what is wrong with this configuration."""
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; known: {', '.join(METHODS)}")
+        catalog.model(self.model), catalog.gpu(self.gpu)  # raise with the known names
+        if self.workload not in calibration.workloads():
+            known = ", ".join(calibration.workloads())
+            raise ValueError(f"unknown workload {self.workload!r}; known: {known}")
+        if self.k is not None and self.k <= 0 and method_info(self.method).speculative:
+            raise ValueError(f"--k must be > 0 for method {self.method!r}, got {self.k}")
+        if self.adaptive_verification and self.method != "dspark":
+            raise ValueError(f"adaptive verification needs method dspark, got {self.method!r}")
+        if self.time_scale <= 0:
+            raise ValueError(f"--time-scale must be > 0, got {self.time_scale}")
+
+
+def step_time_model(config: SimConfig) -> StepTimeModel:
+    """The performance model of this server's target, drafter and GPUs."""
+    k = config.num_speculative_tokens
+    return StepTimeModel(
+        model=catalog.model(config.model),
+        gpu=catalog.gpu(config.gpu),
+        gpu_count=config.gpu_count,
+        calibration=calibration.engine_calibration(),
+        drafter=calibration.drafters().get(config.method) if k else None,
+        k=k,
+    )
+
+
+def acceptance_profile(config: SimConfig, workload: str | None = None) -> AcceptanceProfile | None:
+    """The acceptance profile of this server's drafter on a workload."""
+    if not config.num_speculative_tokens:
+        return None
+    name = catalog.model(config.model).name
+    return calibration.acceptance_profile(name, config.method, workload or config.workload)
+
+
+def max_model_len(config: SimConfig) -> int:
+    """Context limit: as configured, else the model's, capped for the demo."""
+    return config.max_model_len or min(
+        catalog.model(config.model).max_context, DEFAULT_MAX_MODEL_LEN
+    )
+
+
+def build_engine(config: SimConfig) -> EngineCore:
+    """An engine core for this configuration, with vLLM's KV budget from GPU memory."""
+    model = step_time_model(config)
+    memory = model.gpu.memory_bytes * config.gpu_count * config.gpu_memory_utilization
+    kv_cache_bytes = memory - model.model.weight_bytes()
+    if kv_cache_bytes <= 0:
+        raise ValueError(
+            f"{model.model.name} ({model.model.weight_bytes() / 1e9:.0f} GB of weights) does not "
+            f"fit on {config.gpu_count}x {model.gpu.name}; raise --gpu-count"
+        )
+    limits = EngineLimits(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        kv_cache_bytes=kv_cache_bytes,
+        max_model_len=max_model_len(config),
+    )
+    return EngineCore(
+        model, limits, adaptive_verification=config.adaptive_verification, seed=config.seed
+    )

@@ -1,0 +1,97 @@
+"""vLLM's Prometheus metric names and help texts: the one module that knows `vllm:*`.
+
+Names are as registered (prometheus_client appends `_total` to counters on exposition),
+from vllm/v1/metrics/loggers.py and vllm/v1/spec_decode/metrics.py (vLLM 0.32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LABELS = ("model_name", "engine")
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """A vLLM metric: registered name and its help text."""
+
+    name: str
+    help: str
+
+
+# Counters (exposed with a `_total` suffix).
+SPEC_DRAFTS = MetricName("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+SPEC_DRAFT_TOKENS = MetricName("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+SPEC_ACCEPTED_TOKENS = MetricName(
+    "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
+)
+SPEC_ACCEPTED_PER_POS = MetricName(
+    "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position."
+)
+PROMPT_TOKENS = MetricName("vllm:prompt_tokens", "Number of prefill tokens processed.")
+GENERATION_TOKENS = MetricName("vllm:generation_tokens", "Number of generation tokens processed.")
+REQUEST_SUCCESS = MetricName("vllm:request_success", "Count of successfully processed requests.")
+PREEMPTIONS = MetricName("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+
+# Gauges.
+REQUESTS_RUNNING = MetricName(
+    "vllm:num_requests_running", "Number of requests in model execution batches."
+)
+REQUESTS_WAITING = MetricName(
+    "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+)
+KV_CACHE_USAGE = MetricName(
+    "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+)
+# Deprecated in vLLM 0.9; older servers expose this instead of KV_CACHE_USAGE.
+GPU_CACHE_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
+
+# Histograms, with vLLM's buckets.
+TTFT = MetricName(
+    "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."
+)
+ITL = MetricName("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.")
+TPOT = MetricName(
+    "vllm:request_time_per_output_token_seconds",
+    "Histogram of time_per_output_token_seconds per request.",
+)
+E2E_LATENCY = MetricName(
+    "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."
+)
+QUEUE_TIME = MetricName(
+    "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."
+)
+PROMPT_TOKENS_HIST = MetricName("vllm:request_prompt_tokens", "Number of prefill tokens processed.")
+GENERATION_TOKENS_HIST = MetricName(
+    "vllm:request_generation_tokens", "Number of generation tokens processed."
+)
+ITERATION_TOKENS = MetricName(
+    "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step."
+)
+
+TTFT_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_TIME_BUCKETS_S = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def token_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's 1-2-5 token-count buckets up to `max_model_len`."""
+    buckets: list[int] = []
+    mantissa, exponent = (1, 2, 5), 0
+    while True:
+        for m in mantissa:
+            value = m * 10**exponent
+            if value > max_model_len:
+                return tuple(buckets)
+            buckets.append(value)
+        exponent += 1
