@@ -221,10 +221,73 @@ def _not_yet(command: str, issue: str) -> NoReturn:
     _fail(f"`draftgate {command}` is not implemented yet; it arrives with {issue}")
 
 
-@app.command(context_settings=PASSTHROUGH)
-def sim() -> None:
-    """One simulated vLLM server (not implemented yet)."""
-    _not_yet("sim", "the vLLM simulator issue")
+sim_app = typer.Typer(help="Simulated vLLM servers.", invoke_without_command=True)
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.callback()
+def sim(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(help="Catalog model to simulate.")] = None,
+    method: Annotated[
+        str, typer.Option(help="plain, eagle3, p-eagle, dflash, dspark, ...")
+    ] = "plain",
+    k: Annotated[int | None, typer.Option(help="Speculative tokens (default per method).")] = None,
+    gpu: str = "B200",
+    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
+    port: Port = 8101,
+    host: str = "127.0.0.1",
+    served_model_name: str | None = None,
+    workload: Annotated[
+        str, typer.Option(help="Acceptance profile: code, chat, mixed, math.")
+    ] = "chat",
+    time_scale: Annotated[float, typer.Option(help="Run simulated time X times as fast.")] = 1.0,
+    max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
+    max_model_len: Annotated[int | None, typer.Option(min=16)] = None,
+    adaptive_verification: bool = False,
+    per_request_spec_metrics: bool = False,
+    seed: int = 0,
+    error_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.0,
+    stall_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.0,
+    drop_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.0,
+    crash_after_s: Annotated[float | None, typer.Option(min=0)] = None,
+    startup_delay_s: Annotated[float, typer.Option(min=0)] = 0.0,
+) -> None:
+    """Run one simulated vLLM server (vLLM's API and /metrics over a modelled engine)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        _fail("--model is required (e.g. --model openai/gpt-oss-20b)")
+    from backends.sim.config import Faults, SimConfig
+    from backends.sim.server import SimServer
+
+    faults = Faults(error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s)
+    config = SimConfig(
+        model=model, method=method, k=k, gpu=gpu, gpu_count=gpu_count, workload=workload,
+        served_model_name=served_model_name, time_scale=time_scale, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, adaptive_verification=adaptive_verification,
+        per_request_spec_metrics=per_request_spec_metrics, seed=seed, faults=faults,
+    )  # fmt: skip
+    try:
+        server = SimServer(config)
+    except (ValueError, KeyError) as exc:
+        _fail(str(exc))
+    logging.basicConfig(level="INFO", format=LOG_FORMAT)
+    signal.signal(signal.SIGTERM, _exit_zero)
+    uvicorn.run(server, host=host, port=port, log_level="warning", access_log=False)
+
+
+@sim_app.command("calibrate")
+def sim_calibrate(
+    steps: Annotated[int, typer.Option(min=100, help="Engine steps per measured point.")] = 3000,
+) -> None:
+    """Print every published figure beside the simulator's; exit 1 if one misses its bar."""
+    from backends.sim.calibrate import report
+
+    lines, ok = report(steps)
+    typer.echo("\n".join(lines))
+    typer.echo("every calibrated figure is within its bar" if ok else "some figures miss their bar")
+    raise typer.Exit(0 if ok else 1)
 
 
 @app.command(context_settings=PASSTHROUGH)

@@ -1,0 +1,254 @@
+"""vLLM's OpenAI-compatible request parsing, response bodies and error shapes, as bytes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from backends.sim.text import CHAT_PROMPT_TOKENS, CHAT_TEMPLATE_TOKENS, count_tokens
+
+_json = functools.partial(json.dumps, separators=(",", ":"))
+
+# Characters per token we are prepared to tokenize; beyond this a prompt is refused unread.
+MAX_CHARS_PER_TOKEN = 16
+
+
+class ApiError(Exception):
+    """An error in vLLM's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    @property
+    def error_type(self) -> str:
+        return {400: "BadRequestError", 404: "NotFoundError"}.get(
+            self.status, "InternalServerError"
+        )
+
+    def body(self) -> bytes:
+        """The JSON error body."""
+        error = {
+            "message": self.message,
+            "type": self.error_type,
+            "param": self.param,
+            "code": self.status,
+        }
+        return _json({"error": error}).encode()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A parsed completion request."""
+
+    chat: bool
+    model: str
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    ignore_eos: bool
+    workload: str | None
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object, or a 400."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"Invalid JSON in request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object")
+    return body
+
+
+def parse_generation(
+    body: dict[str, Any], *, chat: bool, served_model: str, max_model_len: int
+) -> Generation:
+    """Validate a chat or text completion request the way vLLM does."""
+    model = body.get("model")
+    if model != served_model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    text = _messages_text(body.get("messages")) if chat else _prompt_text(body.get("prompt"))
+    if len(text) > max_model_len * MAX_CHARS_PER_TOKEN:
+        raise _too_long(max_model_len, len(text) // MAX_CHARS_PER_TOKEN, 0, chat)
+    prompt_tokens = count_tokens(text)
+    if chat:
+        prompt_tokens += CHAT_TEMPLATE_TOKENS * max(1, len(body["messages"])) + CHAT_PROMPT_TOKENS
+    max_tokens = _max_tokens(body, max_model_len - prompt_tokens)
+    if prompt_tokens + max_tokens > max_model_len:
+        raise _too_long(max_model_len, prompt_tokens, max_tokens, chat)
+    if _integer(body, "n", 1) != 1:
+        raise ApiError(400, "n must be 1 on this server", "n")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", "stream_options")
+    stream = _flag(body, "stream")
+    if options and not stream:
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.")
+    return Generation(
+        chat=chat,
+        model=served_model,
+        prompt_text=text,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=_flag(options, "include_usage"),
+        continuous_usage=_flag(options, "continuous_usage_stats"),
+        ignore_eos=_flag(body, "ignore_eos"),
+        workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
+    )
+
+
+def _messages_text(messages: object) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", "messages")
+    parts = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ApiError(400, "each message needs a string role", "messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        if content is not None and not isinstance(content, str):
+            raise ApiError(400, "message content must be a string or a list of parts", "messages")
+        parts.append(content or "")
+    return "\n".join(parts)
+
+
+def _prompt_text(prompt: object) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return " ".join(f"t{t}" for t in prompt)  # one token per id
+    raise ApiError(400, "prompt must be a string, a one-element list or token ids", "prompt")
+
+
+def _max_tokens(body: dict[str, Any], room: int) -> int:
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = body.get(key)
+    if value is None:
+        return max(room, 1)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{key} must be an integer, got {value!r}", key)
+    if value < 1:
+        raise ApiError(400, f"{key} must be at least 1, got {value}.", key)
+    return value
+
+
+def _integer(body: dict[str, Any], key: str, default: int) -> int:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{key} must be an integer, got {value!r}", key)
+    return value
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be a boolean, got {value!r}", key)
+    return value
+
+
+def _too_long(limit: int, prompt: int, completion: int, chat: bool) -> ApiError:
+    where = "messages" if chat else "prompt"
+    return ApiError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt + completion} tokens ({prompt} in the {where}, {completion} in the "
+        f"completion). Please reduce the length of the {where} or completion.",
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+class ResponseWriter:
+    """Builds one request's response bodies and SSE chunks, with its id and timestamp."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.g = generation
+        prefix = "chatcmpl" if generation.chat else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        kind = "chat.completion.chunk" if generation.chat else "text_completion"
+        self._head = (
+            f'data: {{"id":"{self.id}","object":"{kind}","created":{self.created},'
+            f'"model":{_json(generation.model)},"choices":['
+        )
+
+    def role_chunk(self) -> bytes:
+        """The first chat chunk, announcing the assistant role."""
+        delta = '{"role":"assistant","content":""}'
+        return self._chunk(f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}')
+
+    def text_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        """A chunk carrying new text (and the finish reason on the last one)."""
+        finish = _json(finish_reason)
+        if self.g.chat:
+            choice = f'{{"index":0,"delta":{{"content":{_json(text)}}},"logprobs":null,'
+        else:
+            choice = f'{{"index":0,"text":{_json(text)},"logprobs":null,'
+        choice += f'"finish_reason":{finish},"stop_reason":null}}'
+        extra = ""
+        if self.g.continuous_usage:
+            extra = f',"usage":{_json(usage(self.g.prompt_tokens, completion_tokens))}'
+        return self._chunk(choice, extra)
+
+    def usage_chunk(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
+        """The final chunk with usage (and per-request metrics when enabled)."""
+        extra = f',"usage":{_json(usage(self.g.prompt_tokens, completion_tokens))}'
+        if metrics is not None:
+            extra += f',"metrics":{_json(metrics)}'
+        return self._chunk("", extra)
+
+    def _chunk(self, choices: str, extra: str = "") -> bytes:
+        return f"{self._head}{choices}]{extra}}}\n\n".encode()
+
+    def full_response(
+        self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
+    ) -> bytes:
+        """The non-streaming response body."""
+        if self.g.chat:
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "tool_calls": [],
+            }
+            choice: dict[str, Any] = {"index": 0, "message": message}
+        else:
+            choice = {"index": 0, "text": text}
+        choice |= {"logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion" if self.g.chat else "text_completion",
+            "created": self.created,
+            "model": self.g.model,
+            "choices": [choice],
+            "usage": usage(self.g.prompt_tokens, completion_tokens),
+        }
+        if metrics is not None:
+            body["metrics"] = metrics
+        return _json(body).encode()
+
+
+DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,119 @@
+"""Drives the engine core in real time (scaled) and hands each request its tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.sim.engine import EngineCore, SimRequest, StepResult
+from backends.sim.metrics import SimMetrics
+from backends.sim.text import PseudoText
+
+# If the event loop falls this far behind the model's schedule, restart the schedule from
+# now instead of running steps back to back to catch up.
+MAX_LAG_S = 0.25
+
+
+@dataclass
+class Stream:
+    """Where one request's output goes: (text, tokens) events, then (None, finish reason)."""
+
+    request: SimRequest
+    text: PseudoText
+    sent_tokens: int = 0
+    events: asyncio.Queue[tuple[str | None, Any]] = field(default_factory=asyncio.Queue)
+
+
+class EngineRunner:
+    """Runs engine steps on the event loop; durations are simulated seconds / time scale."""
+
+    def __init__(self, core: EngineCore, metrics: SimMetrics, time_scale: float) -> None:
+        self.core = core
+        self.metrics = metrics
+        self.time_scale = time_scale
+        self._streams: dict[SimRequest, Stream] = {}
+        self._wake = asyncio.Event()
+        self._origin = 0.0
+
+    def now_s(self) -> float:
+        """Simulated seconds since the runner started."""
+        return (asyncio.get_running_loop().time() - self._origin) * self.time_scale
+
+    def submit(self, request: SimRequest, text: PseudoText) -> Stream:
+        """Queue a request; its output arrives on the returned stream."""
+        stream = Stream(request, text)
+        self._streams[request] = stream
+        self.core.add(request)
+        self.metrics.waiting.set(len(self.core.waiting))
+        self._wake.set()
+        return stream
+
+    def abort(self, request: SimRequest) -> None:
+        """Stop generating for a request whose client is gone."""
+        if self._streams.pop(request, None) is not None:
+            self.core.abort(request)
+            self.metrics.success("abort")
+
+    async def run(self) -> None:
+        """The engine loop; runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        self._origin = loop.time()
+        deadline: float | None = None
+        while True:
+            if self.core.idle:
+                self._gauges()
+                await self._wake.wait()
+                deadline = None
+            self._wake.clear()
+            now = self.now_s()
+            start = now if deadline is None or deadline < now - MAX_LAG_S else deadline
+            result = self.core.step(start)
+            self._gauges()
+            deadline = start + result.duration_s
+            delay = (deadline - self.now_s()) / self.time_scale
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._deliver(result, deadline)
+
+    def _gauges(self) -> None:
+        self.metrics.running.set(len(self.core.running))
+        self.metrics.waiting.set(len(self.core.waiting))
+        self.metrics.kv_usage.set(self.core.kv_usage())
+
+    def _deliver(self, result: StepResult, end_s: float) -> None:
+        m = self.metrics
+        new_tokens = 0
+        for request, tokens in result.outputs:
+            stream = self._streams.get(request)
+            if stream is None or not tokens:
+                continue
+            new_tokens += tokens
+            if stream.sent_tokens:
+                m.itl.observe(result.duration_s)
+            else:
+                m.ttft.observe(end_s - request.arrived_s)
+            stream.sent_tokens += tokens
+            stream.events.put_nowait((stream.text.take(tokens), tokens))
+        for request in result.finished:
+            stream = self._streams.pop(request, None)
+            if stream is not None:
+                self._record_finished(request)
+                stream.events.put_nowait((None, request.finish_reason))
+        m.generation_tokens.inc(new_tokens)
+        m.prompt_tokens.inc(result.prompt_tokens_done)
+        m.iteration_tokens.observe(new_tokens + result.prompt_tokens_done)
+        if result.preempted:
+            m.preemptions.inc(result.preempted)
+        if m.spec is not None:
+            m.spec.record(result.drafts, result.draft_tokens, result.accepted_per_pos)
+
+    def _record_finished(self, request: SimRequest) -> None:
+        m, end = self.metrics, request.last_token_s or self.now_s()
+        m.success(request.finish_reason or "stop")
+        m.e2e.observe(end - request.arrived_s)
+        m.queue_time.observe((request.scheduled_s or request.arrived_s) - request.arrived_s)
+        m.prompt_hist.observe(request.prompt_tokens)
+        m.generation_hist.observe(request.generated)
+        if request.generated > 1 and request.first_token_s is not None:
+            m.tpot.observe((end - request.first_token_s) / (request.generated - 1))

@@ -1,0 +1,266 @@
+"""The simulator's HTTP server: a plain ASGI app with vLLM's routes, over the engine runner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from backends.sim import config as sim_config
+from backends.sim.config import SimConfig
+from backends.sim.engine import SimRequest, natural_length
+from backends.sim.metrics import SimMetrics
+from backends.sim.protocol import DONE, ApiError, Generation, ResponseWriter, parse_body
+from backends.sim.protocol import parse_generation as parse
+from backends.sim.runner import EngineRunner, Stream
+from backends.sim.text import PseudoText, seed_of
+from planner import calibration
+
+logger = logging.getLogger(__name__)
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+VLLM_VERSION = "0.32.0"
+MAX_BODY_BYTES = 32 * 1024 * 1024
+JSON = [(b"content-type", b"application/json")]
+SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+class ConnectionDropped(Exception):
+    """Raised mid-stream to cut the connection (the `drop_rate` fault)."""
+
+
+class SimServer:
+    """One simulated vLLM server; `__call__` is its ASGI entry point."""
+
+    def __init__(self, config: SimConfig) -> None:
+        config.check()
+        self.config = config
+        self.faults = config.faults
+        self.max_model_len = sim_config.max_model_len(config)
+        core = sim_config.build_engine(config)
+        self.metrics = SimMetrics(config.name, self.max_model_len, core.k)
+        self.runner = EngineRunner(core, self.metrics, config.time_scale)
+        self._rng = random.Random(config.seed)
+        self._task: asyncio.Task[None] | None = None
+        self.created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            try:
+                await self._route(scope, receive, send)
+            except ApiError as exc:
+                await _respond(send, exc.status, exc.body())
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await asyncio.sleep(self.faults.startup_delay_s)
+                self._task = asyncio.create_task(self.runner.run())
+                if self.faults.crash_after_s is not None:
+                    asyncio.get_running_loop().call_later(self.faults.crash_after_s, _crash)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._task is not None:
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            await self._completion(path.endswith("chat/completions"), receive, send)
+        elif method == "GET" and path == "/health":
+            await _respond(send, 200, b"")
+        elif method == "GET" and path == "/version":
+            await _respond(send, 200, json.dumps({"version": VLLM_VERSION}).encode())
+        elif method == "GET" and path == "/v1/models":
+            await _respond(send, 200, self._models())
+        elif method == "GET" and path == "/metrics":
+            headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+            await _respond(send, 200, self.metrics.exposition(), headers)
+        elif method == "POST" and path == "/sim/faults":
+            await self._set_faults(receive, send)
+        else:
+            raise ApiError(404, f"Not Found: {method} {path}")
+
+    def _models(self) -> bytes:
+        card = {
+            "id": self.config.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+        }
+        return json.dumps({"object": "list", "data": [card]}).encode()
+
+    async def _set_faults(self, receive: Receive, send: Send) -> None:
+        """Change fault switches at run time (not part of vLLM's API)."""
+        body = parse_body(await _read_body(receive))
+        try:
+            self.faults = replace(self.faults, **body)
+        except TypeError as exc:
+            raise ApiError(400, f"unknown fault switch: {exc}") from None
+        await _respond(send, 200, json.dumps(self.faults.__dict__).encode())
+
+    async def _completion(self, chat: bool, receive: Receive, send: Send) -> None:
+        body = parse_body(await _read_body(receive))
+        generation = parse(
+            body, chat=chat, served_model=self.config.name, max_model_len=self.max_model_len
+        )
+        if self._rng.random() < self.faults.error_rate:
+            message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+            raise ApiError(500, message)
+        request, stream = self._submit(generation)
+        watcher = asyncio.create_task(_until_disconnect(receive, stream))
+        try:
+            if generation.stream:
+                await self._stream(generation, stream, send)
+            else:
+                await self._respond_whole(generation, stream, send)
+        finally:
+            watcher.cancel()
+            self.runner.abort(request)  # no-op once finished
+
+    def _submit(self, generation: Generation) -> tuple[SimRequest, Stream]:
+        seed = seed_of(generation.prompt_text)
+        workload = calibration.workloads().get(generation.workload or self.config.workload)
+        mean_output = workload.output_tokens if workload else 512
+        stop_at = generation.max_tokens
+        if not generation.ignore_eos:
+            stop_at = min(stop_at, natural_length(random.Random(seed), mean_output))
+        profile = sim_config.acceptance_profile(self.config, workload.name if workload else None)
+        request = SimRequest(
+            request_id=f"req-{seed:x}",
+            prompt_tokens=generation.prompt_tokens,
+            max_tokens=generation.max_tokens,
+            stop_at=stop_at,
+            acceptance=profile,
+            arrived_s=self.runner.now_s(),
+        )
+        return request, self.runner.submit(request, PseudoText(seed))
+
+    async def _stream(self, generation: Generation, stream: Stream, send: Send) -> None:
+        writer = ResponseWriter(generation)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        if generation.chat:
+            await _send_body(send, writer.role_chunk())
+        stall = self._rng.random() < self.faults.stall_rate
+        drop = self._rng.random() < self.faults.drop_rate
+        completion = 0
+        while True:
+            text, value = await stream.events.get()
+            if text is None:
+                break
+            completion += value
+            if (stall or drop) and completion * 2 >= stream.request.stop_at:
+                await self._fault_mid_stream(stream, drop)
+            finish = self._finish_if_last(stream, completion)
+            await _send_body(send, writer.text_chunk(text, finish, completion))
+        if value == "abort":
+            return
+        if generation.include_usage:
+            metrics = self._request_metrics(stream.request)
+            await _send_body(send, writer.usage_chunk(completion, metrics))
+        await send({"type": "http.response.body", "body": DONE, "more_body": False})
+
+    def _finish_if_last(self, stream: Stream, completion: int) -> str | None:
+        """The finish reason to put on the chunk that completes the request."""
+        request = stream.request
+        if completion < request.stop_at:
+            return None
+        return "length" if request.stop_at >= request.max_tokens else "stop"
+
+    async def _fault_mid_stream(self, stream: Stream, drop: bool) -> None:
+        self.runner.abort(stream.request)
+        if drop:
+            raise ConnectionDropped("drop_rate fault: cutting the connection mid-stream")
+        while (await stream.events.get())[0] is not None:  # stall until the client leaves
+            pass
+
+    async def _respond_whole(self, generation: Generation, stream: Stream, send: Send) -> None:
+        writer, parts, completion = ResponseWriter(generation), [], 0
+        if self._rng.random() < self.faults.stall_rate:
+            await self._fault_mid_stream(stream, drop=False)
+        while True:
+            text, value = await stream.events.get()
+            if text is None:
+                break
+            parts.append(text)
+            completion += value
+        if value == "abort":
+            return
+        metrics = self._request_metrics(stream.request)
+        body = writer.full_response("".join(parts), value, completion, metrics)
+        await _respond(send, 200, body)
+
+    def _request_metrics(self, request: SimRequest) -> dict[str, Any] | None:
+        """vLLM's `--per-request-spec-decode-metrics summary` block."""
+        if not self.config.per_request_spec_metrics or not self.runner.core.k:
+            return None
+        spec = request.spec
+        steps = max(spec.drafts, 1)
+        summary = {
+            "mean_acceptance_length": 1 + spec.accepted_tokens / steps,
+            "draft_acceptance_rate": spec.accepted_tokens / max(spec.draft_tokens, 1),
+            "acceptance_histogram": spec.histogram,
+            "num_spec_steps": spec.drafts,
+            "num_accepted_draft_tokens": spec.accepted_tokens,
+            "num_draft_tokens": spec.draft_tokens,
+            "num_spec_tokens": self.runner.core.k,
+        }
+        return {"speculative_decoding": summary}
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(400, f"Request body larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _until_disconnect(receive: Receive, stream: Stream) -> None:
+    """Wake the response loop with an abort when the client goes away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    stream.events.put_nowait((None, "abort"))
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers or JSON})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_body(send: Send, chunk: bytes) -> None:
+    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+def _crash() -> None:
+    logger.error("crash_after_s fault: exiting now")
+    os._exit(1)
