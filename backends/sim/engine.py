@@ -208,16 +208,21 @@ class EngineCore:
         return lengths
 
     def _survival_threshold(self, decoding: list[SimRequest]) -> float:
-        """Verify a position only if its survival pays for the extra verify cost (DSpark)."""
-        n = len(decoding)
-        full = StepShape(
-            n, n * (1 + self.k), n * self.k, 0, sum(r.context_tokens for r in decoding)
-        )
-        more = StepShape(n, full.verify_tokens + n, full.drafted_tokens, 0, full.context_tokens)
+        """Verify a position only if its survival pays for the extra verify cost (DSpark).
+
+        One more verified token per sequence costs `marginal_s`; a position that survives
+        with probability S saves S tokens' worth of step time.
+        """
+        n, k = len(decoding), self.k
+        context = sum(r.context_tokens for r in decoding)
+        full = StepShape(n, n * (1 + k), n * k, 0, context)
+        more = StepShape(n, full.verify_tokens + n, full.drafted_tokens, 0, context)
         model = self.step_model
         marginal_s = (model.target_s(more) - model.target_s(full)) / n
-        seconds_per_token = model.step_s(full) / (n * (1 + self.k / 2))
-        return marginal_s / seconds_per_token
+        tokens = sum(
+            r.acceptance.mean_acceptance_length(k) if r.acceptance else 1.0 for r in decoding
+        )
+        return marginal_s / (model.step_s(full) / tokens)
 
     def _advance(self, request: SimRequest, verify: int, result: StepResult) -> int:
         """Draw accepted drafts for one sequence and return the tokens it gains this step."""
