@@ -28,8 +28,16 @@ class LoadResult:
     acceptance_length: float | None
 
 
-def run_closed_loop(config: SimConfig, concurrency: int, steps: int = 3000) -> LoadResult:
-    """`concurrency` clients, each sending a new request when its last one ends."""
+def run_closed_loop(
+    config: SimConfig,
+    concurrency: int,
+    steps: int = 3000,
+    shape: tuple[int, int] | None = None,
+) -> LoadResult:
+    """`concurrency` clients, each sending a new request when its last one ends.
+
+    Requests follow the config's workload, or have exactly `shape` = (prompt, output) tokens.
+    """
     core = build_engine(config)
     workload = calibration.workloads()[config.workload]
     profile = acceptance_profile(config)
@@ -37,11 +45,10 @@ def run_closed_loop(config: SimConfig, concurrency: int, steps: int = 3000) -> L
     now = 0.0
 
     def new_request(n: int) -> SimRequest:
+        if shape is not None:
+            return SimRequest(f"cal-{n}", shape[0], shape[1], shape[1], profile, now)
         stop = min(MAX_TOKENS, natural_length(rng, workload.output_tokens))
-        return SimRequest(
-            f"cal-{n}", workload.prompt_tokens, MAX_TOKENS, stop,
-            profile, now,
-        )  # fmt: skip
+        return SimRequest(f"cal-{n}", workload.prompt_tokens, MAX_TOKENS, stop, profile, now)
 
     issued = 0
     for issued in range(concurrency):
