@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backends.methods import METHODS, method_info
 from backends.sim.engine import EngineCore, EngineLimits
@@ -33,6 +33,22 @@ class Faults:
     drop_rate: float = 0.0  # fraction of streams whose connection is cut mid-way
     crash_after_s: float | None = None  # the process exits (code 1) this long after start
     startup_delay_s: float = 0.0  # time before the server accepts connections
+
+    def updated(self, changes: dict[str, object]) -> Faults:
+        """These switches with `changes` applied; ValueError names a bad key or value."""
+        allowed = set(self.__dataclass_fields__)
+        for key, value in changes.items():
+            if key not in allowed:
+                raise ValueError(
+                    f"unknown fault switch {key!r}; known: {', '.join(sorted(allowed))}"
+                )
+            if value is None and key == "crash_after_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{key} must be a number >= 0, got {value!r}")
+            if key.endswith("_rate") and value > 1:
+                raise ValueError(f"{key} must be between 0 and 1, got {value!r}")
+        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

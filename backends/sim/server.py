@@ -10,7 +10,6 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from backends.sim import config as sim_config
@@ -114,9 +113,9 @@ class SimServer:
         """Change fault switches at run time (not part of vLLM's API)."""
         body = parse_body(await _read_body(receive))
         try:
-            self.faults = replace(self.faults, **body)
-        except TypeError as exc:
-            raise ApiError(400, f"unknown fault switch: {exc}") from None
+            self.faults = self.faults.updated(body)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
         await _respond(send, 200, json.dumps(self.faults.__dict__).encode())
 
     async def _completion(self, chat: bool, receive: Receive, send: Send) -> None:
@@ -171,6 +170,7 @@ class SimServer:
             completion += value
             if (stall or drop) and completion * 2 >= stream.request.stop_at:
                 await self._fault_mid_stream(stream, drop)
+                return  # the client has gone; nothing more will arrive on this stream
             finish = self._finish_if_last(stream, completion)
             await _send_body(send, writer.text_chunk(text, finish, completion))
         if value == "abort":
@@ -198,6 +198,7 @@ class SimServer:
         writer, parts, completion = ResponseWriter(generation), [], 0
         if self._rng.random() < self.faults.stall_rate:
             await self._fault_mid_stream(stream, drop=False)
+            return
         while True:
             text, value = await stream.events.get()
             if text is None:

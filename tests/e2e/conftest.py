@@ -174,3 +174,55 @@ def start_server(tmp_path: Path) -> Iterator[ServerStarter]:
     finally:
         for server in servers:
             server.close()
+
+
+# --- Simulated vLLM servers (`draftgate sim`), shared by a whole test module. ---
+
+SIM_MODEL = "openai/gpt-oss-20b"
+
+
+def sim_args(*options: str, model: str = SIM_MODEL) -> tuple[str, ...]:
+    """`draftgate sim` arguments for `model` plus `options` (the port is added on start)."""
+    return ("sim", "--model", model, *options)
+
+
+def spawn_server(args: tuple[str, ...], env: dict[str, str], log_dir: Path) -> Server:
+    """Start `draftgate ARGS... --port P` on a free port without waiting for it."""
+    port = free_port()
+    log_path = log_dir / f"draftgate-{port}.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [str(DRAFTGATE), *args, "--port", str(port)],
+        env=env,
+        cwd=log_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    return Server(process=process, port=port, log_path=log_path, log_file=log_file)
+
+
+ModuleServerStarter = Callable[..., list[Server]]
+
+
+@pytest.fixture(scope="module")
+def start_module_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleServerStarter]:
+    """Start several `draftgate` processes at once (each `args` a tuple), wait for /health.
+
+    They live for the whole module; every process is terminated in its teardown.
+    """
+    servers: list[Server] = []
+    log_dir = tmp_path_factory.mktemp("servers")
+
+    def start(*each_args: tuple[str, ...]) -> list[Server]:
+        started = [spawn_server(args, draftgate_env(), log_dir) for args in each_args]
+        servers.extend(started)
+        for server in started:
+            server.wait_healthy()
+        return started
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()

