@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio.to_thread
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from httpx_aiohttp import AiohttpTransport
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from gateway import health
+from gateway import health, openai_routes
+from gateway.accounting import Ledger
 from gateway.admin import admin_router
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.deps import Services
 from gateway.errors import ServiceUnavailable, install_error_handlers
 from gateway.fleet import apply_fleet, load_fleet
+from gateway.limits import Limiter
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Relay
+from gateway.registry import Registry
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -42,24 +51,95 @@ async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error.envelope(), status_code=error.status_code)
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the gateway: health, and the admin API behind the admin token."""
+def upstream_client(settings: Settings) -> httpx.AsyncClient:
+    """The one pooled client for every backend (aiohttp's transport: a cheap relay)."""
+    timeout = httpx.Timeout(
+        connect=settings.connect_timeout_s,
+        read=settings.read_timeout_s,
+        write=settings.read_timeout_s,
+        pool=settings.pool_timeout_s,
+    )
+    return httpx.AsyncClient(transport=AiohttpTransport(), timeout=timeout)
+
+
+class GatewayApp(FastAPI):
+    """FastAPI for everything but `POST /v1/*`, which goes straight to the relay."""
+
+    relay: Relay | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (
+            self.relay is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"].startswith("/v1/")
+        ):
+            await self.relay(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings) -> GatewayApp:
+    """Build the gateway: the relay, `/v1/models`, health, metrics and the admin API."""
     if settings.admin_token is None:
         raise ValueError("settings.admin_token is required (DRAFTGATE_ADMIN_TOKEN)")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        assert isinstance(app, GatewayApp)
         engine = make_engine(settings.database_url)
         try:
             await anyio.to_thread.run_sync(prepare_database, settings, engine)
-            app.state.services = Services(settings, engine, make_sessionmaker(engine))
-            yield
+            async with _running(settings, engine, app):
+                yield
         finally:
             engine.dispose()
 
-    app = FastAPI(title="draftgate", version=VERSION, lifespan=lifespan)
+    app = GatewayApp(title="draftgate", version=VERSION, lifespan=lifespan)
     install_error_handlers(app)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.include_router(health.router)
+    app.include_router(openai_routes.router)
     app.include_router(admin_router())
     return app
+
+
+@asynccontextmanager
+async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> AsyncIterator[None]:
+    """Start the registry, ledger, limiter, prober and relay; drain the ledger at the end."""
+    sessions = make_sessionmaker(engine)
+    metrics = GatewayMetrics()
+    registry = Registry(sessions, settings.registry_refresh_s)
+    await anyio.to_thread.run_sync(registry.load)
+    ledger = Ledger(
+        sessions,
+        metrics,
+        batch_size=settings.ledger_batch_size,
+        flush_interval_s=settings.ledger_flush_interval_s,
+        max_pending=settings.ledger_max_pending,
+    )
+    limiter = Limiter(sessions, settings.limits_sync_s)
+    registry.on_load.append(limiter.snapshot_loaded)
+    client = upstream_client(settings)
+    app.state.services = Services(settings, engine, sessions, registry, metrics)
+    app.relay = Relay(settings, registry, ledger, limiter, metrics, client)
+    stop = asyncio.Event()
+    # Loops that touch the database stop at `stop` (never mid-query, so no connection is
+    # left behind); the prober only talks HTTP and is cancelled.
+    stoppable = [asyncio.create_task(c) for c in (
+        registry.run(stop), ledger.run(stop), limiter.run(stop)
+    )]  # fmt: skip
+    prober = asyncio.create_task(
+        health.probe_forever(registry, client, settings.probe_interval_s, metrics)
+    )
+    try:
+        yield
+    finally:
+        app.relay = None
+        stop.set()
+        registry.wake()
+        ledger.wake()
+        prober.cancel()
+        await asyncio.gather(prober, *stoppable, return_exceptions=True)
+        await ledger.drain()
+        await client.aclose()

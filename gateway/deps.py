@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed
+from gateway.metrics import GatewayMetrics
+from gateway.registry import Registry
 from gateway.settings import Settings
 
 
@@ -23,6 +25,8 @@ class Services:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
+    registry: Registry
+    metrics: GatewayMetrics
 
 
 def get_services(request: Request) -> Services:
@@ -55,3 +59,10 @@ def require_admin(
         raise AuthenticationFailed("admin API expects 'Authorization: Bearer <token>'")
     if not secrets.compare_digest(token.strip().encode(), expected.get_secret_value().encode()):
         raise AuthenticationFailed("invalid admin token")
+
+
+def refresh_registry_after_changes(request: Request, services: ServicesDep) -> Iterator[None]:
+    """After an admin change is committed, have the registry reload at once."""
+    yield
+    if request.method not in ("GET", "HEAD"):
+        services.registry.request_refresh()

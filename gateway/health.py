@@ -1,16 +1,22 @@
-"""Liveness and readiness."""
+"""Liveness, readiness and the backend prober."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+import httpx
 from fastapi import APIRouter
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from backends.probe import is_healthy
 from gateway.db.tables import Backend
 from gateway.deps import ServicesDep
 from gateway.errors import ServiceUnavailable
+from gateway.metrics import GatewayMetrics
+from gateway.registry import Registry
 
 router = APIRouter(tags=["health"])
 
@@ -23,13 +29,37 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready")
 def ready(services: ServicesDep) -> dict[str, Any]:
-    """The database answers and at least one backend is enabled."""
+    """The database answers and at least one backend is healthy."""
     try:
         with services.sessions() as session:
-            query = select(func.count()).select_from(Backend).where(Backend.enabled)
-            enabled = session.scalar(query) or 0
+            session.scalar(select(func.count()).select_from(Backend))
     except SQLAlchemyError as exc:
         raise ServiceUnavailable(f"database unreachable: {type(exc).__name__}") from exc
-    if enabled == 0:
-        raise ServiceUnavailable("no enabled backend")
-    return {"status": "ready", "database": "ok", "backends_enabled": enabled}
+    registry, now = services.registry, time.monotonic()
+    backends = [b for group in registry.snapshot.backends.values() for b in group]
+    healthy = [
+        b.name
+        for b in backends
+        if registry.states[b.name].healthy and registry.states[b.name].open_until <= now
+    ]
+    if not healthy:
+        raise ServiceUnavailable(f"no healthy backend ({len(backends)} enabled)")
+    return {"status": "ready", "database": "ok", "backends_healthy": len(healthy)}
+
+
+async def probe_forever(
+    registry: Registry, client: httpx.AsyncClient, interval_s: float, metrics: GatewayMetrics
+) -> None:
+    """Probe every enabled backend's `/health` on an interval; publish health gauges."""
+    while True:
+        backends = [b for group in registry.snapshot.backends.values() for b in group]
+        results = await asyncio.gather(
+            *(is_healthy(client, b.url, timeout_s=min(interval_s, 2.0)) for b in backends)
+        )
+        now = time.monotonic()
+        for backend, healthy in zip(backends, results, strict=True):
+            state = registry.states[backend.name]
+            state.healthy = healthy
+            metrics.healthy.labels(backend.name).set(int(healthy and state.open_until <= now))
+            metrics.in_flight.labels(backend.name).set(state.in_flight)
+        await asyncio.sleep(interval_s)

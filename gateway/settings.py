@@ -72,6 +72,96 @@ class Settings(BaseSettings):
         description="Python logging level name for draftgate's loggers. Default `info`.",
     )
 
+    require_api_key: bool = Field(
+        default=True,
+        description=(
+            "Require `Authorization: Bearer <key>` on `/v1`. Default on; `draftgate up` turns "
+            "it off for the local demo."
+        ),
+    )
+    registry_refresh_s: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Seconds between reloads of backends, policies, keys and prices from the database "
+            "(changes through this replica apply at once). Default 2 s: other replicas follow "
+            "within that."
+        ),
+    )
+    probe_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between `GET /health` probes of each backend. Default 5 s.",
+    )
+    connect_timeout_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="Seconds to connect to a backend before trying another. Default 3 s.",
+    )
+    read_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Seconds a backend may stay silent (before the first byte or between chunks). "
+            "Default 120 s: long prefills on big prompts are slow, a stall is not."
+        ),
+    )
+    pool_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds to wait for a free upstream connection. Default 5 s.",
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description=(
+            "Backends tried for one request when it fails before its first byte reaches the "
+            "client. Default 3."
+        ),
+    )
+    breaker_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Consecutive failures that open a backend's circuit breaker. Default 3.",
+    )
+    breaker_cooldown_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds an open circuit breaker keeps a backend out. Default 10 s.",
+    )
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted on `/v1` (413 beyond). Default 16 MiB.",
+    )
+    ledger_flush_interval_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="Seconds between batched writes of usage records. Default 0.5 s.",
+    )
+    ledger_batch_size: int = Field(
+        default=500,
+        ge=1,
+        description="Most usage records written in one transaction. Default 500.",
+    )
+    ledger_max_pending: int = Field(
+        default=100_000,
+        ge=1,
+        description=(
+            "Usage records held in memory while the database is unreachable; beyond it the "
+            "oldest are dropped and counted. Default 100000 (about 50 MB)."
+        ),
+    )
+    limits_sync_s: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Seconds between exchanges of per-key request and token counts with the database, "
+            "so limits hold across replicas. Default 1 s (the tolerance of shared limits)."
+        ),
+    )
+
     @field_validator("database_url")
     @classmethod
     def _use_psycopg(cls, url: str) -> str:

@@ -3,12 +3,13 @@
 from fastapi import APIRouter, Depends
 
 from gateway.admin import audit, backends, keys, models, prices
-from gateway.deps import require_admin
+from gateway.deps import refresh_registry_after_changes, require_admin
 
 
 def admin_router() -> APIRouter:
     """Every admin resource under `/admin/v1`, behind the admin token."""
-    router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
+    dependencies = [Depends(refresh_registry_after_changes), Depends(require_admin)]
+    router = APIRouter(prefix="/admin/v1", dependencies=dependencies)
     for module in (backends, models, prices, keys, audit):
         router.include_router(module.router)
     return router

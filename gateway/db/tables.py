@@ -218,3 +218,14 @@ class AuditEntry(Base):
     resource_id: Mapped[str] = mapped_column(String(URL))
     before: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class RateWindow(Base):
+    """Requests and tokens of one API key in one minute, summed over gateway replicas."""
+
+    __tablename__ = "rate_windows"
+
+    api_key_id: Mapped[int] = mapped_column(primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix minute
+    requests: Mapped[int] = mapped_column(default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,0 +1,199 @@
+"""The usage ledger: one record per request, queued in memory, written in batches.
+
+The hot path only appends to a deque. A background task writes batches (bounded size and
+interval) in a thread; if the database is down the batch stays queued and is retried, so
+records wait (bounded by `ledger_max_pending`, the oldest dropped and counted beyond it).
+Writes are idempotent by `request_id`, and hourly rollups are recomputed from the records of
+the hours written, so neither a retried batch nor several replicas double-count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db.session import transaction
+from gateway.db.tables import UsageHourly, UsageRecord
+from gateway.metrics import GatewayMetrics
+
+logger = logging.getLogger(__name__)
+RETRY_BACKOFF_MAX_S = 5.0
+
+
+@dataclass(slots=True)
+class UsageEntry:
+    """One request as the ledger records it."""
+
+    request_id: str
+    created_at: dt.datetime
+    api_key_id: int | None
+    model: str
+    method: str | None
+    backend_name: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    status_code: int
+    outcome: str  # ok, client_error, upstream_error, client_disconnect, rejected
+    latency_ms: float
+    ttft_ms: float | None
+    concurrency: float | None
+    cost_usd: float | None
+    baseline_cost_usd: float | None
+
+
+def hour_of(moment: dt.datetime) -> dt.datetime:
+    """The UTC hour a moment falls in."""
+    return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+ROLLUP_KEY = ["hour", "model", "method", "backend_name", "api_key_id"]
+ROLLUP_VALUES = ["requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd",
+                 "baseline_cost_usd"]  # fmt: skip
+
+
+def _insert(session: Session, table: type[UsageRecord] | type[UsageHourly]) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT (SQLite and PostgreSQL)."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> None:
+    """Insert a batch and recompute the rollups of its hours, in one transaction."""
+    rows = [asdict(entry) for entry in batch]
+    with transaction(sessions) as session:
+        statement = _insert(session, UsageRecord).on_conflict_do_nothing(
+            index_elements=["request_id"]
+        )
+        session.execute(statement, rows)
+        for hour in sorted({hour_of(e.created_at) for e in batch}):
+            recompute_hour(session, hour)
+
+
+def recompute_hour(session: Session, hour: dt.datetime) -> None:
+    """Set the hourly rollup rows of `hour` from the usage records (idempotent)."""
+    end = hour + dt.timedelta(hours=1)
+    r = UsageRecord
+    groups = (
+        select(
+            func.coalesce(r.method, ""),
+            func.coalesce(r.backend_name, ""),
+            func.coalesce(r.api_key_id, 0),
+            r.model,
+            func.count(),
+            func.sum(case((r.status_code >= 400, 1), else_=0)),
+            func.sum(r.prompt_tokens),
+            func.sum(r.completion_tokens),
+            func.coalesce(func.sum(r.cost_usd), 0.0),
+            func.coalesce(func.sum(r.baseline_cost_usd), 0.0),
+        )
+        .where(r.created_at >= hour, r.created_at < end)
+        .group_by(func.coalesce(r.method, ""), func.coalesce(r.backend_name, ""),
+                  func.coalesce(r.api_key_id, 0), r.model)
+    )  # fmt: skip
+    rows = [
+        {
+            "hour": hour,
+            "method": method,
+            "backend_name": backend,
+            "api_key_id": key,
+            "model": model,
+            "requests": n,
+            "errors": errors or 0,
+            "prompt_tokens": prompt or 0,
+            "completion_tokens": completion or 0,
+            "cost_usd": cost,
+            "baseline_cost_usd": baseline,
+        }
+        for method, backend, key, model, n, errors, prompt, completion, cost, baseline in (
+            session.execute(groups)
+        )
+    ]
+    if rows:
+        statement = _insert(session, UsageHourly)
+        statement = statement.on_conflict_do_update(
+            index_elements=ROLLUP_KEY,
+            set_={name: getattr(statement.excluded, name) for name in ROLLUP_VALUES},
+        )
+        session.execute(statement, rows)
+
+
+class Ledger:
+    """Queue of usage records and the task that writes them."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        metrics: GatewayMetrics,
+        *,
+        batch_size: int,
+        flush_interval_s: float,
+        max_pending: int,
+    ) -> None:
+        self._sessions = sessions
+        self._metrics = metrics
+        self._batch_size = batch_size
+        self._interval = flush_interval_s
+        self._pending: deque[UsageEntry] = deque()
+        self._max_pending = max_pending
+        self._wake = asyncio.Event()
+
+    def record(self, entry: UsageEntry) -> None:
+        """Queue one record (hot path: no I/O)."""
+        if len(self._pending) >= self._max_pending:
+            self._pending.popleft()
+            self._metrics.ledger_dropped.inc()
+        self._pending.append(entry)
+        if len(self._pending) >= self._batch_size:
+            self._wake.set()
+
+    def wake(self) -> None:
+        """Wake the writer (to flush now, or to notice a stop)."""
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Write batches until `stop`; keep records queued while the database is down."""
+        backoff = self._interval
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), backoff)
+            self._wake.clear()
+            try:
+                while self._pending:
+                    await self.flush_once()
+                backoff = self._interval
+            except SQLAlchemyError as exc:
+                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+                logger.warning("usage records not written yet (%d pending): %s", self.pending, exc)
+            self._metrics.ledger_pending.set(self.pending)
+
+    async def flush_once(self) -> None:
+        """Write up to one batch; on failure the batch stays at the head of the queue."""
+        batch = [self._pending[i] for i in range(min(self._batch_size, len(self._pending)))]
+        if not batch:
+            return
+        await asyncio.to_thread(write_batch, self._sessions, batch)
+        for _ in batch:
+            self._pending.popleft()
+        self._metrics.ledger_written.inc(len(batch))
+
+    async def drain(self) -> None:
+        """Write everything queued (at shutdown); gives up on a database error."""
+        try:
+            while self._pending:
+                await self.flush_once()
+        except SQLAlchemyError as exc:
+            logger.error("shutdown with %d usage records unwritten: %s", self.pending, exc)

@@ -1,0 +1,176 @@
+"""Per-key limits: requests and tokens per minute, and a USD budget, across replicas.
+
+Checks read memory only. Each replica counts its own requests and tokens per key and minute,
+and every `limits_sync_s` adds its new counts to the shared `rate_windows` table and reads
+back the totals of all replicas. A limit therefore holds across replicas to within one sync
+interval of the other replicas' traffic. Budgets compare the key's spend in its period (from
+the registry's snapshot of the ledger) plus what this replica served since that snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db.session import transaction
+from gateway.db.tables import RateWindow
+from gateway.registry import KeyView
+
+logger = logging.getLogger(__name__)
+WINDOW_S = 60
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request may not proceed, as an OpenAI error."""
+
+    status: int
+    code: str
+    message: str
+    retry_after_s: int | None = None
+
+
+@dataclass(slots=True)
+class _Counts:
+    """One key's counts in one minute."""
+
+    shared_requests: int = 0  # all replicas, as of the last sync (ours included)
+    shared_tokens: int = 0
+    unsynced_requests: int = 0  # ours since the last sync
+    unsynced_tokens: int = 0
+    pushing_requests: int = 0  # ours being written right now (not yet in the totals)
+    pushing_tokens: int = 0
+
+    @property
+    def requests(self) -> int:
+        return self.shared_requests + self.unsynced_requests + self.pushing_requests
+
+    @property
+    def tokens(self) -> int:
+        return self.shared_tokens + self.unsynced_tokens + self.pushing_tokens
+
+
+def current_window(now_s: float) -> int:
+    """The unix minute a moment falls in."""
+    return int(now_s // WINDOW_S)
+
+
+class Limiter:
+    """Counts per key and minute, and the checks against a key's limits."""
+
+    def __init__(self, sessions: sessionmaker[Session], sync_s: float) -> None:
+        self._sessions = sessions
+        self._sync_s = sync_s
+        self._counts: dict[tuple[int, int], _Counts] = defaultdict(_Counts)
+        self._spend_since_snapshot: dict[int, float] = defaultdict(float)
+
+    def check(self, key: KeyView, spent_usd: float, now_s: float | None = None) -> Refusal | None:
+        """Refuse a request over the key's rate limits or budget."""
+        now_s = time.time() if now_s is None else now_s
+        counts = self._counts.get((key.id, current_window(now_s)), _Counts())
+        retry = WINDOW_S - int(now_s % WINDOW_S)
+        if key.requests_per_minute is not None and counts.requests >= key.requests_per_minute:
+            message = f"Rate limit reached: {key.requests_per_minute} requests per minute"
+            return Refusal(429, "rate_limit_exceeded", message, retry)
+        if key.tokens_per_minute is not None and counts.tokens >= key.tokens_per_minute:
+            message = f"Rate limit reached: {key.tokens_per_minute} tokens per minute"
+            return Refusal(429, "rate_limit_exceeded", message, retry)
+        spent = spent_usd + self._spend_since_snapshot.get(key.id, 0.0)
+        if key.budget_usd is not None and spent >= key.budget_usd:
+            message = (
+                f"Budget exhausted: ${spent:.4f} of ${key.budget_usd:.2f} ({key.budget_period})"
+            )
+            return Refusal(429, "insufficient_quota", message)
+        return None
+
+    def count_request(self, key_id: int, now_s: float | None = None) -> None:
+        """Count one admitted request."""
+        now_s = time.time() if now_s is None else now_s
+        self._counts[(key_id, current_window(now_s))].unsynced_requests += 1
+
+    def count_usage(self, key_id: int, tokens: int, cost_usd: float | None) -> None:
+        """Count a finished request's tokens and cost."""
+        self._counts[(key_id, current_window(time.time()))].unsynced_tokens += tokens
+        if cost_usd:
+            self._spend_since_snapshot[key_id] += cost_usd
+
+    def snapshot_loaded(self) -> None:
+        """The registry read fresh spend totals: forget what they now include."""
+        self._spend_since_snapshot.clear()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Exchange counts with the other replicas until `stop`."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._sync_s)
+            if not stop.is_set():
+                await self.sync()
+
+    async def sync(self) -> None:
+        """Add our new counts to the shared table and read back every replica's totals.
+
+        Counts are taken and applied on the event loop; only the database work runs in a
+        thread, so the hot path's increments are never raced.
+        """
+        window = current_window(time.time())
+        for key in [k for k in self._counts if k[1] < window - 1]:
+            del self._counts[key]  # older minutes no longer matter
+        pushed = {
+            key: (c.unsynced_requests, c.unsynced_tokens)
+            for key, c in self._counts.items()
+            if c.unsynced_requests or c.unsynced_tokens
+        }
+        for key, (requests, tokens) in pushed.items():
+            counts = self._counts[key]
+            counts.unsynced_requests -= requests
+            counts.unsynced_tokens -= tokens
+            counts.pushing_requests, counts.pushing_tokens = requests, tokens
+        try:
+            totals = await asyncio.to_thread(self._exchange, pushed, window - 1)
+        except SQLAlchemyError as exc:
+            logger.warning("rate-limit counts not shared this round: %s", exc)
+            totals = {}
+            for key, (requests, tokens) in pushed.items():  # keep them for the next round
+                self._counts[key].unsynced_requests += requests
+                self._counts[key].unsynced_tokens += tokens
+        for key in pushed:
+            self._counts[key].pushing_requests = self._counts[key].pushing_tokens = 0
+        for key, (requests, tokens) in totals.items():
+            if key in self._counts:
+                self._counts[key].shared_requests = requests
+                self._counts[key].shared_tokens = tokens
+
+    def _exchange(
+        self, pushed: dict[tuple[int, int], tuple[int, int]], since_window: int
+    ) -> dict[tuple[int, int], tuple[int, int]]:
+        """Upsert-increment our counts, then read all replicas' totals (in a thread)."""
+        with transaction(self._sessions) as session:
+            if pushed:
+                dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+                statement = dialect.insert(RateWindow)
+                statement = statement.on_conflict_do_update(
+                    index_elements=["api_key_id", "window_start"],
+                    set_={
+                        "requests": RateWindow.requests + statement.excluded.requests,
+                        "tokens": RateWindow.tokens + statement.excluded.tokens,
+                    },
+                )
+                rows = [
+                    {"api_key_id": k, "window_start": w, "requests": r, "tokens": t}
+                    for (k, w), (r, t) in pushed.items()
+                ]
+                session.execute(statement, rows)
+            query = select(RateWindow).where(RateWindow.window_start >= since_window)
+            return {
+                (r.api_key_id, r.window_start): (r.requests, r.tokens)
+                for r in session.scalars(query)
+            }

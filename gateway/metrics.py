@@ -1,0 +1,109 @@
+"""Every Prometheus metric the gateway exposes, declared once, in one registry per app.
+
+Labels are bounded: model and method come from the registry (not from clients), status is
+an HTTP status class, backend names from the registry. No per-key labels.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
+
+
+class GatewayMetrics:
+    """The gateway's metrics."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "draftgate_requests",
+            "Requests on /v1 by model, method and status class.",
+            ["model", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "draftgate_request_latency_seconds",
+            "End-to-end latency of /v1 requests.",
+            ["model", "method"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "draftgate_time_to_first_token_seconds",
+            "Time to the first streamed byte of a completion.",
+            ["model", "method"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "draftgate_inter_token_latency_seconds",
+            "Mean time between streamed chunks of a completion.",
+            ["model", "method"],
+            buckets=ITL_BUCKETS_S,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "draftgate_tokens",
+            "Tokens by model, method and kind (prompt, completion).",
+            ["model", "method", "kind"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "draftgate_cost_usd",
+            "GPU-hour cost of served tokens, at the measured throughput.",
+            ["model", "method"],
+            registry=r,
+        )
+        self.savings = Counter(
+            "draftgate_savings_usd",
+            "Cost of the same tokens with plain decoding minus their cost.",
+            ["model", "method"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "draftgate_fallbacks",
+            "Requests served by another method than the policy's.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "draftgate_upstream_retries",
+            "Requests retried on another backend before their first byte.",
+            ["model"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "draftgate_rejections",
+            "Requests refused before routing, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "draftgate_backend_in_flight",
+            "Requests in flight per backend.",
+            ["backend"],
+            registry=r,
+        )
+        self.healthy = Gauge(
+            "draftgate_backend_healthy",
+            "1 if the backend is healthy and its circuit breaker closed.",
+            ["backend"],
+            registry=r,
+        )
+        self.ledger_pending = Gauge(
+            "draftgate_ledger_pending", "Usage records waiting to be written.", registry=r
+        )
+        self.ledger_dropped = Counter(
+            "draftgate_ledger_dropped",
+            "Usage records dropped because the pending queue was full.",
+            registry=r,
+        )
+        self.ledger_written = Counter(
+            "draftgate_ledger_written", "Usage records written to the database.", registry=r
+        )
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

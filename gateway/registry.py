@@ -1,0 +1,232 @@
+"""The in-memory registry the hot path reads: a snapshot of the database, refreshed often.
+
+The snapshot (backends, model policies, API keys, prices, throughput curves, key spend) is
+rebuilt from the database every `registry_refresh_s` and at once after a change through this
+replica's admin API. Per-backend runtime state (in-flight requests, health, circuit breaker,
+scraped load) lives beside it and survives refreshes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db.tables import ApiKey, Backend, GpuPrice, Measurement, ModelPolicy, UsageRecord
+from planner.cost import ThroughputCurve, usd_per_mtok
+
+logger = logging.getLogger(__name__)
+PRICE_KIND = "on-demand"  # the price that costs requests; others are what-ifs
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """A backend as routing sees it."""
+
+    name: str
+    url: str
+    model: str
+    method: str
+    k: int | None
+    gpu_type: str
+    gpu_count: int
+
+
+@dataclass(slots=True)
+class BackendState:
+    """What this replica knows about a backend right now."""
+
+    in_flight: int = 0
+    healthy: bool = True
+    failures: int = 0
+    open_until: float = 0.0  # circuit breaker: no traffic before this (monotonic seconds)
+    waiting: float = 0.0  # scraped `num_requests_waiting`, when known
+    kv_usage: float = 0.0  # scraped KV-cache usage, when known
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    """A model's policy."""
+
+    mode: str = "auto"
+    method: str | None = None
+    k: int | None = None
+    explore_fraction: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyView:
+    """An API key as the hot path checks it."""
+
+    id: int
+    name: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    budget_usd: float | None
+    budget_period: str
+    allowed_models: frozenset[str] | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything routing, auth and costing need, as of one database read."""
+
+    backends: Mapping[str, tuple[BackendView, ...]] = field(default_factory=dict)  # by model
+    policies: Mapping[str, PolicyView] = field(default_factory=dict)
+    keys: Mapping[str, KeyView] = field(default_factory=dict)  # by SHA-256 of the key
+    prices: Mapping[str, float] = field(default_factory=dict)  # usd/GPU-hour by GPU type
+    curves: Mapping[tuple[str, str, str], ThroughputCurve] = field(default_factory=dict)
+    key_spend_usd: Mapping[int, float] = field(default_factory=dict)
+
+    def usd_per_mtok(self, model: str, method: str, backend: BackendView, c: float) -> float | None:
+        """Capacity cost of `method` for `model` on this backend's GPUs at concurrency c."""
+        curve = self.curves.get((model, method, backend.gpu_type))
+        price = self.prices.get(backend.gpu_type)
+        if curve is None or price is None:
+            return None
+        return usd_per_mtok(price, backend.gpu_count, curve.at(c))
+
+    def auto_method(self, model: str) -> str | None:
+        """The cheapest method with measurements and an enabled backend, else plain."""
+        backends = self.backends.get(model, ())
+        costs: dict[str, float] = {}
+        for b in backends:
+            cost = self.usd_per_mtok(model, b.method, b, 1.0)
+            if cost is not None:
+                costs[b.method] = min(cost, costs.get(b.method, cost))
+        if costs:
+            return min(costs, key=costs.__getitem__)
+        methods = {b.method for b in backends}
+        return "plain" if "plain" in methods else (min(methods) if methods else None)
+
+
+def _period_start(period: str, now: dt.datetime) -> dt.datetime | None:
+    if period == "daily":
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "monthly":
+        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return None  # total
+
+
+def load_snapshot(session: Session) -> Snapshot:
+    """Read the registry's snapshot from the database."""
+    backends: dict[str, list[BackendView]] = defaultdict(list)
+    for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
+        view = BackendView(b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count)
+        backends[b.model].append(view)
+    policies = {
+        m.name: PolicyView(m.mode, m.method, m.k, m.explore_fraction)
+        for m in session.scalars(select(ModelPolicy))
+    }
+    keys = {
+        k.key_hash: KeyView(
+            k.id,
+            k.name,
+            k.requests_per_minute,
+            k.tokens_per_minute,
+            k.budget_usd,
+            k.budget_period,
+            frozenset(k.allowed_models) if k.allowed_models is not None else None,
+        )
+        for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
+    }
+    prices = {
+        p.gpu_type: p.usd_per_gpu_hour
+        for p in session.scalars(select(GpuPrice).where(GpuPrice.kind == PRICE_KIND))
+    }
+    return Snapshot(
+        backends={m: tuple(v) for m, v in backends.items()},
+        policies=policies,
+        keys=keys,
+        prices=prices,
+        curves=_curves(session),
+        key_spend_usd=_key_spend(session, keys.values()),
+    )
+
+
+def _curves(session: Session) -> dict[tuple[str, str, str], ThroughputCurve]:
+    """Throughput curves per (model, method, GPU type) from the measurements."""
+    points: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
+    query = select(
+        Measurement.model,
+        Measurement.method,
+        Measurement.gpu_type,
+        Measurement.concurrency,
+        func.avg(Measurement.output_tokens_per_s / Measurement.gpu_count),
+    ).group_by(Measurement.model, Measurement.method, Measurement.gpu_type, Measurement.concurrency)
+    for model, method, gpu, c, per_gpu in session.execute(query):
+        points[(model, method, gpu)].append((float(c), float(per_gpu)))
+    return {key: ThroughputCurve.from_points(p) for key, p in points.items()}
+
+
+def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
+    """USD each budgeted key spent in its current period (one query per period kind)."""
+    now = dt.datetime.now(dt.UTC)
+    by_period: dict[str, list[int]] = defaultdict(list)
+    for key in keys:
+        if key.budget_usd is not None:
+            by_period[key.budget_period].append(key.id)
+    spend: dict[int, float] = {}
+    for period, ids in by_period.items():
+        query = (
+            select(UsageRecord.api_key_id, func.coalesce(func.sum(UsageRecord.cost_usd), 0.0))
+            .where(UsageRecord.api_key_id.in_(ids))
+            .group_by(UsageRecord.api_key_id)
+        )
+        start = _period_start(period, now)
+        if start is not None:
+            query = query.where(UsageRecord.created_at >= start)
+        spend.update({int(k): float(total or 0.0) for k, total in session.execute(query) if k})
+    return spend
+
+
+class Registry:
+    """The current snapshot plus per-backend state; refreshed in the background."""
+
+    def __init__(self, sessions: sessionmaker[Session], refresh_s: float) -> None:
+        self.snapshot = Snapshot()
+        self.states: dict[str, BackendState] = defaultdict(BackendState)
+        self._sessions = sessions
+        self._refresh_s = refresh_s
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
+
+    def load(self) -> None:
+        """Replace the snapshot with a fresh read (blocking; call from a thread)."""
+        with self._sessions() as session:
+            snapshot = load_snapshot(session)
+        self.snapshot = snapshot
+        for callback in self.on_load:
+            callback()
+
+    def request_refresh(self) -> None:
+        """Ask for a reload soon; safe from any thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def wake(self) -> None:
+        """Wake the refresh loop (to notice a stop)."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reload on an interval or when asked, until `stop`; a failed reload keeps the last."""
+        self._loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._refresh_s)
+            self._wake.clear()
+            if stop.is_set():
+                return
+            try:
+                await asyncio.to_thread(self.load)
+            except SQLAlchemyError as exc:
+                logger.warning("registry refresh failed, keeping the last snapshot: %s", exc)

@@ -1,0 +1,81 @@
+"""Routing, pure: model policy → method → the order in which to try its backends.
+
+Every method is lossless, so when the chosen method has no healthy backend another method of
+the same model serves the request (a fallback, reported). Within a method, two random
+backends are compared by load and the lighter goes first (power of two choices).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.registry import BackendState, BackendView, PolicyView
+
+WAITING_WEIGHT = 2.0  # a queued request at the backend weighs more than one in flight
+KV_WEIGHT = 4.0  # a full KV cache weighs like four requests in flight
+
+
+@dataclass(frozen=True)
+class Route:
+    """Backends to try in order, the method chosen, and why another one serves, if so."""
+
+    backends: tuple[BackendView, ...]
+    method: str | None
+    fallback: str | None = None  # "no_healthy_backend" when another method serves
+    explored: bool = False
+
+
+def available(backend: BackendView, state: BackendState, now: float) -> bool:
+    """Healthy and not held out by an open circuit breaker."""
+    return state.healthy and state.open_until <= now
+
+
+def load(state: BackendState) -> float:
+    """How busy a backend looks from here."""
+    return state.in_flight + WAITING_WEIGHT * state.waiting + KV_WEIGHT * state.kv_usage
+
+
+def choose_method(
+    policy: PolicyView, auto_method: str | None, methods: set[str], rng: random.Random
+) -> tuple[str | None, bool]:
+    """The policy's method (pinned, or auto), or with `explore_fraction` another one."""
+    chosen = policy.method if policy.mode == "pinned" else auto_method
+    others = sorted(methods - {chosen})
+    if others and policy.explore_fraction and rng.random() < policy.explore_fraction:
+        return rng.choice(others), True
+    return chosen, False
+
+
+def order_by_load(
+    backends: Sequence[BackendView], states: Mapping[str, BackendState], rng: random.Random
+) -> list[BackendView]:
+    """Power of two choices for the first pick, then the rest by load."""
+    if len(backends) <= 1:
+        return list(backends)
+    a, b = rng.sample(range(len(backends)), 2)
+    first = a if load(states[backends[a].name]) <= load(states[backends[b].name]) else b
+    rest = sorted(
+        (x for i, x in enumerate(backends) if i != first), key=lambda x: load(states[x.name])
+    )
+    return [backends[first], *rest]
+
+
+def route(
+    backends: Sequence[BackendView],
+    policy: PolicyView,
+    auto_method: str | None,
+    states: Mapping[str, BackendState],
+    now: float,
+    rng: random.Random,
+) -> Route:
+    """Decide which backends serve one request of a model, in order of preference."""
+    healthy = [b for b in backends if available(b, states[b.name], now)]
+    methods = {b.method for b in backends}
+    method, explored = choose_method(policy, auto_method, methods, rng)
+    preferred = [b for b in healthy if b.method == method]
+    others = [b for b in healthy if b.method != method]
+    ordered = order_by_load(preferred, states, rng) + order_by_load(others, states, rng)
+    fallback = "no_healthy_backend" if not preferred and others else None
+    return Route(tuple(ordered), method, fallback, explored)

@@ -1,0 +1,79 @@
+"""Reading usage out of an OpenAI SSE stream without parsing its chunks (pure).
+
+The gateway asks the backend for `include_usage` and `continuous_usage_stats`, so every
+chunk carries cumulative usage and the last one before `[DONE]` is a `"choices":[]` usage
+chunk. Bytes pass through untouched; only the usage-only chunk is cut out when the client did
+not ask for it (a client indexing `choices[0]` would fail on it). The last chunk forwarded is
+kept, and parsed once at the end, so even a stream cut short knows its exact token counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+USAGE_ONLY = b'"choices":[]'
+EVENT_END = b"\n\n"
+DATA = b"data: "
+DONE = b"data: [DONE]"
+
+
+class UsageTap:
+    """Watches a relayed SSE byte stream for usage."""
+
+    __slots__ = ("_carry", "_last_event", "_strip", "chunks", "usage")
+
+    def __init__(self, strip_usage_chunk: bool) -> None:
+        self._strip = strip_usage_chunk
+        self._carry = b""
+        self._last_event = b""
+        self.chunks = 0  # events with content forwarded
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """Return the bytes to forward for this upstream chunk."""
+        self.chunks += data.count(DATA)
+        if USAGE_ONLY not in data and not self._carry:
+            self._last_event = data
+            return data
+        return self._split(self._carry + data)
+
+    def _split(self, data: bytes) -> bytes:
+        """Handle events one by one when a usage-only chunk is (or may be) in `data`."""
+        events = data.split(EVENT_END)
+        self._carry = events.pop()  # an incomplete event, or b"" after a final separator
+        kept = []
+        for event in events:
+            if USAGE_ONLY in event and event.startswith(DATA):
+                self.usage = _usage(event)
+                self.chunks -= 1
+                if self._strip:
+                    continue
+            elif not event.startswith(DONE):
+                self._last_event = event
+            kept.append(event + EVENT_END)
+        return b"".join(kept)
+
+    def finish(self) -> bytes:
+        """Bytes still held back at the end of the stream; settles `usage`."""
+        rest, self._carry = self._carry, b""
+        if self.usage is None:
+            self.usage = _usage(_last_data(self._last_event))
+        return rest
+
+
+def _last_data(data: bytes) -> bytes:
+    """The last `data: {...}` event in a chunk (a chunk may hold several)."""
+    events = [e for e in data.split(EVENT_END) if e.startswith(DATA) and not e.startswith(DONE)]
+    return events[-1] if events else b""
+
+
+def _usage(event: bytes) -> dict[str, Any] | None:
+    """The `usage` object of one `data: {...}` event, if it has one."""
+    try:
+        body = orjson.loads(event[len(DATA) :].strip())
+    except orjson.JSONDecodeError:
+        return None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    return usage if isinstance(usage, dict) else None
