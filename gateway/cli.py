@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -19,6 +20,8 @@ from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+    from backends.launcher import LocalServer
 
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
 db_app = typer.Typer(help="Database schema.")
@@ -56,9 +59,8 @@ def _serve(settings: Settings) -> None:
     # handler; without this one the process would die by the signal (exit 143) after a clean stop.
     signal.signal(signal.SIGTERM, _exit_zero)
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream request
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -90,46 +92,64 @@ def up(
     demo_traffic: bool = False,
     dashboard: bool = True,
 ) -> None:
-    """Run the whole stack locally on SQLite (what exists so far: the gateway and admin API)."""
-    settings = _settings(port=port)
+    """Run the stack locally on SQLite: simulated backends for a demo model and the gateway."""
+    from backends.launcher import LaunchError
+    from gateway import stack
+
+    settings = _settings(port=port, require_api_key=False)
     if settings.admin_token is None:
         token = secrets.token_urlsafe(32)
         settings = settings.model_copy(update={"admin_token": SecretStr(token)})
-    _prepare(settings)
-    _print_banner(settings)
-    _serve(settings)
+    _prepare(settings, sim_base_port)
+    log_dir = Path(".draftgate") / "logs"
+    try:
+        simulators = stack.start_simulators(sim_base_port, time_scale, log_dir)
+    except LaunchError as exc:
+        _fail(f"a simulated backend did not start: {exc}")
+    try:
+        _print_banner(settings, simulators, log_dir)
+        _serve(settings)
+    finally:
+        stack.stop_all(simulators)
 
 
-def _prepare(settings: Settings) -> None:
+def _prepare(settings: Settings, sim_base_port: int) -> None:
+    from gateway import stack
     from gateway.app import prepare_database
-    from gateway.db.session import make_engine
+    from gateway.db.session import make_engine, make_sessionmaker, transaction
 
     engine = make_engine(settings.database_url)
     try:
         prepare_database(settings, engine)
+        with transaction(make_sessionmaker(engine)) as session:
+            stack.seed_demo(session, sim_base_port)
     finally:
         engine.dispose()
 
 
-def _print_banner(settings: Settings) -> None:
+def _print_banner(settings: Settings, simulators: list[LocalServer], log_dir: Path) -> None:
     assert settings.admin_token is not None
+    token = settings.admin_token.get_secret_value()
     base = f"http://{settings.host}:{settings.port}"
+    sims = "\n".join(f"  {s.name:<13}{s.url}   (simulated vLLM)" for s in simulators)
     typer.echo(
         f"""
 draftgate is starting
-  gateway      {base}   (OpenAI API at {base}/v1 arrives with the gateway issue)
+  gateway      {base}/v1   (OpenAI API; no API key needed in this demo)
   admin API    {base}/admin/v1   docs: {base}/docs
+  metrics      {base}/metrics
+{sims}
   database     {settings.database_url}
-  admin token  {settings.admin_token.get_secret_value()}
+  logs         {log_dir}/
+  admin token  {token}
 
-  try: curl -H 'Authorization: Bearer {settings.admin_token.get_secret_value()}' \\
-         {base}/admin/v1/backends
+  try: curl {base}/v1/chat/completions -H 'content-type: application/json' \\
+         -d '{{"model": "openai/gpt-oss-20b", "messages": [{{"role": "user", "content": "hi"}}]}}'
+       curl -H 'Authorization: Bearer {token}' {base}/admin/v1/backends
 
-  not started yet: simulated backends, collector, dashboard, demo traffic
-  (their issues: the vLLM simulator, measure-and-act, the dashboard, ship-it)
+  not started yet: collector, dashboard, demo traffic (their issues are open)
 Ctrl-C stops everything.
-""",
-        err=False,
+"""
     )
     sys.stdout.flush()
 

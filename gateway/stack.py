@@ -1,0 +1,87 @@
+"""`draftgate up`: the whole stack on one machine, with simulated backends for a demo model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from backends.launcher import LocalServer, sim_argv
+from backends.sim.config import DEFAULT_K
+from gateway.admin.prices import create_price
+from gateway.admin.schemas import BackendCreate, PriceCreate
+from gateway.db import queries
+from gateway.fleet import Fleet, apply_fleet
+from planner.catalog import default_prices
+
+DEMO_MODEL = "openai/gpt-oss-20b"
+DEMO_GPU = "B200"
+# One simulated backend per method, with the published drafters for GPT-OSS-20B.
+DEMO_METHODS: dict[str, str | None] = {
+    "plain": None,
+    "eagle3": "RedHatAI/gpt-oss-20b-speculator.eagle3",
+    "p-eagle": "amazon/GPT-OSS-20B-P-EAGLE",
+    "dflash": "z-lab/gpt-oss-20b-DFlash",
+    "dspark": None,  # the simulator's DSpark head; vLLM would take it from the target
+}
+SIM_START_TIMEOUT_S = 30.0
+ACTOR = "demo"
+
+
+def demo_backends(base_port: int) -> list[BackendCreate]:
+    """The demo model's backends: one simulator per method on consecutive ports."""
+    return [
+        BackendCreate.model_validate(
+            {
+                "name": f"demo-{method}",
+                "url": f"http://127.0.0.1:{base_port + i}",
+                "model": DEMO_MODEL,
+                "method": method,
+                "k": DEFAULT_K.get(method),
+                "drafter": drafter,
+                "gpu_type": DEMO_GPU,
+                "managed": True,
+            }
+        )
+        for i, (method, drafter) in enumerate(DEMO_METHODS.items())
+    ]
+
+
+def seed_demo(session: Session, base_port: int) -> None:
+    """Register the demo backends, and default GPU prices where none are set."""
+    apply_fleet(session, Fleet(backends=demo_backends(base_port)))
+    for price in default_prices():
+        if queries.find_price(session, price.gpu_type, price.kind) is None:
+            data = PriceCreate(
+                gpu_type=price.gpu_type,
+                kind=price.kind,
+                usd_per_gpu_hour=price.usd_per_gpu_hour,
+                source=price.source,
+                date=price.date,
+            )
+            create_price(session, data, ACTOR)
+
+
+def start_simulators(base_port: int, time_scale: float, log_dir: Path) -> list[LocalServer]:
+    """Start one simulator per demo method and wait until all are healthy."""
+    servers = []
+    for i, backend in enumerate(demo_backends(base_port)):
+        argv = sim_argv(DEMO_MODEL, backend.method, base_port + i, gpu=DEMO_GPU,
+                        time_scale=time_scale)  # fmt: skip
+        log_path = log_dir / f"{backend.name}.log"
+        servers.append(LocalServer(backend.name, argv, base_port + i, log_path))
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_healthy(SIM_START_TIMEOUT_S)
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers
+
+
+def stop_all(servers: list[LocalServer]) -> None:
+    """Stop every server started here."""
+    for server in servers:
+        server.stop()
