@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import create_engine, text
 
 DRAFTGATE = Path(sys.executable).parent / "draftgate"
 ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
@@ -31,6 +35,25 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_port_block(count: int) -> int:
+    """The first of `count` consecutive ports on 127.0.0.1 that nothing listens on now."""
+    for _ in range(200):
+        base = random.randint(20_000, 60_000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no block of {count} free ports found")
 
 
 def draftgate_env(**variables: str) -> dict[str, str]:
@@ -226,3 +249,128 @@ def start_module_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
     finally:
         for server in servers:
             server.close()
+
+
+# --- The gateway (`draftgate gateway`) in front of simulators, declared by a fleet file. ---
+
+GATEWAY_SETTINGS = {
+    "REQUIRE_API_KEY": "false",
+    "PROBE_INTERVAL_S": "0.5",
+    "LEDGER_FLUSH_INTERVAL_S": "0.2",
+}
+LEDGER_TIMEOUT_S = 10.0
+FleetEntry = Mapping[str, object]
+
+
+def closed_url() -> str:
+    """A base URL where nothing listens (a backend that is down)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def fleet_backend(
+    name: str, url: str, method: str = "plain", *, model: str = SIM_MODEL, **fields: object
+) -> dict[str, object]:
+    """One `backends:` entry of a fleet file (p-eagle gets K=7 and its drafter by default)."""
+    entry: dict[str, object] = {"name": name, "url": url, "model": model, "method": method}
+    if method == "p-eagle":
+        entry |= {"k": 7, "drafter": "amazon/GPT-OSS-20B-P-EAGLE"}
+    return entry | fields
+
+
+def write_fleet(
+    path: Path, backends: Sequence[FleetEntry], models: Sequence[FleetEntry] = ()
+) -> Path:
+    """Write a fleet file declaring `backends` (and `models` with policies) at `path`."""
+    document = {"backends": list(backends), "models": list(models)}
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def gateway_env(database_url: str, fleet: Path, **settings: str) -> dict[str, str]:
+    """The environment of a test gateway: fast probes and ledger, no API keys unless set.
+
+    `settings` are DRAFTGATE_* names without the prefix, e.g. `MAX_BODY_BYTES="2048"`.
+    """
+    variables = {
+        "DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "DRAFTGATE_DATABASE_URL": database_url,
+        "DRAFTGATE_FLEET": str(fleet),
+    }
+    variables |= {f"DRAFTGATE_{k}": v for k, v in (GATEWAY_SETTINGS | settings).items()}
+    return draftgate_env(**variables)
+
+
+ModuleGatewayStarter = Callable[..., tuple[Server, str]]
+
+
+@pytest.fixture(scope="module")
+def start_module_gateway(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ModuleGatewayStarter]:
+    """Start `draftgate gateway` for a whole module on a fresh SQLite file; (server, db URL).
+
+    Called with the fleet's backends (and optionally `models=`) plus DRAFTGATE_* overrides.
+    """
+    servers: list[Server] = []
+
+    def start(
+        backends: Sequence[FleetEntry],
+        models: Sequence[FleetEntry] = (),
+        **settings: str,
+    ) -> tuple[Server, str]:
+        log_dir = tmp_path_factory.mktemp("gateway")
+        database_url = f"sqlite:///{log_dir}/draftgate.db"
+        fleet = write_fleet(log_dir / "fleet.yaml", backends, models)
+        server = spawn_server(("gateway",), gateway_env(database_url, fleet, **settings), log_dir)
+        servers.append(server)
+        server.wait_healthy()
+        return server, database_url
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()
+
+
+def metric_value(base_url: str, name: str, **labels: str) -> float:
+    """The sum of the samples called `name` in GET /metrics that carry `labels`."""
+    text = httpx.get(f"{base_url}/metrics", timeout=5.0).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
+
+
+def wait_for_metric(
+    base_url: str, name: str, value: float, timeout_s: float = 5.0, **labels: str
+) -> None:
+    """Poll GET /metrics until `name` (summed over `labels`) equals `value`."""
+    deadline = time.monotonic() + timeout_s
+    while (seen := metric_value(base_url, name, **labels)) != value:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}{labels} is {seen}, not {value}, after {timeout_s} s")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def query_rows(database_url: str, sql: str, **params: object) -> list[dict[str, Any]]:
+    """Rows of one SQL query on the gateway's database, as dicts."""
+    engine = create_engine(sqlalchemy_url(database_url))
+    try:
+        with engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(text(sql), params)]
+    finally:
+        engine.dispose()
+
+
+def wait_for_usage_records(
+    database_url: str, request_ids: Collection[str], timeout_s: float = LEDGER_TIMEOUT_S
+) -> dict[str, dict[str, Any]]:
+    """Poll `usage_records` until a record of every request id is written; them by id."""
+    wanted, deadline = set(request_ids), time.monotonic() + timeout_s
+    while True:
+        rows = query_rows(database_url, "SELECT * FROM usage_records")
+        found = {r["request_id"]: r for r in rows if r["request_id"] in wanted}
+        if len(found) == len(wanted):
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"ledger holds {len(found)} of {len(wanted)} records after {timeout_s} s")
+        time.sleep(POLL_INTERVAL_S)

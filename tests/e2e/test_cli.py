@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, inspect
 
@@ -17,6 +18,7 @@ from tests.e2e.conftest import (
     Server,
     ServerStarter,
     draftgate_env,
+    free_port_block,
     sqlalchemy_url,
 )
 
@@ -60,10 +62,11 @@ def _create_backend_and_check_audit(server: Server, token: str) -> None:
 
         listed = http.get("/admin/v1/backends")
         assert listed.status_code == 200
-        (backend,) = listed.json()["data"]
+        (backend,) = [b for b in listed.json()["data"] if b["name"] == BACKEND["name"]]
         assert {k: backend[k] for k in BACKEND} == BACKEND
 
-        audit = http.get("/admin/v1/audit", params={"resource_type": "backend"})
+        params = {"resource_type": "backend", "resource_id": BACKEND["name"]}
+        audit = http.get("/admin/v1/audit", params=params)
         assert audit.status_code == 200
         (entry,) = audit.json()["data"]
     assert (entry["action"], entry["resource_type"], entry["resource_id"]) == (
@@ -152,9 +155,16 @@ def test_gateway_dev_mode_accepts_placeholder_token(
 
 
 def _start_up(start_server: ServerStarter, database_url: str) -> tuple[Server, str]:
-    server = start_server("up", env=draftgate_env(DRAFTGATE_DATABASE_URL=database_url))
+    sim_base = free_port_block(5)
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    server = start_server("up", "--sim-base-port", str(sim_base), "--time-scale", "20", env=env)
     token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
     return server, token
+
+
+def _sim_ports(server: Server) -> list[int]:
+    """The ports of the simulated backends `up` printed."""
+    return [int(p) for p in re.findall(r"demo-\S+\s+http://127\.0\.0\.1:(\d+)", server.output())]
 
 
 def test_up_generates_token_and_reuses_database(
@@ -164,13 +174,25 @@ def test_up_generates_token_and_reuses_database(
     server, token = _start_up(start_server, database_url)
     assert len(token) >= 32
     _create_backend_and_check_audit(server, token)
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        chat = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5}  # fmt: skip
+        answer = http.post("/v1/chat/completions", json=chat)  # no API key in the demo
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-draftgate-backend"].startswith("demo-")
+    ports = _sim_ports(server)
+    assert len(ports) == 5
     assert server.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, server.output()
+    for port in ports:  # Ctrl-C stopped the simulators too
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
     again, new_token = _start_up(start_server, database_url)
     assert new_token != token  # a fresh token each start when none is configured
     with again.client(new_token) as http:
         names = [b["name"] for b in http.get("/admin/v1/backends").json()["data"]]
-    assert names == ["qwen-eagle3"]
+    demo = [f"demo-{m}" for m in ("dflash", "dspark", "eagle3", "p-eagle", "plain")]
+    assert names == sorted([*demo, "qwen-eagle3"])
     assert again.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, again.output()
 
 
