@@ -83,12 +83,16 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
     """Set the hourly rollup rows of `hour` from the usage records (idempotent)."""
     end = hour + dt.timedelta(hours=1)
     r = UsageRecord
+    # The same expression objects in SELECT and GROUP BY, so PostgreSQL sees one expression.
+    dimensions = (
+        func.coalesce(r.method, ""),
+        func.coalesce(r.backend_name, ""),
+        func.coalesce(r.api_key_id, 0),
+        r.model,
+    )
     groups = (
         select(
-            func.coalesce(r.method, ""),
-            func.coalesce(r.backend_name, ""),
-            func.coalesce(r.api_key_id, 0),
-            r.model,
+            *dimensions,
             func.count(),
             func.sum(case((r.status_code >= 400, 1), else_=0)),
             func.sum(r.prompt_tokens),
@@ -97,9 +101,8 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
             func.coalesce(func.sum(r.baseline_cost_usd), 0.0),
         )
         .where(r.created_at >= hour, r.created_at < end)
-        .group_by(func.coalesce(r.method, ""), func.coalesce(r.backend_name, ""),
-                  func.coalesce(r.api_key_id, 0), r.model)
-    )  # fmt: skip
+        .group_by(*dimensions)
+    )
     rows = [
         {
             "hour": hour,

@@ -34,13 +34,13 @@ class UsageTap:
     def feed(self, data: bytes) -> bytes:
         """Return the bytes to forward for this upstream chunk."""
         self.chunks += data.count(DATA)
-        if USAGE_ONLY not in data and not self._carry:
-            self._last_event = data
+        if not self._carry and data.endswith(EVENT_END) and USAGE_ONLY not in data:
+            self._last_event = data  # the common case: whole events, no usage chunk
             return data
         return self._split(self._carry + data)
 
     def _split(self, data: bytes) -> bytes:
-        """Handle events one by one when a usage-only chunk is (or may be) in `data`."""
+        """Handle whole events one by one; hold back a trailing partial event."""
         events = data.split(EVENT_END)
         self._carry = events.pop()  # an incomplete event, or b"" after a final separator
         kept = []

@@ -1,0 +1,61 @@
+"""The ledger's writes: idempotent records and rollups recomputed from them."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from sqlalchemy import func, select
+
+from gateway.accounting import UsageEntry, write_batch
+from gateway.db import migrate
+from gateway.db.session import make_engine, make_sessionmaker
+from gateway.db.tables import UsageHourly, UsageRecord
+
+HOUR = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
+
+
+def entry(n: int, minute: int = 5, **changes: object) -> UsageEntry:
+    values: dict[str, object] = {
+        "request_id": f"r{n}",
+        "created_at": HOUR + dt.timedelta(minutes=minute),
+        "api_key_id": None,
+        "model": "m",
+        "method": "p-eagle",
+        "backend_name": "b",
+        "prompt_tokens": 10,
+        "completion_tokens": 100,
+        "status_code": 200,
+        "outcome": "ok",
+        "latency_ms": 50.0,
+        "ttft_ms": 5.0,
+        "concurrency": 1.0,
+        "cost_usd": 0.001,
+        "baseline_cost_usd": 0.002,
+    }
+    values.update(changes)
+    return UsageEntry(**values)  # type: ignore[arg-type]
+
+
+def test_batches_are_idempotent_and_rollups_exact(database_url: str) -> None:
+    engine = make_engine(database_url)
+    try:
+        migrate.upgrade(engine)
+        sessions = make_sessionmaker(engine)
+        batch = [entry(n) for n in range(10)] + [
+            entry(99, status_code=502, outcome="upstream_error")
+        ]
+        write_batch(sessions, batch)
+        write_batch(sessions, batch)  # a retried batch writes nothing twice
+        write_batch(sessions, [entry(100, minute=65)])  # the next hour
+        with sessions() as session:
+            assert session.scalar(select(func.count()).select_from(UsageRecord)) == 12
+            rows = session.scalars(select(UsageHourly).order_by(UsageHourly.hour)).all()
+        assert [(r.hour, r.requests, r.errors, r.completion_tokens) for r in rows] == [
+            (HOUR, 11, 1, 1100),
+            (HOUR + dt.timedelta(hours=1), 1, 0, 100),
+        ]
+        assert rows[0].cost_usd == pytest.approx(0.011)
+        assert rows[0].baseline_cost_usd == pytest.approx(0.022)
+    finally:
+        engine.dispose()

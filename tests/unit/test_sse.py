@@ -1,0 +1,54 @@
+"""Usage read from an SSE stream without parsing its chunks."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.sse import UsageTap
+
+
+def event(body: str) -> bytes:
+    return f"data: {body}\n\n".encode()
+
+
+CONTENT = [
+    event('{"choices":[{"index":0,"delta":{"content":" a"}}],"usage":{"completion_tokens":1}}'),
+    event('{"choices":[{"index":0,"delta":{"content":" b c"}}],"usage":{"completion_tokens":3}}'),
+]
+USAGE = event('{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}')
+DONE = b"data: [DONE]\n\n"
+
+
+def relay(tap: UsageTap, chunks: list[bytes]) -> bytes:
+    return b"".join(tap.feed(c) for c in chunks) + tap.finish()
+
+
+@pytest.mark.parametrize("strip", [True, False])
+def test_usage_chunk_is_read_and_stripped_only_when_asked(strip: bool) -> None:
+    tap = UsageTap(strip_usage_chunk=strip)
+    out = relay(tap, [*CONTENT, USAGE, DONE])
+    assert tap.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert out == b"".join(CONTENT) + (b"" if strip else USAGE) + DONE
+
+
+def test_events_split_across_chunks_are_reassembled() -> None:
+    whole = b"".join([*CONTENT, USAGE, DONE])
+    cut = whole.index(b'"choices":[]') + 5
+    tap = UsageTap(strip_usage_chunk=True)
+    out = relay(tap, [whole[:7], whole[7:cut], whole[cut:]])
+    assert out == b"".join(CONTENT) + DONE
+    assert tap.usage is not None
+    assert tap.usage["completion_tokens"] == 3
+
+
+def test_a_stream_cut_short_takes_usage_from_its_last_chunk() -> None:
+    tap = UsageTap(strip_usage_chunk=True)
+    out = relay(tap, CONTENT)
+    assert out == b"".join(CONTENT)
+    assert tap.usage == {"completion_tokens": 3}
+
+
+def test_without_any_usage_there_is_none() -> None:
+    tap = UsageTap(strip_usage_chunk=False)
+    relay(tap, [event('{"choices":[{"index":0,"text":"x"}]}'), DONE])
+    assert tap.usage is None
