@@ -38,7 +38,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # usage_records.request_id is 64 chars
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 SSE_ERROR_TYPE = "upstream_error"
 
@@ -136,6 +136,8 @@ class Relay:
         if not backends:
             message = f"The model `{model}` does not exist or has no enabled backend"
             raise RelayError(404, message, code="model_not_found", param="model")
+        if path in COMPLETION_PATHS:
+            _check_completion(path, payload)
         stream = payload.get("stream") is True
         wants_usage = _wants_usage(payload)
         if stream and path in COMPLETION_PATHS:
@@ -271,6 +273,10 @@ class Relay:
         """Send and wait for the response head; failures here are safe to retry."""
         try:
             response = await self.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # aiohttp's transport reports a refused connection as ConnectTimeout.
+            self._record_failure(state)
+            raise _RetryableError(502, f"backend unreachable: {type(exc).__name__}") from exc
         except httpx.TimeoutException as exc:
             self._record_failure(state)
             raise _RetryableError(504, f"backend timed out: {type(exc).__name__}") from exc
@@ -436,6 +442,26 @@ def _parse(body: bytes) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise RelayError(400, "The request body must be a JSON object")
     return payload
+
+
+def _check_completion(path: str, payload: dict[str, Any]) -> None:
+    """Refuse what no backend could accept, before it reaches one."""
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = payload.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise RelayError(400, f"{name} must be a positive integer, got {value!r}", param=name)
+    if "stream" in payload and not isinstance(payload["stream"], bool | None):
+        raise RelayError(
+            400, f"stream must be a boolean, got {payload['stream']!r}", param="stream"
+        )
+    if path.endswith("chat/completions"):
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RelayError(400, "messages must be a non-empty list", param="messages")
+    elif payload.get("prompt") is None:
+        raise RelayError(400, "you must provide a prompt", param="prompt")
 
 
 def _wants_usage(payload: dict[str, Any]) -> bool:

@@ -1,0 +1,79 @@
+"""Bad input on /v1 is refused by the gateway itself, before any backend sees it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.api.test_admin_backends import EAGLE3, assert_envelope
+from tests.conftest import ADMIN_TOKEN
+
+MODEL = EAGLE3["model"]
+
+
+@pytest.fixture
+async def relay_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A gateway without API keys, one backend registered (unreachable: nothing may hit it)."""
+    app: FastAPI = create_app(settings.model_copy(update={"require_api_key": False}))
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=headers
+        ) as client,
+    ):
+        await client.post("/admin/v1/backends", json={**EAGLE3, "url": "http://127.0.0.1:9"})
+        for _ in range(100):
+            if (await client.get("/v1/models")).json()["data"]:
+                break
+            await asyncio.sleep(0.05)
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -5}, "max_tokens"),
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
+        ({"n": 0}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"model": 42}, "model"),
+        ({"model": ""}, "model"),
+    ],
+)
+async def test_invalid_completion_is_400_without_reaching_a_backend(
+    relay_client: httpx.AsyncClient, body: dict[str, Any], param: str
+) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
+    response = await relay_client.post("/v1/chat/completions", json=chat)
+    assert_envelope(response, 400, param=param)  # a backend would have made it 502
+
+
+async def test_completions_need_a_prompt(relay_client: httpx.AsyncClient) -> None:
+    response = await relay_client.post("/v1/completions", json={"model": MODEL})
+    assert_envelope(response, 400, param="prompt")
+
+
+async def test_unknown_model_is_404_model_not_found(relay_client: httpx.AsyncClient) -> None:
+    chat = {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
+    response = await relay_client.post("/v1/chat/completions", json=chat)
+    assert_envelope(response, 404, param="model")
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+async def test_unreachable_backend_is_502_after_retries(relay_client: httpx.AsyncClient) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    response = await relay_client.post("/v1/chat/completions", json=chat)
+    assert_envelope(response, 502)
+    assert response.json()["error"]["code"] == "upstream_error"
