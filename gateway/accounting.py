@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import case, func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.session import transaction
@@ -34,7 +34,8 @@ RETRY_BACKOFF_MAX_S = 5.0
 class UsageEntry:
     """One request as the ledger records it."""
 
-    request_id: str
+    request_id: str  # unique, made by the gateway
+    client_request_id: str | None
     created_at: dt.datetime
     api_key_id: int | None
     model: str
@@ -184,14 +185,29 @@ class Ledger:
             self._metrics.ledger_pending.set(self.pending)
 
     async def flush_once(self) -> None:
-        """Write up to one batch; on failure the batch stays at the head of the queue."""
+        """Write up to one batch; if the database is down the batch stays queued.
+
+        A batch refused for its data (not an outage) is written row by row, and a row the
+        database still refuses is set aside and logged, so one bad row never blocks the rest.
+        """
         batch = [self._pending[i] for i in range(min(self._batch_size, len(self._pending)))]
         if not batch:
             return
-        await asyncio.to_thread(write_batch, self._sessions, batch)
+        try:
+            await asyncio.to_thread(write_batch, self._sessions, batch)
+        except (DataError, IntegrityError):
+            await asyncio.to_thread(self._write_one_by_one, batch)
         for _ in batch:
             self._pending.popleft()
         self._metrics.ledger_written.inc(len(batch))
+
+    def _write_one_by_one(self, batch: list[UsageEntry]) -> None:
+        for entry in batch:
+            try:
+                write_batch(self._sessions, [entry])
+            except (DataError, IntegrityError) as exc:
+                self._metrics.ledger_refused.inc()
+                logger.error("usage record %s refused by the database: %s", entry.request_id, exc)
 
     async def drain(self) -> None:
         """Write everything queued (at shutdown); gives up on a database error."""

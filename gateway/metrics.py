@@ -100,6 +100,11 @@ class GatewayMetrics:
             "Usage records dropped because the pending queue was full.",
             registry=r,
         )
+        self.ledger_refused = Counter(
+            "draftgate_ledger_refused",
+            "Usage records the database refused for their data (logged, set aside).",
+            registry=r,
+        )
         self.ledger_written = Counter(
             "draftgate_ledger_written", "Usage records written to the database.", registry=r
         )

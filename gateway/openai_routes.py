@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Response
 
+from gateway.apikeys import hash_key
 from gateway.deps import ServicesDep
+from gateway.errors import AuthenticationFailed
 
 router = APIRouter(tags=["openai"])
 STARTED = int(time.time())
 
 
 @router.get("/v1/models")
-def list_models(services: ServicesDep) -> dict[str, Any]:
+def list_models(
+    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+) -> dict[str, Any]:
     """Models with at least one enabled backend, in OpenAI's list shape."""
+    if services.settings.require_api_key:
+        scheme, _, secret = (authorization or "").partition(" ")
+        known = services.registry.snapshot.keys
+        if scheme.lower() != "bearer" or hash_key(secret.strip()) not in known:
+            raise AuthenticationFailed("Incorrect API key provided")
     models = sorted(services.registry.snapshot.backends)
     cards = [
         {"id": m, "object": "model", "created": STARTED, "owned_by": "draftgate"} for m in models

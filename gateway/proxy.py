@@ -39,6 +39,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # usage_records.request_id is 64 chars
+MAX_MODEL_NAME = 200  # the ledger's column; a client may send anything
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 SSE_ERROR_TYPE = "upstream_error"
 
@@ -69,7 +70,8 @@ class ClientGone(Exception):
 class Exchange:
     """What the ledger and metrics need to know about one request."""
 
-    request_id: str
+    request_id: str  # the client's x-request-id, or one made here; echoed and forwarded
+    ledger_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # unique per record
     started: float = field(default_factory=time.perf_counter)
     created_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     model: str | None = None
@@ -109,8 +111,9 @@ class Relay:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
         supplied = headers.get(b"x-request-id", b"")
-        rid = supplied.decode() if REQUEST_ID.match(supplied) else uuid.uuid4().hex
-        exchange = Exchange(rid)
+        exchange = Exchange(supplied.decode() if REQUEST_ID.match(supplied) else "")
+        exchange.request_id = exchange.request_id or exchange.ledger_id
+        rid = exchange.request_id
         try:
             await self._handle(scope["path"], headers, exchange, receive, send)
         except RelayError as error:
@@ -359,10 +362,11 @@ class Relay:
         method = x.method or "none"
         self.ledger.record(
             UsageEntry(
-                request_id=x.request_id,
+                request_id=x.ledger_id,
+                client_request_id=x.request_id,
                 created_at=x.created_at,
                 api_key_id=x.key.id if x.key else None,
-                model=x.model,
+                model=x.model[:MAX_MODEL_NAME],
                 method=x.method,
                 backend_name=x.backend.name if x.backend else None,
                 prompt_tokens=prompt,
@@ -402,6 +406,8 @@ class Relay:
         baseline: float | None,
     ) -> None:
         m, model = self.metrics, x.model or ""
+        if model not in self.registry.snapshot.backends:
+            model = "unknown"  # labels only ever carry the registry's model names
         m.requests.labels(model, method, f"{x.status // 100}xx").inc()
         m.latency.labels(model, method).observe(latency)
         if ttft is not None and x.chunks:

@@ -117,7 +117,8 @@ class UsageRecord(Base):
     __tablename__ = "usage_records"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)  # made by the gateway
+    client_request_id: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
     api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
     model: Mapped[str] = mapped_column(String(NAME))
@@ -126,7 +127,7 @@ class UsageRecord(Base):
     prompt_tokens: Mapped[int] = mapped_column(default=0)
     completion_tokens: Mapped[int] = mapped_column(default=0)
     status_code: Mapped[int]
-    outcome: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str] = mapped_column(String(32))
     latency_ms: Mapped[float]
     ttft_ms: Mapped[float | None]
     concurrency: Mapped[float | None]

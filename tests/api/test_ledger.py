@@ -18,6 +18,7 @@ HOUR = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
 def entry(n: int, minute: int = 5, **changes: object) -> UsageEntry:
     values: dict[str, object] = {
         "request_id": f"r{n}",
+        "client_request_id": "same-for-all",
         "created_at": HOUR + dt.timedelta(minutes=minute),
         "api_key_id": None,
         "model": "m",

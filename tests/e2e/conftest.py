@@ -364,11 +364,11 @@ def query_rows(database_url: str, sql: str, **params: object) -> list[dict[str, 
 def wait_for_usage_records(
     database_url: str, request_ids: Collection[str], timeout_s: float = LEDGER_TIMEOUT_S
 ) -> dict[str, dict[str, Any]]:
-    """Poll `usage_records` until a record of every request id is written; them by id."""
+    """Poll `usage_records` until a record of every x-request-id is written; them by that id."""
     wanted, deadline = set(request_ids), time.monotonic() + timeout_s
     while True:
         rows = query_rows(database_url, "SELECT * FROM usage_records")
-        found = {r["request_id"]: r for r in rows if r["request_id"] in wanted}
+        found = {r["client_request_id"]: r for r in rows if r["client_request_id"] in wanted}
         if len(found) == len(wanted):
             return found
         if time.monotonic() > deadline:

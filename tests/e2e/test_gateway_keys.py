@@ -1,0 +1,223 @@
+"""API keys, limits and hostile input on /v1, end to end (DRAFTGATE_REQUIRE_API_KEY=true)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    SIM_MODEL,
+    ModuleGatewayStarter,
+    ModuleServerStarter,
+    Server,
+    fleet_backend,
+    metric_value,
+    sim_args,
+)
+
+MAX_BODY_BYTES = 2048
+REGISTRY_REFRESH_S = 0.5
+KEY_APPLIES_S = 1.0  # a new key works, and a revoked one stops, within this
+CHAT = [{"role": "user", "content": "Hello there."}]
+GOOD = {"model": SIM_MODEL, "messages": CHAT, "max_tokens": 3}
+GENERATED_ID = re.compile(r"^[0-9a-f]{32}$")
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
+SIM_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total")
+
+
+@dataclass
+class Keyed:
+    """The module's gateway (keys required), its sim, and a key without limits."""
+
+    gateway: Server
+    sim: Server
+    key: str
+
+    def openai(self, api_key: str) -> openai.OpenAI:
+        """The official client with `api_key` (no client-side retries)."""
+        return openai.OpenAI(base_url=f"{self.gateway.base_url}/v1", api_key=api_key, max_retries=0)
+
+    def sim_counters(self) -> tuple[float, ...]:
+        """What the sim has served so far."""
+        return tuple(metric_value(self.sim.base_url, name) for name in SIM_COUNTERS)
+
+
+def create_key(gateway: Server, **fields: Any) -> tuple[int, str]:
+    """A new API key through the admin API; (id, secret)."""
+    with gateway.client(ADMIN_TOKEN) as admin:
+        response = admin.post("/admin/v1/keys", json={"name": "e2e", **fields})
+    assert response.status_code == 201, response.text
+    created = response.json()
+    return created["id"], created["key"]
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    start_module_servers: ModuleServerStarter, start_module_gateway: ModuleGatewayStarter
+) -> Keyed:
+    """One plain sim behind a gateway that requires keys and takes bodies up to 2 KiB."""
+    (sim,) = start_module_servers(sim_args("--time-scale", "50"))
+    gateway, _ = start_module_gateway(
+        [fleet_backend("sim-plain", sim.base_url)],
+        REQUIRE_API_KEY="true",
+        MAX_BODY_BYTES=str(MAX_BODY_BYTES),
+        REGISTRY_REFRESH_S=str(REGISTRY_REFRESH_S),
+    )
+    _, key = create_key(gateway)
+    return Keyed(gateway, sim, key)
+
+
+@pytest.fixture
+def http(keyed: Keyed) -> Iterator[httpx.Client]:
+    """A raw client for the gateway carrying the unlimited key."""
+    with keyed.gateway.client(keyed.key) as client:
+        yield client
+
+
+def assert_envelope(response: httpx.Response, status: int, code: str | None = None) -> None:
+    """`response` is the OpenAI error envelope with `status` (and `code`, when given)."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == ENVELOPE_KEYS
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code
+
+
+def wait_for_status(client: httpx.Client, status: int, timeout_s: float = KEY_APPLIES_S) -> None:
+    """Poll a good chat until it answers `status`."""
+    deadline = time.monotonic() + timeout_s
+    while (seen := client.post("/v1/chat/completions", json=GOOD).status_code) != status:
+        assert time.monotonic() < deadline, f"still {seen}, not {status}, after {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_a_missing_or_wrong_key_is_401(keyed: Keyed) -> None:
+    before = keyed.sim_counters()
+    wrong = [{}, {"Authorization": "Bearer sk-not-a-key"}, {"Authorization": f"Basic {keyed.key}"}]
+    with httpx.Client(base_url=keyed.gateway.base_url) as http:
+        for headers in wrong:
+            response = http.post("/v1/chat/completions", json=GOOD, headers=headers)
+            assert_envelope(response, 401, "invalid_api_key")
+    with keyed.openai("sk-wrong") as client, pytest.raises(openai.AuthenticationError) as raised:
+        client.completions.create(model=SIM_MODEL, prompt="hi", max_tokens=2)
+    assert isinstance(raised.value.body, dict)
+    assert raised.value.body["code"] == "invalid_api_key"
+    assert keyed.sim_counters() == before
+
+
+def test_listing_models_needs_a_key(keyed: Keyed) -> None:
+    with httpx.Client(base_url=keyed.gateway.base_url) as http:
+        assert_envelope(http.get("/v1/models"), 401, "invalid_api_key")
+    with keyed.openai(keyed.key) as client:
+        assert [m.id for m in client.models.list().data] == [SIM_MODEL]
+
+
+def test_a_created_key_works_at_once_and_a_revoked_one_stops(keyed: Keyed) -> None:
+    key_id, secret = create_key(keyed.gateway)
+    with keyed.gateway.client(secret) as http:
+        wait_for_status(http, 200)
+        with keyed.openai(secret) as client:
+            chat = client.chat.completions.create(model=SIM_MODEL, messages=CHAT, max_tokens=4)
+        assert chat.choices[0].message.content
+        with keyed.gateway.client(ADMIN_TOKEN) as admin:
+            revoked = admin.delete(f"/admin/v1/keys/{key_id}")
+        assert revoked.status_code == 200, revoked.text
+        wait_for_status(http, 401, REGISTRY_REFRESH_S + KEY_APPLIES_S)
+        assert_envelope(http.post("/v1/chat/completions", json=GOOD), 401, "invalid_api_key")
+
+
+def test_a_key_limited_to_other_models_is_403(keyed: Keyed) -> None:
+    _, secret = create_key(keyed.gateway, allowed_models=["other/model"])
+    before = keyed.sim_counters()
+    with keyed.gateway.client(secret) as http:
+        assert_envelope(http.post("/v1/chat/completions", json=GOOD), 403, "model_not_allowed")
+    with keyed.openai(secret) as client, pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model=SIM_MODEL, messages=CHAT, max_tokens=2)
+    assert keyed.sim_counters() == before
+    _, allowed = create_key(keyed.gateway, allowed_models=[SIM_MODEL])
+    with keyed.gateway.client(allowed) as http:
+        assert http.post("/v1/chat/completions", json=GOOD).status_code == 200
+
+
+def test_the_fourth_request_in_a_minute_is_429(keyed: Keyed) -> None:
+    if time.time() % 60 > 55:  # four requests must fall in one limiter minute
+        time.sleep(60 - time.time() % 60)
+    _, secret = create_key(keyed.gateway, requests_per_minute=3)
+    with keyed.openai(secret) as client:
+        for _ in range(3):
+            client.chat.completions.create(model=SIM_MODEL, messages=CHAT, max_tokens=2)
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(model=SIM_MODEL, messages=CHAT, max_tokens=2)
+    response = raised.value.response
+    assert_envelope(response, 429, "rate_limit_exceeded")
+    assert 0 < int(response.headers["retry-after"]) <= 60
+
+
+def chunked(body: bytes) -> Iterator[bytes]:
+    """`body` sent in pieces, without a content-length."""
+    for start in range(0, len(body), 512):
+        yield body[start : start + 512]
+
+
+OVERSIZED = b'{"model": "%s", "prompt": "%s"}' % (SIM_MODEL.encode(), b"x" * MAX_BODY_BYTES)
+JSON = {"content-type": "application/json"}
+BAD_INPUT: dict[str, tuple[dict[str, Any], int]] = {
+    "malformed JSON": ({"content": b'{"model": "x",', "headers": JSON}, 400),
+    "empty body": ({"content": b"", "headers": JSON}, 400),
+    "not UTF-8": ({"content": b'{"model": "\xff"}', "headers": JSON}, 400),
+    "JSON array": ({"json": [GOOD]}, 400),
+    "JSON string": ({"json": "hello"}, 400),
+    "missing model": ({"json": {"messages": CHAT}}, 400),
+    "model not a string": ({"json": {**GOOD, "model": 5}}, 400),
+    "model empty": ({"json": {**GOOD, "model": ""}}, 400),
+    "text/plain": ({"content": b'{"model": "x"}', "headers": {"content-type": "text/plain"}}, 415),
+    "form": ({"data": {"model": SIM_MODEL}}, 415),
+    "too large": ({"content": OVERSIZED, "headers": JSON}, 413),
+    "too large, chunked": ({"content": chunked(OVERSIZED), "headers": JSON}, 413),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT, ids=list(BAD_INPUT))
+def test_bad_input_is_refused_before_any_backend(
+    keyed: Keyed, http: httpx.Client, case: str
+) -> None:
+    request, status = BAD_INPUT[case]
+    before = keyed.sim_counters()
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        response = http.post(path, **request)
+        assert_envelope(response, status)
+        assert GENERATED_ID.match(response.headers["x-request-id"])
+        if isinstance(request.get("content"), Iterator):
+            break  # the generator is spent
+    assert keyed.sim_counters() == before
+    assert http.get("/health").status_code == 200
+    response = http.post("/v1/chat/completions", json=GOOD)
+    assert response.status_code == 200, response.text
+
+
+HOSTILE_IDS = [
+    "has spaces",
+    "semi;colon",
+    "abc%0D%0ASet-Cookie:%20evil=1",
+    'quote"<script>',
+    "tab\there",
+    "r" * 65,
+    b"\xff\xfe-not-ascii",
+]
+
+
+@pytest.mark.parametrize("sent", HOSTILE_IDS, ids=range(len(HOSTILE_IDS)))
+def test_a_hostile_request_id_is_replaced(http: httpx.Client, sent: str | bytes) -> None:
+    response = http.post("/v1/chat/completions", json=GOOD, headers={"x-request-id": sent})
+    assert response.status_code == 200, response.text
+    assert GENERATED_ID.match(response.headers["x-request-id"])
+    assert "set-cookie" not in response.headers
