@@ -316,7 +316,28 @@ def bench() -> None:
     _not_yet("bench", "the measure-and-act issue")
 
 
-@app.command(context_settings=PASSTHROUGH)
-def plan() -> None:
-    """The planner from the command line (not implemented yet)."""
-    _not_yet("plan", "the planner issue")
+plan_app = typer.Typer(help="The planner: predictions, tables and recommendations.")
+app.add_typer(plan_app, name="plan")
+
+
+@plan_app.command("predict")
+def plan_predict(
+    input_path: Annotated[Path, typer.Option("--input", help="Scenario JSON ('-' for stdin).")],
+) -> None:
+    """Predict throughput, speedup, ITL and $/1M tokens for a scenario; print JSON."""
+    import json
+
+    from planner.predict import PlanError, parse_scenario, predict, predictions_json
+
+    try:
+        text = sys.stdin.read() if str(input_path) == "-" else input_path.read_text()
+        raw = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        _fail(f"cannot read scenario {input_path}: {exc}")
+    if not isinstance(raw, dict):
+        _fail("the scenario must be a JSON object")
+    try:
+        predictions = predict(parse_scenario(raw))
+    except PlanError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(predictions_json(predictions), indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from pathlib import Path
@@ -234,8 +235,43 @@ def test_keys_create_list_revoke(run_cli: CliRunner, database_url: str) -> None:
 # --- commands still to come -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["bench", "plan"])
+@pytest.mark.parametrize("command", ["bench"])
 def test_unimplemented_commands_exit_2(run_cli: CliRunner, command: str) -> None:
     result = run_cli(command, "--model", "Qwen/Qwen3-8B", env=draftgate_env())
     assert result.returncode == 2
     assert "not implemented yet" in result.stderr
+
+
+# --- draftgate plan predict -----------------------------------------------------------
+
+
+def test_plan_predict_contract(run_cli: CliRunner, tmp_path: Path) -> None:
+    scenario = {
+        "model": "Qwen/Qwen3-8B",
+        "gpu": "B200",
+        "gpu_count": 1,
+        "method": "dflash",
+        "k": 15,
+        "acceptance_length": 6.5,
+        "measurements": [
+            {"method": "plain", "k": 0, "concurrency": 1, "output_tokens_per_s": 229.0},
+            {"method": "dflash", "k": 15, "concurrency": 1, "output_tokens_per_s": 955.0},
+        ],
+        "concurrency": [1, 4, 8, 16, 32],
+    }
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(scenario))
+    done = run_cli("plan", "predict", "--input", str(path), env=draftgate_env())
+    assert done.returncode == 0, done.stderr
+    predictions = json.loads(done.stdout)["predictions"]
+    assert [p["concurrency"] for p in predictions] == [1, 4, 8, 16, 32]
+    keys = {"concurrency", "plain_output_tokens_per_s", "method_output_tokens_per_s", "speedup",
+            "itl_ms", "usd_per_mtok", "source"}  # fmt: skip
+    assert all(set(p) == keys for p in predictions)
+    assert predictions[0]["source"] == "measured"
+
+    path.write_text(json.dumps({**scenario, "k": 0}))
+    bad = run_cli("plan", "predict", "--input", str(path), env=draftgate_env())
+    assert bad.returncode != 0
+    assert bad.stderr.strip().count("\n") == 0  # one line
+    assert "got 0" in bad.stderr
