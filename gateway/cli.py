@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import uvicorn
@@ -318,6 +318,71 @@ def bench() -> None:
 
 plan_app = typer.Typer(help="The planner: predictions, tables and recommendations.")
 app.add_typer(plan_app, name="plan")
+
+
+@plan_app.command("table")
+def plan_table(
+    model: Annotated[str, typer.Option(help="Catalog model.")],
+    gpu: str = "B200",
+    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
+    workload: str = "chat",
+    price: Annotated[float | None, typer.Option(help="USD per GPU-hour.")] = None,
+) -> None:
+    """Methods x concurrency: tok/s, ITL and $/1M tokens at each method's best K (estimated)."""
+    from planner.recommend import grid
+
+    points = _plan_grid(grid, model, gpu, gpu_count, workload, price)
+    best: dict[tuple[str, int], Any] = {}
+    for p in points:
+        key = (p.method, p.concurrency)
+        if key not in best or p.output_tokens_per_s > best[key].output_tokens_per_s:
+            best[key] = p
+    typer.echo(f"{model} on {gpu_count}x {gpu}, {workload} traffic (estimated; K = best per cell)")
+    typer.echo(f"{'method':<8} {'c':>4} {'K':>2} {'tok/s':>9} {'ITL ms':>8} {'$/1M':>8}")
+    for (method, c), p in sorted(best.items()):
+        typer.echo(f"{method:<8} {c:>4} {p.k:>2} {p.output_tokens_per_s:>9.0f} "
+                   f"{p.itl_ms:>8.2f} {p.usd_per_mtok:>8.3f}")  # fmt: skip
+
+
+@plan_app.command("recommend")
+def plan_recommend(
+    model: Annotated[str, typer.Option(help="Catalog model.")],
+    gpu: str = "B200",
+    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
+    workload: str = "chat",
+    itl_objective_ms: Annotated[float | None, typer.Option(min=0)] = None,
+    price: Annotated[float | None, typer.Option(help="USD per GPU-hour.")] = None,
+) -> None:
+    """The best method and K per concurrency, crossovers, and vLLM's K schedule."""
+    from planner.recommend import best_per_concurrency, cliffs, crossovers, grid, k_schedule
+
+    points = _plan_grid(grid, model, gpu, gpu_count, workload, price)
+    choices = best_per_concurrency(points, itl_objective_ms)
+    typer.echo(f"{'c':>4} {'best':<8} {'K':>2} {'tok/s':>9} {'vs plain':>8} {'$/1M':>8}")
+    for ch in choices:
+        gain = ch.best.output_tokens_per_s / ch.plain.output_tokens_per_s
+        b = ch.best
+        row = f"{ch.concurrency:>4} {b.method:<8} {b.k:>2} {b.output_tokens_per_s:>9.0f} "
+        typer.echo(row + f"{gain:>7.2f}x {b.usd_per_mtok:>8.3f}")
+    for c, before, after in crossovers(choices):
+        typer.echo(f"crossover at c={c}: {before} -> {after}")
+    method = max((ch.best.method for ch in choices), key=[ch.best.method for ch in choices].count)
+    if method != "plain":
+        schedule = k_schedule(points, method)
+        typer.echo(f"{method} num_speculative_tokens_per_batch_size: {[list(s) for s in schedule]}")
+        for warning in cliffs(points, schedule, method):
+            typer.echo(f"warning: {warning}")
+
+
+def _plan_grid(
+    grid: Any, model: str, gpu: str, count: int, workload: str, price: float | None
+) -> Any:
+    from planner.catalog import UnknownCatalogEntry
+
+    try:
+        return grid(model, gpu, gpu_count=count, workload=workload, price_usd_per_gpu_hour=price)
+    except (UnknownCatalogEntry, KeyError) as exc:
+        _fail(str(exc).strip("'\""))
 
 
 @plan_app.command("predict")

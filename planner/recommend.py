@@ -1,0 +1,139 @@
+"""Method and K per load: the grid of predictions, the best choice per concurrency, crossovers.
+
+For a model on a GPU, every method with an acceptance profile is evaluated at each K and
+concurrency; the best (highest output tokens/s, i.e. lowest $/1M tokens on the same GPUs)
+within an inter-token-latency objective wins. Adjacent concurrency ranges with different
+choices are the crossover points; the K per range is vLLM's
+`num_speculative_tokens_per_batch_size` schedule.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner import calibration, catalog
+from planner.calibration import EngineCalibration, Workload
+from planner.cost import usd_per_mtok
+from planner.specdec import StepTimeModel, mean_step_s, output_tokens_per_s
+
+METHODS = ("plain", "eagle3", "p-eagle", "dflash", "dspark")
+K_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CLIFF_RATIO = 0.85  # a K change that loses more than 15% of throughput at the boundary
+
+
+@dataclass(frozen=True)
+class Point:
+    """One method, K and concurrency, predicted."""
+
+    method: str
+    k: int
+    concurrency: int
+    output_tokens_per_s: float
+    itl_ms: float
+    usd_per_mtok: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The best point at one concurrency."""
+
+    concurrency: int
+    best: Point
+    plain: Point
+
+
+def grid(
+    model: str,
+    gpu: str,
+    *,
+    gpu_count: int = 1,
+    workload: str = "chat",
+    price_usd_per_gpu_hour: float | None = None,
+    concurrency: Sequence[int] = CONCURRENCY,
+    cal: EngineCalibration | None = None,
+) -> list[Point]:
+    """Every method, K and concurrency predicted for `model` on `gpu`."""
+    spec, hardware = catalog.model(model), catalog.gpu(gpu)
+    price = price_usd_per_gpu_hour or catalog.default_price(hardware.name).usd_per_gpu_hour
+    cal = cal or calibration.engine_calibration()
+    load = calibration.workloads()[workload]
+    points = []
+    for method in METHODS:
+        profile = calibration.acceptance_profile(spec.name, method, workload)
+        if method != "plain" and profile is None:
+            continue
+        for k in (0,) if method == "plain" else K_CHOICES:
+            drafter = calibration.drafters().get(method) if k else None
+            step = StepTimeModel(spec, hardware, gpu_count, cal, drafter, k)
+            al = profile.mean_acceptance_length(k) if profile else 1.0
+            points += [_point(step, method, k, c, al, load, price) for c in concurrency]
+    return points
+
+
+def _point(
+    step: StepTimeModel, method: str, k: int, c: int, al: float, load: Workload, price: float
+) -> Point:
+    tps = output_tokens_per_s(step, c, al, load)
+    itl_ms = mean_step_s(step, c, al, load) / al * 1000
+    return Point(method, k, c, tps, itl_ms, usd_per_mtok(price, step.gpu_count, tps))
+
+
+def best_per_concurrency(points: Sequence[Point], itl_objective_ms: float | None) -> list[Choice]:
+    """The highest-throughput point within the ITL objective, at each concurrency."""
+    choices = []
+    for c in sorted({p.concurrency for p in points}):
+        here = [p for p in points if p.concurrency == c]
+        plain = next(p for p in here if p.method == "plain")
+        ok = [p for p in here if itl_objective_ms is None or p.itl_ms <= itl_objective_ms]
+        best = max(ok or [plain], key=lambda p: p.output_tokens_per_s)
+        choices.append(Choice(c, best, plain))
+    return choices
+
+
+def crossovers(choices: Sequence[Choice]) -> list[tuple[int, str, str]]:
+    """(concurrency, from, to) wherever the best method changes."""
+    out = []
+    for before, after in itertools.pairwise(choices):
+        if before.best.method != after.best.method:
+            out.append((after.concurrency, before.best.method, after.best.method))
+    return out
+
+
+def k_schedule(points: Sequence[Point], method: str) -> list[tuple[int, int, int]]:
+    """vLLM's `num_speculative_tokens_per_batch_size` for a backend running `method`.
+
+    Each batch range gets the method's best K there, or 0 where plain decoding is faster.
+    """
+    concurrencies = sorted({p.concurrency for p in points})
+    schedule: list[tuple[int, int, int]] = []
+    for i, c in enumerate(concurrencies):
+        own = [p for p in points if p.method == method and p.concurrency == c]
+        plain = next(p for p in points if p.method == "plain" and p.concurrency == c)
+        best = max(own, key=lambda p: p.output_tokens_per_s)
+        k = best.k if best.output_tokens_per_s > plain.output_tokens_per_s else 0
+        lo = concurrencies[i - 1] + 1 if i else 1
+        if schedule and schedule[-1][2] == k:
+            schedule[-1] = (schedule[-1][0], c, k)
+        else:
+            schedule.append((lo, c, k))
+    return schedule
+
+
+def cliffs(
+    points: Sequence[Point], schedule: Sequence[tuple[int, int, int]], method: str
+) -> list[str]:
+    """Warnings where a schedule's K changes with a big throughput step at the boundary."""
+    by_key = {(p.method, p.k, p.concurrency): p for p in points}
+    warnings = []
+    for (_, hi, k_left), (_, _, k_right) in itertools.pairwise(schedule):
+        left = by_key.get((method if k_left else "plain", k_left, hi))
+        right = by_key.get((method if k_right else "plain", k_right, hi))
+        if left and right and right.output_tokens_per_s < CLIFF_RATIO * left.output_tokens_per_s:
+            warnings.append(
+                f"at batch {hi}: K {k_left} -> {k_right} drops throughput "
+                f"{left.output_tokens_per_s:.0f} -> {right.output_tokens_per_s:.0f} tok/s"
+            )
+    return warnings
