@@ -3,8 +3,9 @@
 The hot path only appends to a deque. A background task writes batches (bounded size and
 interval) in a thread; if the database is down the batch stays queued and is retried, so
 records wait (bounded by `ledger_max_pending`, the oldest dropped and counted beyond it).
-Writes are idempotent by `request_id`, and hourly rollups are recomputed from the records of
-the hours written, so neither a retried batch nor several replicas double-count.
+Writes are idempotent by `request_id`, and a record is added to the hourly rollups in the
+transaction that inserts it, so neither a retried batch nor several replicas double-count.
+`recompute_hour` rebuilds an hour's rollups from the records, for repairs.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def hour_of(moment: dt.datetime) -> dt.datetime:
     return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
 
 
-ROLLUP_KEY = ["hour", "model", "method", "backend_name", "api_key_id"]
+ROLLUP_KEY = ["hour", "model", "method", "backend_name", "api_key_id"]  # _rollup_key's order
 ROLLUP_VALUES = ["requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd",
                  "baseline_cost_usd"]  # fmt: skip
 
@@ -69,15 +70,52 @@ def _insert(session: Session, table: type[UsageRecord] | type[UsageHourly]) -> A
 
 
 def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> None:
-    """Insert a batch and recompute the rollups of its hours, in one transaction."""
+    """Insert a batch and add the rows it really inserted to the hourly rollups.
+
+    One transaction: a record and its share of the rollup land together or not at all, and
+    a record already written (a retried batch) is neither inserted nor counted again.
+    """
     rows = [asdict(entry) for entry in batch]
     with transaction(sessions) as session:
-        statement = _insert(session, UsageRecord).on_conflict_do_nothing(
-            index_elements=["request_id"]
+        statement = (
+            _insert(session, UsageRecord)
+            .on_conflict_do_nothing(index_elements=["request_id"])
+            .returning(UsageRecord.request_id)
         )
-        session.execute(statement, rows)
-        for hour in sorted({hour_of(e.created_at) for e in batch}):
-            recompute_hour(session, hour)
+        inserted = set(session.scalars(statement, rows).all())
+        fresh = [e for e in batch if e.request_id in inserted]
+        if fresh:
+            add_to_rollups(session, fresh)
+
+
+def _rollup_key(e: UsageEntry) -> tuple[dt.datetime, str, str, str, int]:
+    return hour_of(e.created_at), e.model, e.method or "", e.backend_name or "", e.api_key_id or 0
+
+
+def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
+    """Increment the hourly rollup rows by these (newly inserted) records."""
+    sums: dict[tuple[dt.datetime, str, str, str, int], list[float]] = {}
+    for e in entries:
+        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0])
+        total[0] += 1
+        total[1] += e.status_code >= 400
+        total[2] += e.prompt_tokens
+        total[3] += e.completion_tokens
+        total[4] += e.cost_usd or 0.0
+        total[5] += e.baseline_cost_usd or 0.0
+    rows = [
+        dict(zip(ROLLUP_KEY, key, strict=True)) | dict(zip(ROLLUP_VALUES, values, strict=True))
+        for key, values in sums.items()
+    ]
+    statement = _insert(session, UsageHourly)
+    statement = statement.on_conflict_do_update(
+        index_elements=ROLLUP_KEY,
+        set_={
+            name: getattr(UsageHourly, name) + getattr(statement.excluded, name)
+            for name in ROLLUP_VALUES
+        },
+    )
+    session.execute(statement, rows)
 
 
 def recompute_hour(session: Session, hour: dt.datetime) -> None:

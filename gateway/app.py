@@ -59,7 +59,13 @@ def upstream_client(settings: Settings) -> httpx.AsyncClient:
         write=settings.read_timeout_s,
         pool=settings.pool_timeout_s,
     )
-    return httpx.AsyncClient(transport=AiohttpTransport(), timeout=timeout)
+    limits = httpx.Limits(
+        max_connections=settings.upstream_max_connections,
+        max_keepalive_connections=settings.upstream_max_connections,
+    )
+    # trust_env off: backends are reached directly, never through an environment's proxy.
+    transport = AiohttpTransport(limits=limits, trust_env=False)
+    return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
 
 
 class GatewayApp(FastAPI):

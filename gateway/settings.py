@@ -111,6 +111,14 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds to wait for a free upstream connection. Default 5 s.",
     )
+    upstream_max_connections: int = Field(
+        default=1024,
+        ge=1,
+        description=(
+            "Most open connections to all backends together; requests beyond it wait up to "
+            "`pool_timeout_s`. Default 1024: above any concurrency one replica serves."
+        ),
+    )
     max_attempts: int = Field(
         default=3,
         ge=1,

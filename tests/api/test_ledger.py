@@ -7,9 +7,9 @@ import datetime as dt
 import pytest
 from sqlalchemy import func, select
 
-from gateway.accounting import UsageEntry, write_batch
+from gateway.accounting import UsageEntry, recompute_hour, write_batch
 from gateway.db import migrate
-from gateway.db.session import make_engine, make_sessionmaker
+from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import UsageHourly, UsageRecord
 
 HOUR = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
@@ -58,5 +58,28 @@ def test_batches_are_idempotent_and_rollups_exact(database_url: str) -> None:
         ]
         assert rows[0].cost_usd == pytest.approx(0.011)
         assert rows[0].baseline_cost_usd == pytest.approx(0.022)
+    finally:
+        engine.dispose()
+
+
+def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: str) -> None:
+    engine = make_engine(database_url)
+    try:
+        migrate.upgrade(engine)
+        sessions = make_sessionmaker(engine)
+        for n in range(5):
+            write_batch(sessions, [entry(10 * n + i, method=("plain", "dflash")[i % 2])
+                                   for i in range(7)])  # fmt: skip
+
+        def rollups() -> list[tuple[object, ...]]:
+            with sessions() as session:
+                rows = session.scalars(select(UsageHourly).order_by(UsageHourly.method)).all()
+                return [(r.method, r.requests, r.completion_tokens, round(r.cost_usd, 9))
+                        for r in rows]  # fmt: skip
+
+        incremental = rollups()
+        with transaction(sessions) as session:
+            recompute_hour(session, HOUR)
+        assert rollups() == incremental == [("dflash", 15, 1500, 0.015), ("plain", 20, 2000, 0.02)]
     finally:
         engine.dispose()
