@@ -9,25 +9,31 @@ with an SSE error event. Every request ends in exactly one ledger record.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import random
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 
-from gateway.accounting import Ledger, UsageEntry
+from gateway.accounting import Ledger
 from gateway.apikeys import hash_key
 from gateway.errors import error_body
+from gateway.exchange import Exchange, settle
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry
+from gateway.relay_checks import (
+    COMPLETION_PATHS,
+    RelayError,
+    check_completion,
+    parse_body,
+    wants_usage,
+    with_usage_options,
+)
 from gateway.routing import route
 from gateway.settings import Settings
 from gateway.sse import UsageTap
@@ -39,53 +45,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # usage_records.request_id is 64 chars
-MAX_MODEL_NAME = 200  # the ledger's column; a client may send anything
-COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 SSE_ERROR_TYPE = "upstream_error"
-
-
-class RelayError(Exception):
-    """An error answered with the OpenAI envelope."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        error_type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.error_type = status, message, error_type
-        self.code, self.param, self.retry_after_s = code, param, retry_after_s
 
 
 class ClientGone(Exception):
     """The client disconnected."""
-
-
-@dataclass
-class Exchange:
-    """What the ledger and metrics need to know about one request."""
-
-    request_id: str  # the client's x-request-id, or one made here; echoed and forwarded
-    ledger_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # unique per record
-    started: float = field(default_factory=time.perf_counter)
-    created_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
-    model: str | None = None
-    key: KeyView | None = None
-    backend: BackendView | None = None
-    method: str | None = None
-    status: int = 0
-    outcome: str = "ok"
-    first_byte: float | None = None
-    last_byte: float | None = None
-    chunks: int = 0
-    concurrency: float | None = None
-    usage: dict[str, Any] | None = None
-    responded: bool = False  # the whole response was handed to the server
 
 
 class Relay:
@@ -123,13 +87,13 @@ class Relay:
         except ClientGone:
             exchange.status, exchange.outcome = 499, "client_disconnect"
         finally:
-            self._account(exchange)
+            settle(exchange, self.registry, self.ledger, self.limiter, self.metrics)
 
     async def _handle(
         self, path: str, headers: dict[bytes, bytes], x: Exchange, receive: Receive, send: Send
     ) -> None:
         body = await self._read_body(headers, receive)
-        payload = _parse(body)
+        payload = parse_body(body)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise RelayError(400, "you must provide a model parameter", param="model")
@@ -140,14 +104,14 @@ class Relay:
             message = f"The model `{model}` does not exist or has no enabled backend"
             raise RelayError(404, message, code="model_not_found", param="model")
         if path in COMPLETION_PATHS:
-            _check_completion(path, payload)
+            check_completion(path, payload)
         stream = payload.get("stream") is True
-        wants_usage = _wants_usage(payload)
+        wants = wants_usage(payload)
         if stream and path in COMPLETION_PATHS:
-            body = _with_usage_options(payload)
+            body = with_usage_options(payload)
         if x.key is not None:
             self.limiter.count_request(x.key.id)
-        await self._forward(path, body, backends, x, stream, wants_usage, receive, send)
+        await self._forward(path, body, backends, x, stream, wants, receive, send)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         content_type = headers.get(b"content-type", b"application/json")
@@ -348,81 +312,6 @@ class Relay:
         x.responded = True
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
-    def _account(self, x: Exchange) -> None:
-        """Exactly one ledger record and the metrics of a finished request."""
-        if x.model is None:
-            self.metrics.rejections.labels("malformed").inc()
-            return
-        usage = x.usage or {}
-        prompt = int(usage.get("prompt_tokens") or 0)
-        completion = int(usage.get("completion_tokens") or 0)
-        cost, baseline = self._costs(x, completion)
-        latency = time.perf_counter() - x.started
-        ttft = None if x.first_byte is None else x.first_byte - x.started
-        method = x.method or "none"
-        self.ledger.record(
-            UsageEntry(
-                request_id=x.ledger_id,
-                client_request_id=x.request_id,
-                created_at=x.created_at,
-                api_key_id=x.key.id if x.key else None,
-                model=x.model[:MAX_MODEL_NAME],
-                method=x.method,
-                backend_name=x.backend.name if x.backend else None,
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                status_code=x.status,
-                outcome=x.outcome,
-                latency_ms=latency * 1000,
-                ttft_ms=None if ttft is None else ttft * 1000,
-                concurrency=x.concurrency,
-                cost_usd=cost,
-                baseline_cost_usd=baseline,
-            )
-        )
-        if x.key is not None:
-            self.limiter.count_usage(x.key.id, prompt + completion, cost)
-        self._observe(x, method, latency, ttft, prompt, completion, cost, baseline)
-
-    def _costs(self, x: Exchange, completion: int) -> tuple[float | None, float | None]:
-        if x.backend is None or x.method is None or x.model is None or not completion:
-            return None, None
-        snapshot, c = self.registry.snapshot, x.concurrency or 1.0
-        per_mtok = snapshot.usd_per_mtok(x.model, x.method, x.backend, c)
-        plain = snapshot.usd_per_mtok(x.model, "plain", x.backend, c)
-        cost = None if per_mtok is None else completion * per_mtok / 1e6
-        baseline = None if plain is None else completion * plain / 1e6
-        return cost, baseline
-
-    def _observe(
-        self,
-        x: Exchange,
-        method: str,
-        latency: float,
-        ttft: float | None,
-        prompt: int,
-        completion: int,
-        cost: float | None,
-        baseline: float | None,
-    ) -> None:
-        m, model = self.metrics, x.model or ""
-        if model not in self.registry.snapshot.backends:
-            model = "unknown"  # labels only ever carry the registry's model names
-        m.requests.labels(model, method, f"{x.status // 100}xx").inc()
-        m.latency.labels(model, method).observe(latency)
-        if ttft is not None and x.chunks:
-            m.ttft.labels(model, method).observe(ttft)
-        if x.chunks > 1 and x.first_byte is not None and x.last_byte is not None:
-            m.itl.labels(model, method).observe((x.last_byte - x.first_byte) / (x.chunks - 1))
-        if prompt:
-            m.tokens.labels(model, method, "prompt").inc(prompt)
-        if completion:
-            m.tokens.labels(model, method, "completion").inc(completion)
-        if cost is not None:
-            m.cost.labels(model, method).inc(cost)
-            if baseline is not None:
-                m.savings.labels(model, method).inc(baseline - cost)
-
 
 class _RetryableError(Exception):
     """A failure before anything reached the client: the next backend may serve."""
@@ -438,50 +327,6 @@ class _RetryableError(Exception):
 
 def _record_success(state: BackendState) -> None:
     state.failures = 0
-
-
-def _parse(body: bytes) -> dict[str, Any]:
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise RelayError(400, f"We could not parse the JSON body of your request: {exc}") from None
-    if not isinstance(payload, dict):
-        raise RelayError(400, "The request body must be a JSON object")
-    return payload
-
-
-def _check_completion(path: str, payload: dict[str, Any]) -> None:
-    """Refuse what no backend could accept, before it reaches one."""
-    for name in ("max_tokens", "max_completion_tokens", "n"):
-        value = payload.get(name)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise RelayError(400, f"{name} must be a positive integer, got {value!r}", param=name)
-    if "stream" in payload and not isinstance(payload["stream"], bool | None):
-        raise RelayError(
-            400, f"stream must be a boolean, got {payload['stream']!r}", param="stream"
-        )
-    if path.endswith("chat/completions"):
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RelayError(400, "messages must be a non-empty list", param="messages")
-    elif payload.get("prompt") is None:
-        raise RelayError(400, "you must provide a prompt", param="prompt")
-
-
-def _wants_usage(payload: dict[str, Any]) -> bool:
-    options = payload.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
-
-
-def _with_usage_options(payload: dict[str, Any]) -> bytes:
-    """The body with include_usage and continuous usage asked of the backend."""
-    options = payload.get("stream_options")
-    options = dict(options) if isinstance(options, dict) else {}
-    options["include_usage"] = True
-    options["continuous_usage_stats"] = True
-    return orjson.dumps({**payload, "stream_options": options})
 
 
 def _upstream_headers(request_id: str) -> dict[str, str]:

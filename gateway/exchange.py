@@ -1,0 +1,119 @@
+"""One request as the relay sees it, and settling it: its ledger record and metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.accounting import Ledger, UsageEntry
+from gateway.limits import Limiter
+from gateway.metrics import GatewayMetrics
+from gateway.registry import BackendView, KeyView, Registry
+
+MAX_MODEL_NAME = 200  # the ledger's column; a client may send anything
+
+
+@dataclass
+class Exchange:
+    """What the ledger and metrics need to know about one request."""
+
+    request_id: str  # the client's x-request-id, or one made here; echoed and forwarded
+    ledger_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # unique per record
+    started: float = field(default_factory=time.perf_counter)
+    created_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    model: str | None = None
+    key: KeyView | None = None
+    backend: BackendView | None = None
+    method: str | None = None
+    status: int = 0
+    outcome: str = "ok"
+    first_byte: float | None = None
+    last_byte: float | None = None
+    chunks: int = 0
+    concurrency: float | None = None
+    usage: dict[str, Any] | None = None
+    responded: bool = False  # the whole response was handed to the server
+
+
+def settle(
+    x: Exchange, registry: Registry, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics
+) -> None:
+    """Exactly one ledger record and the metrics of a finished request."""
+    if x.model is None:
+        metrics.rejections.labels("malformed").inc()
+        return
+    usage = x.usage or {}
+    prompt = int(usage.get("prompt_tokens") or 0)
+    completion = int(usage.get("completion_tokens") or 0)
+    cost, baseline = _costs(x, registry, completion)
+    latency = time.perf_counter() - x.started
+    ttft = None if x.first_byte is None else x.first_byte - x.started
+    method = x.method or "none"
+    ledger.record(
+        UsageEntry(
+            request_id=x.ledger_id,
+            client_request_id=x.request_id,
+            created_at=x.created_at,
+            api_key_id=x.key.id if x.key else None,
+            model=x.model[:MAX_MODEL_NAME],
+            method=x.method,
+            backend_name=x.backend.name if x.backend else None,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            status_code=x.status,
+            outcome=x.outcome,
+            latency_ms=latency * 1000,
+            ttft_ms=None if ttft is None else ttft * 1000,
+            concurrency=x.concurrency,
+            cost_usd=cost,
+            baseline_cost_usd=baseline,
+        )
+    )
+    if x.key is not None:
+        limiter.count_usage(x.key.id, prompt + completion, cost)
+    _observe(registry, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
+
+
+def _costs(x: Exchange, registry: Registry, completion: int) -> tuple[float | None, float | None]:
+    if x.backend is None or x.method is None or x.model is None or not completion:
+        return None, None
+    snapshot, c = registry.snapshot, x.concurrency or 1.0
+    per_mtok = snapshot.usd_per_mtok(x.model, x.method, x.backend, c)
+    plain = snapshot.usd_per_mtok(x.model, "plain", x.backend, c)
+    cost = None if per_mtok is None else completion * per_mtok / 1e6
+    baseline = None if plain is None else completion * plain / 1e6
+    return cost, baseline
+
+
+def _observe(
+    registry: Registry,
+    metrics: GatewayMetrics,
+    x: Exchange,
+    method: str,
+    latency: float,
+    ttft: float | None,
+    prompt: int,
+    completion: int,
+    cost: float | None,
+    baseline: float | None,
+) -> None:
+    m, model = metrics, x.model or ""
+    if model not in registry.snapshot.backends:
+        model = "unknown"  # labels only ever carry the registry's model names
+    m.requests.labels(model, method, f"{x.status // 100}xx").inc()
+    m.latency.labels(model, method).observe(latency)
+    if ttft is not None and x.chunks:
+        m.ttft.labels(model, method).observe(ttft)
+    if x.chunks > 1 and x.first_byte is not None and x.last_byte is not None:
+        m.itl.labels(model, method).observe((x.last_byte - x.first_byte) / (x.chunks - 1))
+    if prompt:
+        m.tokens.labels(model, method, "prompt").inc(prompt)
+    if completion:
+        m.tokens.labels(model, method, "completion").inc(completion)
+    if cost is not None:
+        m.cost.labels(model, method).inc(cost)
+        if baseline is not None:
+            m.savings.labels(model, method).inc(baseline - cost)
