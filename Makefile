@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint typecheck unit clean
+.PHONY: up test lint typecheck accuracy clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ typecheck: $(VENV)/.installed-dev
 
 test: lint typecheck
 	$(BIN)/pytest
+
+# Regenerate the planner's accuracy report (tests fail when the committed one is stale).
+accuracy: $(VENV)/.installed
+	$(BIN)/python -m planner.accuracy > planner/ACCURACY.md
 
 clean:
 	rm -rf $(VENV) .draftgate .pytest_cache .mypy_cache .ruff_cache
