@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from planner import calibration, catalog
 from planner.calibration import EngineCalibration, Workload
 from planner.cost import usd_per_mtok
-from planner.specdec import StepTimeModel, mean_step_s, output_tokens_per_s
+from planner.specdec import StepTimeModel, mean_step_s
 
 METHODS = ("plain", "eagle3", "p-eagle", "dflash", "dspark")
 K_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -76,9 +76,9 @@ def grid(
 def _point(
     step: StepTimeModel, method: str, k: int, c: int, al: float, load: Workload, price: float
 ) -> Point:
-    tps = output_tokens_per_s(step, c, al, load)
-    itl_ms = mean_step_s(step, c, al, load) / al * 1000
-    return Point(method, k, c, tps, itl_ms, usd_per_mtok(price, step.gpu_count, tps))
+    step_s = mean_step_s(step, c, al, load)
+    tps = c * al / step_s
+    return Point(method, k, c, tps, step_s / al * 1000, usd_per_mtok(price, step.gpu_count, tps))
 
 
 def best_per_concurrency(points: Sequence[Point], itl_objective_ms: float | None) -> list[Choice]:
