@@ -1,0 +1,93 @@
+"""Admin API for the planner: best method and K per load for a model on a GPU, with costs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.db import queries
+from gateway.db.tables import Measurement
+from gateway.deps import SessionDep
+from gateway.errors import NotFound, ValidationFailed
+from planner import calibration, catalog
+from planner.catalog import UnknownCatalogEntry
+from planner.recommend import Point, best_per_concurrency, crossovers, grid, k_schedule
+
+router = APIRouter(prefix="/plan", tags=["plan"])
+
+
+def _price(session: Session, gpu: str, kind: str) -> dict[str, Any]:
+    """The price the plan assumes: the database's, else the shipped default."""
+    row = queries.find_price(session, gpu, kind)
+    if row is not None:
+        return {"usd_per_gpu_hour": row.usd_per_gpu_hour, "kind": kind, "source": row.source,
+                "date": row.date.isoformat(), "origin": "database"}  # fmt: skip
+    default = catalog.default_price(gpu, kind)  # type: ignore[arg-type]
+    return {"usd_per_gpu_hour": default.usd_per_gpu_hour, "kind": kind, "source": default.source,
+            "date": default.date.isoformat(), "origin": "default"}  # fmt: skip
+
+
+def _measured(session: Session, model: str, gpu: str) -> dict[tuple[str, int, float], float]:
+    """Mean measured output tokens/s per GPU by (method, K, concurrency)."""
+    rows = session.execute(
+        select(Measurement.method, Measurement.k, Measurement.concurrency,
+               Measurement.output_tokens_per_s / Measurement.gpu_count)
+        .where(Measurement.model == model, Measurement.gpu_type == gpu)
+    )  # fmt: skip
+    sums: dict[tuple[str, int, float], list[float]] = {}
+    for method, k, c, tps in rows:
+        sums.setdefault((method, k, float(c)), []).append(float(tps))
+    return {key: sum(v) / len(v) for key, v in sums.items()}
+
+
+def _point_json(
+    p: Point, measured: dict[tuple[str, int, float], float], count: int
+) -> dict[str, Any]:
+    seen = measured.get((p.method, p.k, float(p.concurrency)))
+    return {
+        "method": p.method, "k": p.k, "concurrency": p.concurrency,
+        "output_tokens_per_s": p.output_tokens_per_s, "itl_ms": p.itl_ms,
+        "usd_per_mtok": p.usd_per_mtok,
+        "measured_output_tokens_per_s": None if seen is None else seen * count,
+        "source": "measured" if seen is not None else "estimated",
+    }  # fmt: skip
+
+
+@router.get("")
+def get_plan(
+    session: SessionDep,
+    model: str,
+    gpu: str = "B200",
+    gpu_count: Annotated[int, Query(ge=1, le=1024)] = 1,
+    workload: str = "chat",
+    itl_objective_ms: Annotated[float | None, Query(gt=0)] = None,
+    price_kind: str = "on-demand",
+) -> dict[str, Any]:
+    """Per concurrency: the best method and K within the ITL objective, and its cost."""
+    if workload not in calibration.workloads():
+        known = ", ".join(calibration.workloads())
+        raise ValidationFailed(f"unknown workload {workload!r}; known: {known}", param="workload")
+    try:
+        spec, hardware = catalog.model(model), catalog.gpu(gpu)
+        price = _price(session, hardware.name, price_kind)
+    except UnknownCatalogEntry as exc:
+        raise NotFound(str(exc), param="model" if "model" in str(exc) else "gpu") from None
+    points = grid(spec.name, hardware.name, gpu_count=gpu_count, workload=workload,
+                  price_usd_per_gpu_hour=price["usd_per_gpu_hour"])  # fmt: skip
+    measured = _measured(session, model, hardware.name)
+    choices = best_per_concurrency(points, itl_objective_ms)
+    methods = sorted({c.best.method for c in choices} - {"plain"})
+    return {
+        "model": spec.name, "gpu": hardware.name, "gpu_count": gpu_count,
+        "workload": workload, "itl_objective_ms": itl_objective_ms, "price": price,
+        "choices": [
+            _point_json(c.best, measured, gpu_count)
+            | {"speedup_vs_plain": c.best.output_tokens_per_s / c.plain.output_tokens_per_s}
+            for c in choices
+        ],
+        "crossovers": [{"concurrency": c, "from": a, "to": b} for c, a, b in crossovers(choices)],
+        "schedules": {m: [list(s) for s in k_schedule(points, m)] for m in methods},
+    }  # fmt: skip

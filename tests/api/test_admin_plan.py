@@ -1,0 +1,64 @@
+"""Admin API for the planner."""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import FastAPI
+
+from gateway.db.session import transaction
+from gateway.db.tables import Measurement
+from tests.api.test_admin_backends import assert_envelope
+
+PLAN = "/admin/v1/plan"
+
+
+async def test_plan_recommends_per_concurrency_with_the_default_price(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.get(PLAN, params={"model": "gpt-oss-20b", "gpu": "B200"})
+    assert response.status_code == 200, response.text
+    plan = response.json()
+    assert (plan["model"], plan["gpu"]) == ("openai/gpt-oss-20b", "B200")
+    assert plan["price"]["origin"] == "default"
+    concurrencies = [c["concurrency"] for c in plan["choices"]]
+    assert concurrencies == sorted(concurrencies)
+    assert concurrencies[0] == 1
+    first = plan["choices"][0]
+    assert first["method"] != "plain"
+    assert first["speedup_vs_plain"] > 1.5
+    assert first["source"] == "estimated"
+    for method, schedule in plan["schedules"].items():
+        assert schedule[0][0] == 1, method
+
+
+async def test_plan_uses_database_prices_and_marks_measured_points(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    price = {
+        "gpu_type": "B200",
+        "usd_per_gpu_hour": 3.6,
+        "source": "contract",
+        "date": "2026-11-01",
+    }
+    await client.post("/admin/v1/prices", json=price)
+    with transaction(app.state.services.sessions) as session:
+        session.add(Measurement(model="openai/gpt-oss-20b", method="p-eagle", k=7,
+                                gpu_type="B200", concurrency=1, output_tokens_per_s=900.0,
+                                source="bench"))  # fmt: skip
+    plan = (await client.get(PLAN, params={"model": "openai/gpt-oss-20b"})).json()
+    assert plan["price"] == {"usd_per_gpu_hour": 3.6, "kind": "on-demand", "source": "contract",
+                             "date": "2026-11-01", "origin": "database"}  # fmt: skip
+    first = plan["choices"][0]
+    if (first["method"], first["k"]) == ("p-eagle", 7):
+        assert first["source"] == "measured"
+        assert first["measured_output_tokens_per_s"] == 900.0
+    expected = 3.6 / 3600 / first["output_tokens_per_s"] * 1e6
+    assert abs(first["usd_per_mtok"] - expected) < 1e-9
+
+
+async def test_plan_errors(client: httpx.AsyncClient) -> None:
+    assert_envelope(await client.get(PLAN, params={"model": "nope"}), 404, param="model")
+    assert_envelope(await client.get(PLAN, params={"model": "gpt-oss-20b", "gpu": "X"}), 404)
+    bad = await client.get(PLAN, params={"model": "gpt-oss-20b", "workload": "poetry"})
+    assert_envelope(bad, 422, param="workload")
+    assert_envelope(await client.get(PLAN), 422, param="model")
