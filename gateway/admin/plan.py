@@ -13,6 +13,7 @@ from gateway.db.tables import Measurement
 from gateway.deps import SessionDep
 from gateway.errors import NotFound, ValidationFailed
 from planner import calibration, catalog
+from planner.capacity import plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry
 from planner.recommend import Point, best_per_concurrency, crossovers, grid, k_schedule
 
@@ -65,6 +66,7 @@ def get_plan(
     workload: str = "chat",
     itl_objective_ms: Annotated[float | None, Query(gt=0)] = None,
     price_kind: str = "on-demand",
+    output_tokens_per_s: Annotated[float | None, Query(gt=0)] = None,
 ) -> dict[str, Any]:
     """Per concurrency: the best method and K within the ITL objective, and its cost."""
     if workload not in calibration.workloads():
@@ -80,7 +82,11 @@ def get_plan(
     measured = _measured(session, model, hardware.name)
     choices = best_per_concurrency(points, itl_objective_ms)
     methods = sorted({c.best.method for c in choices} - {"plain"})
+    capacity = None
+    if output_tokens_per_s is not None:
+        capacity = _capacity(points, output_tokens_per_s, itl_objective_ms, gpu_count, price)
     return {
+        "capacity": capacity,
         "model": spec.name, "gpu": hardware.name, "gpu_count": gpu_count,
         "workload": workload, "itl_objective_ms": itl_objective_ms, "price": price,
         "choices": [
@@ -91,3 +97,29 @@ def get_plan(
         "crossovers": [{"concurrency": c, "from": a, "to": b} for c, a, b in crossovers(choices)],
         "schedules": {m: [list(s) for s in k_schedule(points, m)] for m in methods},
     }  # fmt: skip
+
+
+DEFAULT_ITL_OBJECTIVE_MS = 50.0  # about 20 tokens/s per user, a common interactive floor
+
+
+def _capacity(
+    points: list[Point],
+    output_tokens_per_s: float,
+    itl_objective_ms: float | None,
+    gpu_count: int,
+    price: dict[str, Any],
+) -> dict[str, Any]:
+    """GPUs and $/month per method for a traffic, and savings against plain and EAGLE-3."""
+    objective = itl_objective_ms or DEFAULT_ITL_OBJECTIVE_MS
+    plans = plan_capacity(points, output_tokens_per_s=output_tokens_per_s,
+                          itl_objective_ms=objective, gpu_count=gpu_count,
+                          price_usd_per_gpu_hour=price["usd_per_gpu_hour"])  # fmt: skip
+    return {
+        "output_tokens_per_s": output_tokens_per_s,
+        "itl_objective_ms": objective,
+        "methods": [c.__dict__ for c in plans],
+        "savings_usd_per_month": {
+            "vs_plain": savings(plans, "plain"),
+            "vs_eagle3": savings(plans, "eagle3"),
+        },
+    }

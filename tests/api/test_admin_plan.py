@@ -62,3 +62,16 @@ async def test_plan_errors(client: httpx.AsyncClient) -> None:
     bad = await client.get(PLAN, params={"model": "gpt-oss-20b", "workload": "poetry"})
     assert_envelope(bad, 422, param="workload")
     assert_envelope(await client.get(PLAN), 422, param="model")
+
+
+async def test_plan_sizes_a_traffic_and_its_savings(client: httpx.AsyncClient) -> None:
+    params = {"model": "gpt-oss-20b", "output_tokens_per_s": 50_000, "itl_objective_ms": 20}
+    capacity = (await client.get(PLAN, params=params)).json()["capacity"]
+    methods = capacity["methods"]
+    assert methods == sorted(methods, key=lambda m: m["usd_per_month"])
+    plain = next(m for m in methods if m["method"] == "plain")
+    cheapest = methods[0]
+    assert cheapest["gpus"] <= plain["gpus"]
+    assert cheapest["replicas"] * cheapest["output_tokens_per_s_per_replica"] >= 50_000
+    saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
+    assert saved == plain["usd_per_month"] - cheapest["usd_per_month"]
