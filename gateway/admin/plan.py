@@ -15,6 +15,7 @@ from gateway.errors import NotFound, ValidationFailed
 from planner import calibration, catalog
 from planner.capacity import plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry
+from planner.fit_measurements import Hardware, MeasuredPoint, fit_measurements
 from planner.recommend import Point, best_per_concurrency, crossovers, grid, k_schedule
 
 router = APIRouter(prefix="/plan", tags=["plan"])
@@ -31,16 +32,23 @@ def _price(session: Session, gpu: str, kind: str) -> dict[str, Any]:
             "date": default.date.isoformat(), "origin": "default"}  # fmt: skip
 
 
-def _measured(session: Session, model: str, gpu: str) -> dict[tuple[str, int, float], float]:
+def _measurements(session: Session, model: str, gpu: str) -> list[MeasuredPoint]:
+    """The measurements of `model` on `gpu`, per GPU (tokens/s divided by the GPU count)."""
+    rows = session.scalars(
+        select(Measurement).where(Measurement.model == model, Measurement.gpu_type == gpu)
+    )
+    return [
+        MeasuredPoint(r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count,
+                      r.mean_acceptance_length)
+        for r in rows
+    ]  # fmt: skip
+
+
+def _by_config(points: list[MeasuredPoint]) -> dict[tuple[str, int, float], float]:
     """Mean measured output tokens/s per GPU by (method, K, concurrency)."""
-    rows = session.execute(
-        select(Measurement.method, Measurement.k, Measurement.concurrency,
-               Measurement.output_tokens_per_s / Measurement.gpu_count)
-        .where(Measurement.model == model, Measurement.gpu_type == gpu)
-    )  # fmt: skip
     sums: dict[tuple[str, int, float], list[float]] = {}
-    for method, k, c, tps in rows:
-        sums.setdefault((method, k, float(c)), []).append(float(tps))
+    for p in points:
+        sums.setdefault((p.method, p.k, float(p.concurrency)), []).append(p.output_tokens_per_s)
     return {key: sum(v) / len(v) for key, v in sums.items()}
 
 
@@ -77,15 +85,20 @@ def get_plan(
         price = _price(session, hardware.name, price_kind)
     except UnknownCatalogEntry as exc:
         raise NotFound(str(exc), param="model" if "model" in str(exc) else "gpu") from None
+    observed = _measurements(session, spec.name, hardware.name)
+    hw = Hardware(spec, hardware, 1, calibration.workloads()[workload])
+    fitted = fit_measurements(hw, observed)
+    usd = price["usd_per_gpu_hour"]
     points = grid(spec.name, hardware.name, gpu_count=gpu_count, workload=workload,
-                  price_usd_per_gpu_hour=price["usd_per_gpu_hour"])  # fmt: skip
-    measured = _measured(session, model, hardware.name)
+                  price_usd_per_gpu_hour=usd, cal=fitted.calibration)  # fmt: skip
+    measured = _by_config(observed)
     choices = best_per_concurrency(points, itl_objective_ms)
     methods = sorted({c.best.method for c in choices} - {"plain"})
     capacity = None
     if output_tokens_per_s is not None:
         capacity = _capacity(points, output_tokens_per_s, itl_objective_ms, gpu_count, price)
     return {
+        "fit": {"measurements": fitted.points, "error_band": fitted.error_band},
         "capacity": capacity,
         "model": spec.name, "gpu": hardware.name, "gpu_count": gpu_count,
         "workload": workload, "itl_objective_ms": itl_objective_ms, "price": price,

@@ -52,6 +52,7 @@ async def test_plan_uses_database_prices_and_marks_measured_points(
                              "date": "2026-11-01", "origin": "database"}  # fmt: skip
     first = plan["choices"][0]
     assert (first["source"], first["measured_output_tokens_per_s"]) == ("measured", 900.0)
+    assert plan["fit"] == {"measurements": 1, "error_band": None}  # a band needs 3 points
     expected = 3.6 / 3600 / first["output_tokens_per_s"] * 1e6
     assert abs(first["usd_per_mtok"] - expected) < 1e-9
 

@@ -1,0 +1,54 @@
+"""Fitting to measurements: recovering a known calibration, and an honest error band."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner import calibration, catalog
+from planner.fit_measurements import Hardware, MeasuredPoint, fit_measurements, predict_point
+
+HW = Hardware(
+    catalog.model("Qwen/Qwen3-8B"), catalog.gpu("H100"), 1, calibration.workloads()["chat"]
+)
+BASE = calibration.engine_calibration()
+# A "true" engine that differs from the shipped calibration: slower host, better bandwidth.
+TRUTH = replace(BASE, step_overhead_s=BASE.step_overhead_s * 2.5, bandwidth_efficiency=0.72)
+CONFIGS = [("plain", 0, c) for c in (1, 4, 16, 64)] + [("dflash", 7, c) for c in (1, 8, 32)]
+
+
+def measured(cal: object = TRUTH) -> list[MeasuredPoint]:
+    points = [MeasuredPoint(m, k, c, 1.0) for m, k, c in CONFIGS]
+    return [replace(p, output_tokens_per_s=predict_point(HW, TRUTH, p)) for p in points]
+
+
+def test_fit_reproduces_the_measurements_and_predicts_unmeasured_points() -> None:
+    fitted = fit_measurements(HW, measured())
+    for p in measured():
+        assert predict_point(HW, fitted.calibration, p) == pytest.approx(p.output_tokens_per_s,
+                                                                         rel=0.03)  # fmt: skip
+    for unseen in (MeasuredPoint("dflash", 7, 2, 1.0), MeasuredPoint("plain", 0, 8, 1.0)):
+        truth = predict_point(HW, TRUTH, unseen)
+        fitted_error = abs(predict_point(HW, fitted.calibration, unseen) / truth - 1)
+        shipped_error = abs(predict_point(HW, BASE, unseen) / truth - 1)
+        assert fitted_error < 0.03
+        assert fitted_error < shipped_error
+
+
+def test_error_band_comes_from_leave_one_out() -> None:
+    fitted = fit_measurements(HW, measured())
+    assert fitted.points == len(CONFIGS)
+    assert fitted.error_band is not None
+    assert 0 <= fitted.error_band < 0.1
+    noisy = [replace(p, output_tokens_per_s=p.output_tokens_per_s * (1.25 if i % 2 else 0.8))
+             for i, p in enumerate(measured())]  # fmt: skip
+    rough = fit_measurements(HW, noisy)
+    assert rough.error_band is not None
+    assert rough.error_band > fitted.error_band
+
+
+def test_too_few_points_have_no_band_and_none_keeps_the_base() -> None:
+    assert fit_measurements(HW, measured()[:2]).error_band is None
+    empty = fit_measurements(HW, [])
+    assert (empty.calibration, empty.points, empty.error_band) == (BASE, 0, None)
