@@ -328,20 +328,33 @@ def plan_table(
     workload: str = "chat",
     price: Annotated[float | None, typer.Option(help="USD per GPU-hour.")] = None,
 ) -> None:
-    """Methods x concurrency: tok/s, ITL and $/1M tokens at each method's best K (estimated)."""
-    from planner.recommend import grid
+    """Methods x concurrency: tok/s, ITL and $/1M at each method's best K (* = measured).
 
-    points = _plan_grid(grid, model, gpu, gpu_count, workload, price)
+    Predictions are fitted to the measurements stored in DRAFTGATE_DATABASE_URL, if any.
+    """
+    from gateway.admin.plan import measured_grid
+    from planner import catalog
+
+    try:
+        spec, hardware = catalog.model(model), catalog.gpu(gpu)
+        usd = price or catalog.default_price(hardware.name).usd_per_gpu_hour
+    except (catalog.UnknownCatalogEntry, KeyError) as exc:
+        _fail(str(exc).strip("'\""))
+    with _session() as session:
+        points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
     best: dict[tuple[str, int], Any] = {}
     for p in points:
         key = (p.method, p.concurrency)
         if key not in best or p.output_tokens_per_s > best[key].output_tokens_per_s:
             best[key] = p
-    typer.echo(f"{model} on {gpu_count}x {gpu}, {workload} traffic (estimated; K = best per cell)")
-    typer.echo(f"{'method':<8} {'c':>4} {'K':>2} {'tok/s':>9} {'ITL ms':>8} {'$/1M':>8}")
+    band = "" if fitted.error_band is None else f", fit error +-{fitted.error_band:.0%}"
+    typer.echo(f"{spec.name} on {gpu_count}x {hardware.name} at ${usd:.2f}/GPU-hour, {workload} "
+               f"traffic; {fitted.points} measurements{band}; K = best per cell")  # fmt: skip
+    typer.echo(f"{'method':<8} {'c':>4} {'K':>2} {'tok/s':>10} {'ITL ms':>8} {'$/1M':>8}")
     for (method, c), p in sorted(best.items()):
-        typer.echo(f"{method:<8} {c:>4} {p.k:>2} {p.output_tokens_per_s:>9.0f} "
-                   f"{p.itl_ms:>8.2f} {p.usd_per_mtok:>8.3f}")  # fmt: skip
+        seen = measured.get((p.method, p.k, float(c)))
+        tps = f"{seen * gpu_count:.0f}*" if seen is not None else f"{p.output_tokens_per_s:.0f} "
+        typer.echo(f"{method:<8} {c:>4} {p.k:>2} {tps:>10} {p.itl_ms:>8.2f} {p.usd_per_mtok:>8.3f}")
 
 
 @plan_app.command("recommend")

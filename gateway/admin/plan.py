@@ -15,7 +15,7 @@ from gateway.errors import NotFound, ValidationFailed
 from planner import calibration, catalog
 from planner.capacity import plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry
-from planner.fit_measurements import Hardware, MeasuredPoint, fit_measurements
+from planner.fit_measurements import FittedModel, Hardware, MeasuredPoint, fit_measurements
 from planner.recommend import Point, best_per_concurrency, crossovers, grid, k_schedule
 
 router = APIRouter(prefix="/plan", tags=["plan"])
@@ -65,6 +65,23 @@ def _point_json(
     }  # fmt: skip
 
 
+def measured_grid(
+    session: Session,
+    spec: catalog.ModelSpec,
+    hardware: catalog.GpuSpec,
+    gpu_count: int,
+    workload: str,
+    usd_per_gpu_hour: float,
+) -> tuple[list[Point], dict[tuple[str, int, float], float], FittedModel]:
+    """The planner's grid fitted to this (model, GPU)'s stored measurements, and those."""
+    observed = _measurements(session, spec.name, hardware.name)
+    fitted = fit_measurements(Hardware(spec, hardware, 1, calibration.workloads()[workload]),
+                              observed)  # fmt: skip
+    points = grid(spec.name, hardware.name, gpu_count=gpu_count, workload=workload,
+                  price_usd_per_gpu_hour=usd_per_gpu_hour, cal=fitted.calibration)  # fmt: skip
+    return points, _by_config(observed), fitted
+
+
 @router.get("")
 def get_plan(
     session: SessionDep,
@@ -85,13 +102,8 @@ def get_plan(
         price = _price(session, hardware.name, price_kind)
     except UnknownCatalogEntry as exc:
         raise NotFound(str(exc), param="model" if "model" in str(exc) else "gpu") from None
-    observed = _measurements(session, spec.name, hardware.name)
-    hw = Hardware(spec, hardware, 1, calibration.workloads()[workload])
-    fitted = fit_measurements(hw, observed)
     usd = price["usd_per_gpu_hour"]
-    points = grid(spec.name, hardware.name, gpu_count=gpu_count, workload=workload,
-                  price_usd_per_gpu_hour=usd, cal=fitted.calibration)  # fmt: skip
-    measured = _by_config(observed)
+    points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
     choices = best_per_concurrency(points, itl_objective_ms)
     methods = sorted({c.best.method for c in choices} - {"plain"})
     capacity = None

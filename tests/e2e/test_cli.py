@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import signal
@@ -13,6 +14,7 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from gateway.db.base import Base
+from gateway.db.tables import Measurement
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     CliRunner,
@@ -275,3 +277,24 @@ def test_plan_predict_contract(run_cli: CliRunner, tmp_path: Path) -> None:
     assert bad.returncode != 0
     assert bad.stderr.strip().count("\n") == 0  # one line
     assert "got 0" in bad.stderr
+
+
+def test_plan_table_marks_stored_measurements(run_cli: CliRunner, tmp_path: Path) -> None:
+    database_url = f"sqlite:///{tmp_path}/plan.db"
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    assert run_cli("db", "upgrade", env=env).returncode == 0
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            Measurement.__table__.insert(),
+            [{"model": "Qwen/Qwen3-8B", "method": "plain", "k": 0, "gpu_type": "H100",
+              "gpu_count": 1, "concurrency": 4.0, "output_tokens_per_s": 777.0,
+              "source": "bench", "measured_at": dt.datetime.now(dt.UTC)}],
+        )  # fmt: skip
+    engine.dispose()
+    done = run_cli("plan", "table", "--model", "Qwen/Qwen3-8B", "--gpu", "H100", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "1 measurements" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.split()[:2] == ["plain", "4"])
+    assert "777*" in row
+    assert sum("*" in line for line in done.stdout.splitlines()) == 1
