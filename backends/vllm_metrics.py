@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 LABELS = ("model_name", "engine")
 
 
@@ -95,3 +97,53 @@ def token_buckets(max_model_len: int) -> tuple[int, ...]:
                 return tuple(buckets)
             buckets.append(value)
         exponent += 1
+
+
+@dataclass(frozen=True)
+class VllmSnapshot:
+    """The counters and gauges draftgate reads from one vLLM `/metrics` page (summed over
+    engines and label values). Spec-decode fields are None when the server does not
+    speculate (vLLM registers them only with a speculative config)."""
+
+    generation_tokens: float
+    prompt_tokens: float
+    running: float
+    waiting: float
+    kv_cache_usage: float | None
+    drafts: float | None
+    draft_tokens: float | None
+    accepted_tokens: float | None
+    accepted_per_position: tuple[float, ...] | None
+    e2e_latency_sum_s: float | None = None  # Σ latency of finished requests (Little's law)
+
+
+def parse_metrics(text: str) -> VllmSnapshot:
+    """Read a vLLM `/metrics` page; tolerant of missing families and older names."""
+    sums: dict[str, float] = {}
+    per_position: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            if sample.name == E2E_LATENCY.name + "_sum":
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+                continue
+            if family.name == SPEC_ACCEPTED_PER_POS.name:
+                position = int(sample.labels.get("position", "0"))
+                per_position[position] = per_position.get(position, 0.0) + sample.value
+            sums[family.name] = sums.get(family.name, 0.0) + sample.value
+    kv = sums.get(KV_CACHE_USAGE.name, sums.get(GPU_CACHE_USAGE_LEGACY))
+    spec = SPEC_DRAFTS.name in sums
+    positions = tuple(per_position[i] for i in sorted(per_position)) if per_position else None
+    return VllmSnapshot(
+        generation_tokens=sums.get(GENERATION_TOKENS.name, 0.0),
+        prompt_tokens=sums.get(PROMPT_TOKENS.name, 0.0),
+        running=sums.get(REQUESTS_RUNNING.name, 0.0),
+        waiting=sums.get(REQUESTS_WAITING.name, 0.0),
+        kv_cache_usage=kv,
+        drafts=sums.get(SPEC_DRAFTS.name) if spec else None,
+        draft_tokens=sums.get(SPEC_DRAFT_TOKENS.name) if spec else None,
+        accepted_tokens=sums.get(SPEC_ACCEPTED_TOKENS.name) if spec else None,
+        accepted_per_position=positions if spec else None,
+        e2e_latency_sum_s=sums.get(E2E_LATENCY.name + "_sum"),
+    )

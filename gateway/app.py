@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
+from gateway.collector import Collector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.deps import Services
@@ -132,8 +133,11 @@ async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> Async
     stop = asyncio.Event()
     # Loops that touch the database stop at `stop` (never mid-query, so no connection is
     # left behind); the prober only talks HTTP and is cancelled.
+    collector = Collector(registry, client, sessions, metrics,
+                          interval_s=settings.collect_interval_s,
+                          window_s=settings.measurement_window_s)  # fmt: skip
     stoppable = [asyncio.create_task(c) for c in (
-        registry.run(stop), ledger.run(stop), limiter.run(stop)
+        registry.run(stop), ledger.run(stop), limiter.run(stop), collector.run(stop)
     )]  # fmt: skip
     prober = asyncio.create_task(
         health.probe_forever(registry, client, settings.probe_interval_s, metrics)

@@ -116,4 +116,4 @@ def _observe(
     if cost is not None:
         m.cost.labels(model, method).inc(cost)
         if baseline is not None:
-            m.savings.labels(model, method).inc(baseline - cost)
+            m.baseline_cost.labels(model, method).inc(baseline)

@@ -56,9 +56,11 @@ class GatewayMetrics:
             ["model", "method"],
             registry=r,
         )
-        self.savings = Counter(
-            "draftgate_savings_usd",
-            "Cost of the same tokens with plain decoding minus their cost.",
+        # Savings (baseline minus cost) can be negative, which a counter cannot express:
+        # the baseline is its own counter, savings = baseline_cost - cost in PromQL.
+        self.baseline_cost = Counter(
+            "draftgate_baseline_cost_usd",
+            "GPU-hour cost the same tokens would have had with plain decoding.",
             ["model", "method"],
             registry=r,
         )
@@ -89,6 +91,12 @@ class GatewayMetrics:
         self.healthy = Gauge(
             "draftgate_backend_healthy",
             "1 if the backend is healthy and its circuit breaker closed.",
+            ["backend"],
+            registry=r,
+        )
+        self.mismatch = Gauge(
+            "draftgate_backend_method_mismatch",
+            "1 if the backend's spec-decode counters contradict its declared method.",
             ["backend"],
             registry=r,
         )

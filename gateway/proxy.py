@@ -87,7 +87,10 @@ class Relay:
         except ClientGone:
             exchange.status, exchange.outcome = 499, "client_disconnect"
         finally:
-            settle(exchange, self.registry, self.ledger, self.limiter, self.metrics)
+            try:
+                settle(exchange, self.registry, self.ledger, self.limiter, self.metrics)
+            except Exception:  # the top of the relay: accounting must not drop the connection
+                logger.exception("settling request %s failed", exchange.request_id)
 
     async def _handle(
         self, path: str, headers: dict[bytes, bytes], x: Exchange, receive: Receive, send: Send

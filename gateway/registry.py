@@ -50,6 +50,7 @@ class BackendState:
     open_until: float = 0.0  # circuit breaker: no traffic before this (monotonic seconds)
     waiting: float = 0.0  # scraped `num_requests_waiting`, when known
     kv_usage: float = 0.0  # scraped KV-cache usage, when known
+    mismatch: str | None = None  # the scraped counters contradict the declared method
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,6 +143,19 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest request body accepted on `/v1` (413 beyond). Default 16 MiB.",
     )
+    collect_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between scrapes of each backend's `/metrics`. Default 5 s.",
+    )
+    measurement_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds of scrapes summed into one stored measurement per backend and "
+            "concurrency bucket. Default 60 s: enough tokens for a stable rate."
+        ),
+    )
     ledger_flush_interval_s: float = Field(
         default=0.5,
         gt=0,

@@ -1,0 +1,222 @@
+"""The collector: scrape every enabled backend's `/metrics`, turn counter deltas into load and
+performance, feed routing at once and the measurements table once per window.
+
+Per interval and backend: output tokens/s from `generation_tokens`, mean acceptance length
+`1 + Δaccepted / Δdrafts` and per-position acceptance `Δaccepted_at_pos / Δdrafts` (vLLM's
+own definitions), running/waiting/KV usage. A counter that went down means the backend
+restarted: that interval is skipped, never turned into a negative or huge rate. Intervals
+are summed per (backend, concurrency bucket) and written as one `scrape` measurement per
+bucket per window. A backend whose declared method disagrees with its counters is flagged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from backends.vllm_metrics import VllmSnapshot, parse_metrics
+from gateway.db.session import transaction
+from gateway.db.tables import Measurement
+from gateway.metrics import GatewayMetrics
+from gateway.registry import BackendView, Registry
+
+logger = logging.getLogger(__name__)
+SCRAPE_TIMEOUT_S = 2.0
+MIN_BUSY_FRACTION = 0.05  # below this a window says too little about the busy rate
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What happened at one backend between two scrapes."""
+
+    seconds: float
+    output_tokens: float
+    drafts: float
+    accepted: float
+    accepted_per_position: tuple[float, ...]
+    running: float
+
+
+def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Observation | None:
+    """The interval between two snapshots; None after a restart (a counter went down)."""
+    tokens = after.generation_tokens - before.generation_tokens
+    if seconds <= 0 or tokens < 0:
+        return None
+    drafts = accepted = 0.0
+    per_position: tuple[float, ...] = ()
+    if after.drafts is not None and before.drafts is not None:
+        drafts = after.drafts - before.drafts
+        accepted = (after.accepted_tokens or 0.0) - (before.accepted_tokens or 0.0)
+        old, new = before.accepted_per_position or (), after.accepted_per_position or ()
+        per_position = tuple(n - (old[i] if i < len(old) else 0.0) for i, n in enumerate(new))
+        if drafts < 0 or accepted < 0 or any(p < 0 for p in per_position):
+            return None
+    return Observation(seconds, tokens, drafts, accepted, per_position,
+                       _mean_concurrency(before, after, seconds))  # fmt: skip
+
+
+def _mean_concurrency(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> float:
+    """Requests in the system on average: Σ latency of those that finished over the interval
+    (Little's law), else the running gauge at the scrape (an instant, so noisier)."""
+    if before.e2e_latency_sum_s is not None and after.e2e_latency_sum_s is not None:
+        latency = after.e2e_latency_sum_s - before.e2e_latency_sum_s
+        if latency > 0:
+            return latency / seconds
+    return after.running
+
+
+def method_mismatch(backend: BackendView, snapshot: VllmSnapshot) -> str | None:
+    """Why the backend's counters contradict its declared method, if they do."""
+    if backend.method == "plain" and snapshot.drafts is not None:
+        return "declared plain but exposes spec-decode counters"
+    if backend.method != "plain" and snapshot.drafts is None:
+        return f"declared {backend.method} but exposes no spec-decode counters"
+    return None
+
+
+def concurrency_bucket(running: float) -> int:
+    """Observed concurrency rounded to a power of two (1, 2, 4, ...)."""
+    return int(2 ** max(0, round(math.log2(max(running, 1.0)))))
+
+
+@dataclass
+class Tally:
+    """Observations of one backend at one concurrency bucket, summed over a window."""
+
+    seconds: float = 0.0
+    output_tokens: float = 0.0
+    drafts: float = 0.0
+    accepted: float = 0.0
+    accepted_per_position: list[float] = field(default_factory=list)
+    running_seconds: float = 0.0
+
+    def add(self, o: Observation) -> None:
+        self.seconds += o.seconds
+        self.output_tokens += o.output_tokens
+        self.drafts += o.drafts
+        self.accepted += o.accepted
+        self.running_seconds += o.running * o.seconds
+        grow = len(o.accepted_per_position) - len(self.accepted_per_position)
+        self.accepted_per_position += [0.0] * max(0, grow)
+        for i, value in enumerate(o.accepted_per_position):
+            self.accepted_per_position[i] += value
+
+    def measurement(self, backend: BackendView) -> Measurement:
+        """The window as one `scrape` measurement.
+
+        Below one running request on average the backend sat idle part of the time; its
+        rate while busy is what a request sees, so the window is stored at concurrency 1.
+        """
+        spec = self.drafts > 0
+        concurrency = self.running_seconds / self.seconds
+        output_tokens_per_s = self.output_tokens / self.seconds
+        if concurrency < 1:
+            output_tokens_per_s /= max(concurrency, MIN_BUSY_FRACTION)
+            concurrency = 1.0
+        return Measurement(
+            model=backend.model,
+            method=backend.method,
+            k=backend.k or 0,
+            gpu_type=backend.gpu_type,
+            gpu_count=backend.gpu_count,
+            concurrency=concurrency,
+            output_tokens_per_s=output_tokens_per_s,
+            mean_acceptance_length=1 + self.accepted / self.drafts if spec else None,
+            acceptance_per_position=[a / self.drafts for a in self.accepted_per_position]
+            if spec
+            else None,
+            source="scrape",
+            backend_name=backend.name,
+        )
+
+
+class Collector:
+    """Scrapes backends on an interval; writes a measurement per bucket per window."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        client: httpx.AsyncClient,
+        sessions: sessionmaker[Session],
+        metrics: GatewayMetrics,
+        *,
+        interval_s: float,
+        window_s: float,
+    ) -> None:
+        self.registry, self.client, self.sessions, self.metrics = (
+            registry,
+            client,
+            sessions,
+            metrics,
+        )
+        self.interval_s, self.window_s = interval_s, window_s
+        self._last: dict[str, tuple[float, VllmSnapshot]] = {}
+        self._tallies: dict[tuple[str, int], tuple[BackendView, Tally]] = {}
+        self._window_start = time.monotonic()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Collect until `stop`, then write what the current window holds."""
+        while not stop.is_set():
+            await self.collect_once()
+            if time.monotonic() - self._window_start >= self.window_s:
+                await self.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+        await self.flush()
+
+    async def collect_once(self) -> None:
+        """Scrape every enabled backend once."""
+        backends = [b for group in self.registry.snapshot.backends.values() for b in group]
+        pages = await asyncio.gather(*(self._scrape(b) for b in backends))
+        now = time.monotonic()
+        for backend, snapshot in zip(backends, pages, strict=True):
+            if snapshot is not None:
+                self._absorb(backend, snapshot, now)
+
+    async def _scrape(self, backend: BackendView) -> VllmSnapshot | None:
+        try:
+            response = await self.client.get(f"{backend.url}/metrics", timeout=SCRAPE_TIMEOUT_S)
+            response.raise_for_status()
+            return parse_metrics(response.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.debug("scrape of %s failed: %s", backend.name, exc)
+            return None
+
+    def _absorb(self, backend: BackendView, snapshot: VllmSnapshot, now: float) -> None:
+        state = self.registry.states[backend.name]
+        state.waiting, state.kv_usage = snapshot.waiting, snapshot.kv_cache_usage or 0.0
+        state.mismatch = method_mismatch(backend, snapshot)
+        self.metrics.mismatch.labels(backend.name).set(int(state.mismatch is not None))
+        previous = self._last.get(backend.name)
+        self._last[backend.name] = (now, snapshot)
+        if previous is None:
+            return
+        observation = difference(previous[1], snapshot, now - previous[0])
+        if observation is None or observation.output_tokens <= 0:
+            return
+        key = (backend.name, concurrency_bucket(observation.running))
+        self._tallies.setdefault(key, (backend, Tally()))[1].add(observation)
+
+    async def flush(self) -> None:
+        """Write one measurement per (backend, bucket) of the window; start a new window."""
+        rows = [tally.measurement(backend) for backend, tally in self._tallies.values()]
+        self._tallies, self._window_start = {}, time.monotonic()
+        if not rows:
+            return
+        try:
+            await asyncio.to_thread(_insert, self.sessions, rows)
+        except SQLAlchemyError as exc:
+            logger.warning("could not store %d scrape measurements: %s", len(rows), exc)
+
+
+def _insert(sessions: sessionmaker[Session], rows: list[Measurement]) -> None:
+    with transaction(sessions) as session:
+        session.add_all(rows)

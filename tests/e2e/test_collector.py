@@ -1,0 +1,108 @@
+"""The collector against real simulators: measurements, routing load, method checks, and the
+auto policy moving traffic to the cheapest measured method."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from backends.sim.config import SimConfig, acceptance_profile
+from tests.e2e.conftest import (
+    SIM_MODEL,
+    ModuleGatewayStarter,
+    ModuleServerStarter,
+    Server,
+    fleet_backend,
+    metric_value,
+    query_rows,
+    sim_args,
+)
+
+CHAT = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64,
+        "ignore_eos": True}  # fmt: skip
+SETTINGS = {"COLLECT_INTERVAL_S": "0.3", "MEASUREMENT_WINDOW_S": "1.5", "REGISTRY_REFRESH_S": "0.5"}
+
+
+@pytest.fixture(scope="module")
+def stack(
+    start_module_servers: ModuleServerStarter, start_module_gateway: ModuleGatewayStarter
+) -> tuple[Server, str]:
+    fast = ("--time-scale", "10", "--workload", "chat")
+    plain, peagle, liar = start_module_servers(
+        sim_args(*fast), sim_args("--method", "p-eagle", "--k", "7", *fast), sim_args(*fast)
+    )
+    backends = [
+        fleet_backend("sim-plain", plain.base_url),
+        fleet_backend("sim-peagle", peagle.base_url, "p-eagle"),
+        # A plain server declared as p-eagle: the collector must notice.
+        fleet_backend("sim-liar", liar.base_url, "p-eagle", model="liar/model"),
+    ]
+    return start_module_gateway(backends, **SETTINGS)
+
+
+def _traffic(server: Server, seconds: float) -> list[str]:
+    methods = []
+    deadline = time.monotonic() + seconds
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        while time.monotonic() < deadline:
+            response = http.post("/v1/chat/completions", json=CHAT)
+            assert response.status_code == 200, response.text
+            methods.append(response.headers["x-draftgate-method"])
+            http.post("/v1/chat/completions", json={**CHAT, "model": "liar/model"})
+    return methods
+
+
+def test_scrapes_become_measurements_and_auto_moves_to_the_cheapest_method(
+    stack: tuple[Server, str],
+) -> None:
+    server, database_url = stack
+    admin = {"Authorization": "Bearer e2e-admin-token-0123456789abcdef"}
+    explore = {"mode": "auto", "explore_fraction": 0.5}  # both methods get measured
+    httpx.put(f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy", json=explore,
+              headers=admin).raise_for_status()  # fmt: skip
+    price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
+    httpx.post(f"{server.base_url}/admin/v1/prices", json=price, headers=admin)
+    _traffic(server, 4.0)
+    deadline = time.monotonic() + 10
+    rows: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        rows = query_rows(database_url, "SELECT * FROM measurements WHERE source = 'scrape'")
+        if {r["method"] for r in rows if r["model"] == SIM_MODEL} >= {"plain", "p-eagle"}:
+            break
+        time.sleep(0.3)
+    by_method = {r["method"]: r for r in rows if r["model"] == SIM_MODEL}
+    assert set(by_method) >= {"plain", "p-eagle"}, rows
+    assert by_method["plain"]["mean_acceptance_length"] is None
+    profile = acceptance_profile(SimConfig(model=SIM_MODEL, method="p-eagle", k=7))
+    assert profile is not None
+    measured = float(by_method["p-eagle"]["mean_acceptance_length"])  # type: ignore[arg-type]
+    assert measured == pytest.approx(profile.mean_acceptance_length(7), rel=0.15)
+    assert float(by_method["p-eagle"]["output_tokens_per_s"]) > 0  # type: ignore[arg-type]
+
+    httpx.put(f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy", json={"mode": "auto"},
+              headers=admin).raise_for_status()  # fmt: skip
+    time.sleep(1.0)  # the registry reloads the measurements
+    methods = _traffic(server, 1.5)
+    assert methods
+    rows = query_rows(
+        database_url, "SELECT method, concurrency, output_tokens_per_s FROM measurements"
+    )
+    assert set(methods) == {"p-eagle"}, (methods, rows)  # measured cheaper than plain
+
+
+def test_declared_method_that_the_counters_contradict_is_flagged(
+    stack: tuple[Server, str],
+) -> None:
+    server, _ = stack
+    deadline = time.monotonic() + 5
+    while (
+        metric_value(server.base_url, "draftgate_backend_method_mismatch", backend="sim-liar") < 1
+    ):
+        assert time.monotonic() < deadline, "sim-liar was not flagged"
+        time.sleep(0.2)
+    assert (
+        metric_value(server.base_url, "draftgate_backend_method_mismatch", backend="sim-peagle")
+        == 0
+    )

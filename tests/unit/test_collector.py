@@ -1,0 +1,89 @@
+"""Counter deltas into load and performance, as vLLM defines them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from backends.vllm_metrics import VllmSnapshot, parse_metrics
+from gateway.collector import Tally, concurrency_bucket, difference, method_mismatch
+from gateway.registry import BackendView
+
+BEFORE = VllmSnapshot(1000, 50, 4, 0, 0.1, 100, 700, 250, (90, 70, 50, 25, 10, 5, 0))
+AFTER = VllmSnapshot(1600, 80, 8, 2, 0.3, 300, 2100, 850, (280, 230, 170, 100, 50, 20, 0))
+PEAGLE = BackendView("p", "http://p", "m", "p-eagle", 7, "B200", 1)
+PLAIN = BackendView("q", "http://q", "m", "plain", None, "B200", 1)
+
+
+def test_difference_and_vllms_formulas() -> None:
+    o = difference(BEFORE, AFTER, 2.0)
+    assert o is not None
+    assert (o.output_tokens, o.drafts, o.accepted, o.running) == (600, 200, 600, 8)
+    tally = Tally()
+    tally.add(o)
+    m = tally.measurement(PEAGLE)
+    assert m.output_tokens_per_s == 300  # 600 tokens over 2 s
+    assert m.mean_acceptance_length == 4.0  # 1 + 600 accepted / 200 drafts
+    assert m.acceptance_per_position == pytest.approx([0.95, 0.8, 0.6, 0.375, 0.2, 0.075, 0.0])
+    assert (m.source, m.method, m.k, m.concurrency) == ("scrape", "p-eagle", 7, 8)
+
+
+def test_a_restart_is_skipped_not_a_negative_rate() -> None:
+    restarted = replace(AFTER, generation_tokens=10, drafts=3, accepted_tokens=1)
+    assert difference(AFTER, restarted, 2.0) is None
+    only_spec_reset = replace(AFTER, drafts=50)
+    assert difference(AFTER, only_spec_reset, 2.0) is None
+    assert difference(BEFORE, AFTER, 0.0) is None
+
+
+def test_windows_weight_concurrency_by_time() -> None:
+    tally = Tally()
+    for running, seconds in ((2, 1.0), (6, 3.0)):
+        tally.add(difference(BEFORE, replace(AFTER, running=running), seconds))  # type: ignore[arg-type]
+    assert tally.measurement(PEAGLE).concurrency == 5.0  # (2*1 + 6*3) / 4
+
+
+@pytest.mark.parametrize(("running", "bucket"), [(0, 1), (1, 1), (2.5, 2), (3.1, 4), (48, 64)])
+def test_concurrency_buckets(running: float, bucket: int) -> None:
+    assert concurrency_bucket(running) == bucket
+
+
+def test_declared_method_is_checked_against_the_counters() -> None:
+    plain_page = replace(AFTER, drafts=None, draft_tokens=None, accepted_tokens=None,
+                         accepted_per_position=None)  # fmt: skip
+    assert method_mismatch(PEAGLE, AFTER) is None
+    assert method_mismatch(PLAIN, plain_page) is None
+    assert "declared plain" in (method_mismatch(PLAIN, AFTER) or "")
+    assert "declared p-eagle" in (method_mismatch(PEAGLE, plain_page) or "")
+
+
+def test_parse_tolerates_the_older_kv_gauge_and_missing_families() -> None:
+    page = (
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{model_name="m",engine="0"} 0.25\n'
+        "# TYPE vllm:generation_tokens_total counter\n"
+        'vllm:generation_tokens_total{model_name="m",engine="0"} 12.0\n'
+        'vllm:generation_tokens_total{model_name="m",engine="1"} 30.0\n'
+    )
+    snapshot = parse_metrics(page)
+    assert (snapshot.kv_cache_usage, snapshot.generation_tokens) == (0.25, 42.0)
+    assert snapshot.drafts is None
+    assert snapshot.running == 0.0
+
+
+def test_an_idle_part_of_the_window_does_not_lower_the_rate() -> None:
+    tally = Tally()
+    half_busy = difference(BEFORE, replace(AFTER, running=0.5), 2.0)
+    assert half_busy is not None
+    tally.add(half_busy)
+    m = tally.measurement(PLAIN)
+    assert (m.concurrency, m.output_tokens_per_s) == (1.0, 600.0)  # 300 tok/s over half the time
+
+
+def test_concurrency_comes_from_littles_law_when_latencies_are_exposed() -> None:
+    before = replace(BEFORE, e2e_latency_sum_s=10.0)
+    after = replace(AFTER, e2e_latency_sum_s=16.0, running=0)  # the gauge caught an idle instant
+    o = difference(before, after, 2.0)
+    assert o is not None
+    assert o.running == 3.0  # 6 s of request latency over a 2 s interval
