@@ -316,6 +316,43 @@ def bench() -> None:
     _not_yet("bench", "the measure-and-act issue")
 
 
+import_app = typer.Typer(help="Benchmark results from other tools, as measurements.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("vllm-bench")
+def import_vllm_bench(
+    files: Annotated[list[Path], typer.Argument(help="`vllm bench serve --save-result` JSON.")],
+    method: Annotated[str, typer.Option(help="The method the server ran.")],
+    gpu: Annotated[str, typer.Option(help="GPU type the server ran on.")],
+    k: Annotated[int, typer.Option(min=0, help="Speculative tokens (0 for plain).")] = 0,
+    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
+    model: Annotated[str | None, typer.Option(help="When the file has no model_id.")] = None,
+    concurrency: Annotated[float | None, typer.Option(help="When the file has none.")] = None,
+) -> None:
+    """Import result files as measurements (source import); all or nothing."""
+    from backends.importers import ImportRejected, read_vllm_bench
+    from backends.methods import METHODS
+    from gateway.db.tables import Measurement
+
+    if method not in METHODS:
+        _fail(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+    try:
+        points = [read_vllm_bench(f, model=model, concurrency=concurrency) for f in files]
+    except ImportRejected as exc:
+        _fail(f"nothing imported: {exc}")
+    with _session() as session:
+        session.add_all(
+            Measurement(model=p.model, method=method, k=k, gpu_type=gpu, gpu_count=gpu_count,
+                        concurrency=p.concurrency, output_tokens_per_s=p.output_tokens_per_s,
+                        mean_acceptance_length=p.mean_acceptance_length,
+                        acceptance_per_position=p.acceptance_per_position, ttft_ms=p.ttft_ms,
+                        itl_ms=p.itl_ms, source="import")
+            for p in points
+        )  # fmt: skip
+    typer.echo(f"imported {len(points)} measurement(s)")
+
+
 plan_app = typer.Typer(help="The planner: predictions, tables and recommendations.")
 app.add_typer(plan_app, name="plan")
 

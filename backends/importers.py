@@ -1,0 +1,79 @@
+"""Importers: benchmark result files from other tools into measurements (pure parsing).
+
+`vllm bench serve --save-result` JSON (vllm/benchmarks/serve.py) carries throughput,
+latency means and, when the server speculates, the acceptance it scraped from `/metrics`.
+What the file does not say (method, K, GPU) comes from the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ImportRejected(ValueError):
+    """A file that cannot be imported; the message names the file and the reason."""
+
+
+@dataclass(frozen=True)
+class ImportedPoint:
+    """One measurement read from a file."""
+
+    model: str
+    concurrency: float
+    output_tokens_per_s: float
+    mean_acceptance_length: float | None
+    acceptance_per_position: list[float] | None
+    ttft_ms: float | None
+    itl_ms: float | None
+
+
+def _number(data: dict[str, Any], key: str, where: str, *, required: bool) -> float | None:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise ImportRejected(f"{where}: missing {key!r}")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ImportRejected(f"{where}: {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def read_vllm_bench(path: Path, *, model: str | None, concurrency: float | None) -> ImportedPoint:
+    """One `vllm bench serve` result file as a measurement."""
+    where = str(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ImportRejected(f"{where}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise ImportRejected(f"{where}: expected a JSON object")
+    name = model or data.get("model_id")
+    if not isinstance(name, str) or not name:
+        raise ImportRejected(f"{where}: no model_id; give --model")
+    c = concurrency or _number(data, "max_concurrency", where, required=False)
+    if c is None or c <= 0:
+        raise ImportRejected(f"{where}: no max_concurrency (a rate-based run); give --concurrency")
+    tps = _number(data, "output_throughput", where, required=True)
+    assert tps is not None
+    if tps <= 0:
+        raise ImportRejected(f"{where}: output_throughput must be > 0, got {tps}")
+    per_position = data.get("spec_decode_per_position_acceptance_rates")
+    if per_position is not None and not (
+        isinstance(per_position, list) and all(isinstance(p, int | float) for p in per_position)
+    ):
+        raise ImportRejected(f"{where}: spec_decode_per_position_acceptance_rates must be numbers")
+    return ImportedPoint(
+        model=name,
+        concurrency=c,
+        output_tokens_per_s=tps,
+        mean_acceptance_length=_number(
+            data, "spec_decode_acceptance_length", where, required=False
+        ),
+        acceptance_per_position=[float(p) for p in per_position] if per_position else None,
+        ttft_ms=_number(data, "mean_ttft_ms", where, required=False),
+        itl_ms=_number(data, "mean_itl_ms", where, required=False),
+    )

@@ -1,0 +1,56 @@
+"""`draftgate import vllm-bench`: a real result file's format into measurements, all or nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import CliRunner, draftgate_env, query_rows
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-bench-peagle-c8.json"
+
+
+def test_vllm_bench_result_becomes_a_measurement(run_cli: CliRunner, tmp_path: Path) -> None:
+    database_url = f"sqlite:///{tmp_path}/imports.db"
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    done = run_cli("import", "vllm-bench", str(FIXTURE), "--method", "p-eagle", "--k", "7",
+                   "--gpu", "B200", env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [row] = query_rows(database_url, "SELECT * FROM measurements")
+    assert (row["model"], row["method"], row["k"], row["gpu_type"], row["source"]) == (
+        "openai/gpt-oss-20b", "p-eagle", 7, "B200", "import")  # fmt: skip
+    assert (row["concurrency"], row["output_tokens_per_s"]) == (8.0, 5189.4)
+    assert (row["mean_acceptance_length"], row["ttft_ms"], row["itl_ms"]) == (3.84, 31.2, 5.61)
+    assert json.loads(row["acceptance_per_position"])[:2] == [0.83, 0.69]
+    table = run_cli("plan", "table", "--model", "openai/gpt-oss-20b", "--gpu", "B200", env=env)
+    assert "1 measurements" in table.stdout  # the planner uses it
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"output_throughput": "fast"}, "'output_throughput' must be a number"),
+        ({"output_throughput": None}, "missing 'output_throughput'"),
+        ({"max_concurrency": None}, "give --concurrency"),
+        ({"model_id": None}, "give --model"),
+    ],
+)
+def test_a_bad_file_imports_nothing(
+    run_cli: CliRunner, tmp_path: Path, change: dict[str, object], reason: str
+) -> None:
+    database_url = f"sqlite:///{tmp_path}/imports.db"
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    good = tmp_path / "good.json"
+    shutil.copy(FIXTURE, good)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(json.loads(FIXTURE.read_text()) | change))
+    done = run_cli("import", "vllm-bench", str(good), str(bad), "--method", "p-eagle",
+                   "--k", "7", "--gpu", "B200", env=env)  # fmt: skip
+    assert done.returncode == 2
+    assert reason in done.stderr
+    assert "nothing imported" in done.stderr
+    assert run_cli("db", "upgrade", env=env).returncode == 0
+    assert query_rows(database_url, "SELECT * FROM measurements") == []
