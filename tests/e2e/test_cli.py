@@ -24,6 +24,7 @@ from tests.e2e.conftest import (
     free_port_block,
     sqlalchemy_url,
 )
+from tests.unit.test_predict import EXAMPLE
 
 BACKEND = {
     "name": "qwen-eagle3",
@@ -248,19 +249,7 @@ def test_unimplemented_commands_exit_2(run_cli: CliRunner, command: str) -> None
 
 
 def test_plan_predict_contract(run_cli: CliRunner, tmp_path: Path) -> None:
-    scenario = {
-        "model": "Qwen/Qwen3-8B",
-        "gpu": "B200",
-        "gpu_count": 1,
-        "method": "dflash",
-        "k": 15,
-        "acceptance_length": 6.5,
-        "measurements": [
-            {"method": "plain", "k": 0, "concurrency": 1, "output_tokens_per_s": 229.0},
-            {"method": "dflash", "k": 15, "concurrency": 1, "output_tokens_per_s": 955.0},
-        ],
-        "concurrency": [1, 4, 8, 16, 32],
-    }
+    scenario = EXAMPLE
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(scenario))
     done = run_cli("plan", "predict", "--input", str(path), env=draftgate_env())
