@@ -6,21 +6,20 @@ import logging
 import secrets
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 import uvicorn
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 
+from gateway.cli_common import CLI_ACTOR, LOG_FORMAT, fail, session, settings_from_env
+from gateway.cli_measure import bench, import_app
+from gateway.cli_plan import plan_app
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
     from backends.launcher import LocalServer
 
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
@@ -28,24 +27,11 @@ db_app = typer.Typer(help="Database schema.")
 keys_app = typer.Typer(help="Client API keys.")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
+app.add_typer(plan_app, name="plan")
+app.add_typer(import_app, name="import")
+app.command()(bench)
 
 Port = Annotated[int, typer.Option(min=1, max=65535)]
-CLI_ACTOR = "cli"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
-PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"draftgate: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _settings(**overrides: object) -> Settings:
-    """Settings from the environment, with command-line overrides; exit 2 when invalid."""
-    try:
-        return Settings(**overrides)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        _fail("invalid settings: " + "; ".join(str(e["msg"]) for e in exc.errors()))
 
 
 def _exit_zero(signum: int, frame: FrameType | None) -> NoReturn:
@@ -77,9 +63,9 @@ def gateway(
 ) -> None:
     """Run the gateway alone (settings from DRAFTGATE_* and DRAFTGATE_FLEET)."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = _settings(**overrides)
+    settings = settings_from_env(**overrides)
     if settings.admin_token is None:
-        _fail("DRAFTGATE_ADMIN_TOKEN is not set; the admin API needs a token")
+        fail("DRAFTGATE_ADMIN_TOKEN is not set; the admin API needs a token")
     _serve(settings)
 
 
@@ -96,7 +82,7 @@ def up(
     from backends.launcher import LaunchError
     from gateway import stack
 
-    settings = _settings(port=port, require_api_key=False)
+    settings = settings_from_env(port=port, require_api_key=False)
     if settings.admin_token is None:
         token = secrets.token_urlsafe(32)
         settings = settings.model_copy(update={"admin_token": SecretStr(token)})
@@ -105,7 +91,7 @@ def up(
     try:
         simulators = stack.start_simulators(sim_base_port, time_scale, log_dir)
     except LaunchError as exc:
-        _fail(f"a simulated backend did not start: {exc}")
+        fail(f"a simulated backend did not start: {exc}")
     try:
         _print_banner(settings, simulators, log_dir)
         _serve(settings)
@@ -121,8 +107,8 @@ def _prepare(settings: Settings, sim_base_port: int) -> None:
     engine = make_engine(settings.database_url)
     try:
         prepare_database(settings, engine)
-        with transaction(make_sessionmaker(engine)) as session:
-            stack.seed_demo(session, sim_base_port)
+        with transaction(make_sessionmaker(engine)) as db:
+            stack.seed_demo(db, sim_base_port)
     finally:
         engine.dispose()
 
@@ -160,7 +146,7 @@ def db_upgrade() -> None:
     from gateway.db import migrate
     from gateway.db.session import make_engine
 
-    engine = make_engine(_settings().database_url)
+    engine = make_engine(settings_from_env().database_url)
     try:
         before = migrate.current_revision(engine)
         migrate.upgrade(engine)
@@ -169,21 +155,6 @@ def db_upgrade() -> None:
         engine.dispose()
     status = "already at" if before == after else f"upgraded from {before or 'empty'} to"
     typer.echo(f"database {status} revision {after}")
-
-
-@contextmanager
-def _session() -> Iterator[Session]:
-    """A transaction on the migrated database of the current settings."""
-    from gateway.db import migrate
-    from gateway.db.session import make_engine, make_sessionmaker, transaction
-
-    engine = make_engine(_settings().database_url)
-    try:
-        migrate.upgrade(engine)
-        with transaction(make_sessionmaker(engine)) as session:
-            yield session
-    finally:
-        engine.dispose()
 
 
 @keys_app.command("create")
@@ -203,8 +174,8 @@ def keys_create(
         tokens_per_minute=tokens_per_minute,
         budget_usd=budget_usd,
     )
-    with _session() as session:
-        created = create_key(session, data, CLI_ACTOR)
+    with session() as db:
+        created = create_key(db, data, CLI_ACTOR)
     typer.echo(f"created key {created.id} ({created.name}); it is shown only this once:")
     typer.echo(created.key)
 
@@ -214,8 +185,8 @@ def keys_list(include_revoked: bool = False) -> None:
     """List API keys (prefixes only; secrets are never stored)."""
     from gateway.db import queries
 
-    with _session() as session:
-        rows = queries.list_keys(session, include_revoked)
+    with session() as db:
+        rows = queries.list_keys(db, include_revoked)
         typer.echo(f"{'id':>5}  {'prefix':<12} {'name':<24} {'created':<20} revoked")
         for row in rows:
             created = row.created_at.strftime("%Y-%m-%d %H:%M:%S")
@@ -230,15 +201,11 @@ def keys_revoke(key_id: int) -> None:
     from gateway.errors import NotFound
 
     try:
-        with _session() as session:
-            row = revoke_key(session, key_id, CLI_ACTOR)
+        with session() as db:
+            row = revoke_key(db, key_id, CLI_ACTOR)
     except NotFound as exc:
-        _fail(exc.message, 1)
+        fail(exc.message, 1)
     typer.echo(f"revoked key {row.id} ({row.key_prefix}…, {row.name})")
-
-
-def _not_yet(command: str, issue: str) -> NoReturn:
-    _fail(f"`draftgate {command}` is not implemented yet; it arrives with {issue}")
 
 
 sim_app = typer.Typer(help="Simulated vLLM servers.", invoke_without_command=True)
@@ -277,7 +244,7 @@ def sim(
     if ctx.invoked_subcommand is not None:
         return
     if model is None:
-        _fail("--model is required (e.g. --model openai/gpt-oss-20b)")
+        fail("--model is required (e.g. --model openai/gpt-oss-20b)")
     from backends.sim.config import Faults, SimConfig
     from backends.sim.server import SimServer
 
@@ -291,7 +258,7 @@ def sim(
     try:
         server = SimServer(config)
     except (ValueError, KeyError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     logging.basicConfig(level="INFO", format=LOG_FORMAT)
     signal.signal(signal.SIGTERM, _exit_zero)
     uvicorn.run(server, host=host, port=port, log_level="warning", access_log=False)
@@ -308,151 +275,3 @@ def sim_calibrate(
     typer.echo("\n".join(lines))
     typer.echo("every calibrated figure is within its bar" if ok else "some figures miss their bar")
     raise typer.Exit(0 if ok else 1)
-
-
-@app.command(context_settings=PASSTHROUGH)
-def bench() -> None:
-    """A load sweep against a backend (not implemented yet)."""
-    _not_yet("bench", "the measure-and-act issue")
-
-
-import_app = typer.Typer(help="Benchmark results from other tools, as measurements.")
-app.add_typer(import_app, name="import")
-
-
-@import_app.command("vllm-bench")
-def import_vllm_bench(
-    files: Annotated[list[Path], typer.Argument(help="`vllm bench serve --save-result` JSON.")],
-    method: Annotated[str, typer.Option(help="The method the server ran.")],
-    gpu: Annotated[str, typer.Option(help="GPU type the server ran on.")],
-    k: Annotated[int, typer.Option(min=0, help="Speculative tokens (0 for plain).")] = 0,
-    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
-    model: Annotated[str | None, typer.Option(help="When the file has no model_id.")] = None,
-    concurrency: Annotated[float | None, typer.Option(help="When the file has none.")] = None,
-) -> None:
-    """Import result files as measurements (source import); all or nothing."""
-    from backends.importers import ImportRejected, read_vllm_bench
-    from backends.methods import METHODS
-    from gateway.db.tables import Measurement
-
-    if method not in METHODS:
-        _fail(f"unknown method {method!r}; known: {', '.join(METHODS)}")
-    try:
-        points = [read_vllm_bench(f, model=model, concurrency=concurrency) for f in files]
-    except ImportRejected as exc:
-        _fail(f"nothing imported: {exc}")
-    with _session() as session:
-        session.add_all(
-            Measurement(model=p.model, method=method, k=k, gpu_type=gpu, gpu_count=gpu_count,
-                        concurrency=p.concurrency, output_tokens_per_s=p.output_tokens_per_s,
-                        mean_acceptance_length=p.mean_acceptance_length,
-                        acceptance_per_position=p.acceptance_per_position, ttft_ms=p.ttft_ms,
-                        itl_ms=p.itl_ms, source="import")
-            for p in points
-        )  # fmt: skip
-    typer.echo(f"imported {len(points)} measurement(s)")
-
-
-plan_app = typer.Typer(help="The planner: predictions, tables and recommendations.")
-app.add_typer(plan_app, name="plan")
-
-
-@plan_app.command("table")
-def plan_table(
-    model: Annotated[str, typer.Option(help="Catalog model.")],
-    gpu: str = "B200",
-    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
-    workload: str = "chat",
-    price: Annotated[float | None, typer.Option(help="USD per GPU-hour.")] = None,
-) -> None:
-    """Methods x concurrency: tok/s, ITL and $/1M at each method's best K (* = measured).
-
-    Predictions are fitted to the measurements stored in DRAFTGATE_DATABASE_URL, if any.
-    """
-    from gateway.admin.plan import measured_grid
-    from planner import catalog
-
-    try:
-        spec, hardware = catalog.model(model), catalog.gpu(gpu)
-        usd = price or catalog.default_price(hardware.name).usd_per_gpu_hour
-    except (catalog.UnknownCatalogEntry, KeyError) as exc:
-        _fail(str(exc).strip("'\""))
-    with _session() as session:
-        points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
-    best: dict[tuple[str, int], Any] = {}
-    for p in points:
-        key = (p.method, p.concurrency)
-        if key not in best or p.output_tokens_per_s > best[key].output_tokens_per_s:
-            best[key] = p
-    band = "" if fitted.error_band is None else f", fit error +-{fitted.error_band:.0%}"
-    typer.echo(f"{spec.name} on {gpu_count}x {hardware.name} at ${usd:.2f}/GPU-hour, {workload} "
-               f"traffic; {fitted.points} measurements{band}; K = best per cell")  # fmt: skip
-    typer.echo(f"{'method':<8} {'c':>4} {'K':>2} {'tok/s':>10} {'ITL ms':>8} {'$/1M':>8}")
-    for (method, c), p in sorted(best.items()):
-        seen = measured.get((p.method, p.k, float(c)))
-        tps = f"{seen * gpu_count:.0f}*" if seen is not None else f"{p.output_tokens_per_s:.0f} "
-        typer.echo(f"{method:<8} {c:>4} {p.k:>2} {tps:>10} {p.itl_ms:>8.2f} {p.usd_per_mtok:>8.3f}")
-
-
-@plan_app.command("recommend")
-def plan_recommend(
-    model: Annotated[str, typer.Option(help="Catalog model.")],
-    gpu: str = "B200",
-    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
-    workload: str = "chat",
-    itl_objective_ms: Annotated[float | None, typer.Option(min=0)] = None,
-    price: Annotated[float | None, typer.Option(help="USD per GPU-hour.")] = None,
-) -> None:
-    """The best method and K per concurrency, crossovers, and vLLM's K schedule."""
-    from planner.recommend import best_per_concurrency, cliffs, crossovers, grid, k_schedule
-
-    points = _plan_grid(grid, model, gpu, gpu_count, workload, price)
-    choices = best_per_concurrency(points, itl_objective_ms)
-    typer.echo(f"{'c':>4} {'best':<8} {'K':>2} {'tok/s':>9} {'vs plain':>8} {'$/1M':>8}")
-    for ch in choices:
-        gain = ch.best.output_tokens_per_s / ch.plain.output_tokens_per_s
-        b = ch.best
-        row = f"{ch.concurrency:>4} {b.method:<8} {b.k:>2} {b.output_tokens_per_s:>9.0f} "
-        typer.echo(row + f"{gain:>7.2f}x {b.usd_per_mtok:>8.3f}")
-    for c, before, after in crossovers(choices):
-        typer.echo(f"crossover at c={c}: {before} -> {after}")
-    method = max((ch.best.method for ch in choices), key=[ch.best.method for ch in choices].count)
-    if method != "plain":
-        schedule = k_schedule(points, method)
-        typer.echo(f"{method} num_speculative_tokens_per_batch_size: {[list(s) for s in schedule]}")
-        for warning in cliffs(points, schedule, method):
-            typer.echo(f"warning: {warning}")
-
-
-def _plan_grid(
-    grid: Any, model: str, gpu: str, count: int, workload: str, price: float | None
-) -> Any:
-    from planner.catalog import UnknownCatalogEntry
-
-    try:
-        return grid(model, gpu, gpu_count=count, workload=workload, price_usd_per_gpu_hour=price)
-    except (UnknownCatalogEntry, KeyError) as exc:
-        _fail(str(exc).strip("'\""))
-
-
-@plan_app.command("predict")
-def plan_predict(
-    input_path: Annotated[Path, typer.Option("--input", help="Scenario JSON ('-' for stdin).")],
-) -> None:
-    """Predict throughput, speedup, ITL and $/1M tokens for a scenario; print JSON."""
-    import json
-
-    from planner.predict import PlanError, parse_scenario, predict, predictions_json
-
-    try:
-        text = sys.stdin.read() if str(input_path) == "-" else input_path.read_text()
-        raw = json.loads(text)
-    except (OSError, json.JSONDecodeError) as exc:
-        _fail(f"cannot read scenario {input_path}: {exc}")
-    if not isinstance(raw, dict):
-        _fail("the scenario must be a JSON object")
-    try:
-        predictions = predict(parse_scenario(raw))
-    except PlanError as exc:
-        _fail(str(exc))
-    typer.echo(json.dumps(predictions_json(predictions), indent=2))

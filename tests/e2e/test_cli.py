@@ -238,13 +238,6 @@ def test_keys_create_list_revoke(run_cli: CliRunner, database_url: str) -> None:
 # --- commands still to come -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["bench"])
-def test_unimplemented_commands_exit_2(run_cli: CliRunner, command: str) -> None:
-    result = run_cli(command, "--model", "Qwen/Qwen3-8B", env=draftgate_env())
-    assert result.returncode == 2
-    assert "not implemented yet" in result.stderr
-
-
 # --- draftgate plan predict -----------------------------------------------------------
 
 

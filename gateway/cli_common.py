@@ -1,0 +1,46 @@
+"""Helpers shared by the `draftgate` sub-commands: failing cleanly, settings, a session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NoReturn
+
+import typer
+from pydantic import ValidationError
+
+from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+CLI_ACTOR = "cli"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"draftgate: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def settings_from_env(**overrides: object) -> Settings:
+    """Settings from the environment, with command-line overrides; exit 2 when invalid."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        fail("invalid settings: " + "; ".join(str(e["msg"]) for e in exc.errors()))
+
+
+@contextmanager
+def session() -> Iterator[Session]:
+    """A transaction on the migrated database of the current settings."""
+    from gateway.db import migrate
+    from gateway.db.session import make_engine, make_sessionmaker, transaction
+
+    engine = make_engine(settings_from_env().database_url)
+    try:
+        migrate.upgrade(engine)
+        with transaction(make_sessionmaker(engine)) as session:
+            yield session
+    finally:
+        engine.dispose()
