@@ -29,6 +29,7 @@ from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Relay
 from gateway.registry import Registry
+from gateway.selector import Selector
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -136,8 +137,12 @@ async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> Async
     collector = Collector(registry, client, sessions, metrics,
                           interval_s=settings.collect_interval_s,
                           window_s=settings.measurement_window_s)  # fmt: skip
+    selector = Selector(registry, sessions, interval_s=settings.selector_interval_s,
+                        min_dwell_s=settings.selector_min_dwell_s,
+                        switch_margin=settings.selector_switch_margin)  # fmt: skip
     stoppable = [asyncio.create_task(c) for c in (
-        registry.run(stop), ledger.run(stop), limiter.run(stop), collector.run(stop)
+        registry.run(stop), ledger.run(stop), limiter.run(stop), collector.run(stop),
+        selector.run(stop),
     )]  # fmt: skip
     prober = asyncio.create_task(
         health.probe_forever(registry, client, settings.probe_interval_s, metrics)

@@ -179,7 +179,7 @@ class Relay:
         assert x.model is not None
         policy = snapshot.policies.get(x.model) or PolicyView()
         now = time.monotonic()
-        plan = route(backends, policy, snapshot.auto_method(x.model), states, now, self.rng)
+        plan = route(backends, policy, self.registry.auto_method(x.model), states, now, self.rng)
         if not plan.backends:
             raise RelayError(
                 503, f"No healthy backend for model `{x.model}`; retry shortly",

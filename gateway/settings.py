@@ -156,6 +156,28 @@ class Settings(BaseSettings):
             "concurrency bucket. Default 60 s: enough tokens for a stable rate."
         ),
     )
+    selector_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between automatic method choices for `auto` models. Default 10 s.",
+    )
+    selector_min_dwell_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds an `auto` model stays on a method before it may move again. Default 60 s, "
+            "so a burst does not make traffic flap between methods."
+        ),
+    )
+    selector_switch_margin: float = Field(
+        default=0.05,
+        ge=0,
+        lt=1,
+        description=(
+            "How much cheaper (fraction of $/1M tokens) another method must be to move to it. "
+            "Default 0.05: measurement noise alone does not cause a move."
+        ),
+    )
     ledger_flush_interval_s: float = Field(
         default=0.5,
         gt=0,

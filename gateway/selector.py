@@ -1,0 +1,150 @@
+"""Automatic method selection: for `auto` models, the method that is cheapest at the current load.
+
+Every `selector_interval_s` the selector averages each auto model's in-flight requests (an
+exponential moving average), prices every method with a healthy backend at that concurrency
+from the measured throughput curves, and moves the model to the cheapest one — only when it
+is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on its method
+for `min_dwell_s`. Each move is written to the audit log with the numbers behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db import queries
+from gateway.db.session import transaction
+from gateway.registry import Registry
+from gateway.routing import available
+
+logger = logging.getLogger(__name__)
+EMA_WEIGHT = 0.3  # weight of the newest sample in the load average
+ACTOR = "auto"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A move of one model to another method, and why."""
+
+    model: str
+    before: str | None
+    after: str
+    concurrency: float
+    usd_per_mtok: Mapping[str, float]
+
+
+def decide(
+    model: str,
+    current: str | None,
+    costs: Mapping[str, float],
+    concurrency: float,
+    *,
+    since_switch_s: float,
+    min_dwell_s: float,
+    switch_margin: float,
+) -> Decision | None:
+    """The move to make now, if any (pure)."""
+    if not costs:
+        return None
+    best = min(costs, key=costs.__getitem__)
+    if best == current:
+        return None
+    if current is not None and current in costs:
+        if since_switch_s < min_dwell_s:
+            return None
+        if costs[best] > costs[current] * (1 - switch_margin):
+            return None
+    return Decision(model, current, best, concurrency, dict(costs))
+
+
+class Selector:
+    """The control loop that keeps each `auto` model on its cheapest method."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        sessions: sessionmaker[Session],
+        *,
+        interval_s: float,
+        min_dwell_s: float,
+        switch_margin: float,
+    ) -> None:
+        self.registry, self.sessions = registry, sessions
+        self.interval_s, self.min_dwell_s, self.switch_margin = (
+            interval_s,
+            min_dwell_s,
+            switch_margin,
+        )
+        self._load: dict[str, float] = {}
+        self._switched_at: dict[str, float] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Decide on an interval until `stop`."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+            if not stop.is_set():
+                await self.step()
+
+    async def step(self) -> list[Decision]:
+        """One round over every auto model."""
+        decisions = []
+        snapshot, now = self.registry.snapshot, time.monotonic()
+        for model, backends in snapshot.backends.items():
+            policy = snapshot.policies.get(model)
+            if policy is not None and policy.mode != "auto":
+                continue
+            in_flight = sum(self.registry.states[b.name].in_flight for b in backends)
+            load = self._load.get(model, float(in_flight))
+            load = self._load[model] = (1 - EMA_WEIGHT) * load + EMA_WEIGHT * in_flight
+            costs: dict[str, float] = {}
+            for b in backends:
+                if not available(b, self.registry.states[b.name], now):
+                    continue
+                cost = snapshot.usd_per_mtok(model, b.method, b, max(load, 1.0))
+                if cost is not None:
+                    costs[b.method] = min(cost, costs.get(b.method, cost))
+            current = self.registry.auto_choice.get(model) or snapshot.auto_method(model)
+            decision = decide(
+                model,
+                current,
+                costs,
+                load,
+                since_switch_s=now - self._switched_at.get(model, 0.0),
+                min_dwell_s=self.min_dwell_s,
+                switch_margin=self.switch_margin,
+            )
+            if decision is not None:
+                self.registry.auto_choice[model] = decision.after
+                self._switched_at[model] = now
+                decisions.append(decision)
+        if decisions:
+            try:
+                await asyncio.to_thread(self._audit, decisions)
+            except SQLAlchemyError as exc:
+                logger.warning("automatic switches not audited: %s", exc)
+        return decisions
+
+    def _audit(self, decisions: list[Decision]) -> None:
+        with transaction(self.sessions) as session:
+            for d in decisions:
+                costs = {m: round(v, 6) for m, v in d.usd_per_mtok.items()}
+                queries.record_audit(
+                    session,
+                    actor=ACTOR,
+                    action="switch",
+                    resource=("model", d.model),
+                    before={"method": d.before},
+                    after={
+                        "method": d.after,
+                        "concurrency": round(d.concurrency, 2),
+                        "usd_per_mtok": costs,
+                    },
+                )
