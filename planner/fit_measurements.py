@@ -9,7 +9,7 @@ leave-one-out predictions: each point predicted by a fit that did not see it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -114,21 +114,25 @@ def fit_measurements(
     usable = [p for p in points if p.output_tokens_per_s > 0 and p.concurrency > 0]
     if not usable:
         return FittedModel(base, 0, None)
-    fitted = _fit(hw, base, usable)
-    band = _leave_one_out(hw, fitted, usable, lambda rest: _fit(hw, base, rest))
-    return FittedModel(fitted, len(usable), band)
+    predictions = held_out_predictions(hw, usable, base)
+    band = None
+    if predictions is not None:
+        errors = [
+            abs(q / p.output_tokens_per_s - 1) for q, p in zip(predictions, usable, strict=True)
+        ]
+        band = sum(errors) / len(errors)
+    return FittedModel(_fit(hw, base, usable), len(usable), band)
 
 
-def _leave_one_out(
-    hw: Hardware,
-    fitted: EngineCalibration,
-    points: Sequence[MeasuredPoint],
-    refit: Callable[[list[MeasuredPoint]], EngineCalibration],
-) -> float | None:
+def held_out_predictions(
+    hw: Hardware, points: Sequence[MeasuredPoint], base: EngineCalibration | None = None
+) -> list[float] | None:
+    """Each point's throughput as predicted by a fit to the others (None below 3 points)."""
     if len(points) < 3:
         return None
-    errors = []
+    base = base or calibration.engine_calibration()
+    out = []
     for i, held_out in enumerate(points):
-        cal = refit([p for j, p in enumerate(points) if j != i])
-        errors.append(abs(predict_point(hw, cal, held_out) / held_out.output_tokens_per_s - 1))
-    return sum(errors) / len(errors)
+        cal = _fit(hw, base, [p for j, p in enumerate(points) if j != i])
+        out.append(predict_point(hw, cal, held_out))
+    return out

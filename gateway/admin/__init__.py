@@ -12,4 +12,5 @@ def admin_router() -> APIRouter:
     router = APIRouter(prefix="/admin/v1", dependencies=dependencies)
     for module in (backends, models, prices, keys, audit, plan, savings):
         router.include_router(module.router)
+    router.include_router(plan.accuracy_router)
     return router

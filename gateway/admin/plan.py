@@ -15,7 +15,13 @@ from gateway.errors import NotFound, ValidationFailed
 from planner import calibration, catalog
 from planner.capacity import plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry
-from planner.fit_measurements import FittedModel, Hardware, MeasuredPoint, fit_measurements
+from planner.fit_measurements import (
+    FittedModel,
+    Hardware,
+    MeasuredPoint,
+    fit_measurements,
+    held_out_predictions,
+)
 from planner.recommend import Point, best_per_concurrency, crossovers, grid, k_schedule
 
 router = APIRouter(prefix="/plan", tags=["plan"])
@@ -148,3 +154,40 @@ def _capacity(
             "vs_eagle3": savings(plans, "eagle3"),
         },
     }
+
+
+accuracy_router = APIRouter(prefix="/accuracy", tags=["plan"])
+
+
+@accuracy_router.get("")
+def get_accuracy(session: SessionDep, workload: str = "chat") -> dict[str, Any]:
+    """Every measured point beside the planner's prediction from the others (leave-one-out)."""
+    if workload not in calibration.workloads():
+        known = ", ".join(calibration.workloads())
+        raise ValidationFailed(f"unknown workload {workload!r}; known: {known}", param="workload")
+    groups: dict[tuple[str, str], list[Measurement]] = {}
+    for row in session.scalars(select(Measurement).order_by(Measurement.id)):
+        groups.setdefault((row.model, row.gpu_type), []).append(row)
+    points, errors = [], []
+    for (model, gpu), rows in sorted(groups.items()):
+        try:
+            hw = Hardware(catalog.model(model), catalog.gpu(gpu), 1,
+                          calibration.workloads()[workload])  # fmt: skip
+        except UnknownCatalogEntry:
+            continue  # not a catalogued model or GPU: nothing to predict it from
+        measured = [MeasuredPoint(r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count,
+                                  r.mean_acceptance_length) for r in rows]  # fmt: skip
+        held_out = held_out_predictions(hw, measured)
+        predicted: list[float | None] = list(held_out) if held_out else [None] * len(rows)
+        for row, point, guess in zip(rows, measured, predicted, strict=True):
+            error = None if guess is None else guess / point.output_tokens_per_s - 1
+            if error is not None:
+                errors.append(abs(error))
+            points.append({
+                "model": model, "gpu_type": gpu, "method": row.method, "k": row.k,
+                "concurrency": row.concurrency, "source": row.source,
+                "measured_output_tokens_per_s": point.output_tokens_per_s,
+                "predicted_output_tokens_per_s": guess, "error": error,
+            })  # fmt: skip
+    mean = sum(errors) / len(errors) if errors else None
+    return {"points": points, "mean_absolute_error": mean, "predicted": len(errors)}

@@ -76,3 +76,31 @@ async def test_plan_sizes_a_traffic_and_its_savings(client: httpx.AsyncClient) -
     assert cheapest["replicas"] * cheapest["output_tokens_per_s_per_replica"] >= 50_000
     saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
     assert saved == plain["usd_per_month"] - cheapest["usd_per_month"]
+
+
+async def test_accuracy_predicts_each_measurement_from_the_others(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    from planner import calibration as cal
+    from planner import catalog
+    from planner.fit_measurements import Hardware, MeasuredPoint, predict_point
+
+    hw = Hardware(catalog.model("Qwen/Qwen3-8B"), catalog.gpu("H100"), 1, cal.workloads()["chat"])
+    configs = [("plain", 0, 1), ("plain", 0, 16), ("dflash", 7, 1), ("dflash", 7, 8)]
+    with transaction(app.state.services.sessions) as session:
+        for method, k, c in configs:
+            tps = predict_point(hw, cal.engine_calibration(), MeasuredPoint(method, k, c, 1.0))
+            session.add(measurement("Qwen/Qwen3-8B", method, k, c, tps))
+        session.add(measurement("not/catalogued", "plain", 0, 1, 10.0))
+    body = (await client.get("/admin/v1/accuracy")).json()
+    assert body["predicted"] == 4  # the uncatalogued model is left out
+    assert [(p["method"], p["concurrency"]) for p in body["points"]] == [
+        (m, float(c)) for m, _, c in configs]  # fmt: skip
+    # Measurements the shipped model itself produced are predicted almost exactly.
+    assert body["mean_absolute_error"] < 0.02
+    assert all(abs(p["error"]) < 0.05 for p in body["points"])
+
+
+def measurement(model: str, method: str, k: int, c: float, tps: float) -> Measurement:
+    return Measurement(model=model, method=method, k=k, gpu_type="H100", concurrency=c,
+                       output_tokens_per_s=tps, source="bench")  # fmt: skip
