@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
+from gateway.benchmarks import BenchmarkManager
 from gateway.collector import Collector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
@@ -129,7 +130,10 @@ async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> Async
     limiter = Limiter(sessions, settings.limits_sync_s)
     registry.on_load.append(limiter.snapshot_loaded)
     client = upstream_client(settings)
-    app.state.services = Services(settings, engine, sessions, registry, metrics)
+    benchmarks = BenchmarkManager(sessions)
+    app.state.services = Services(
+        settings, engine, sessions, registry, metrics, benchmarks, asyncio.get_running_loop()
+    )
     app.relay = Relay(settings, registry, ledger, limiter, metrics, client)
     stop = asyncio.Event()
     # Loops that touch the database stop at `stop` (never mid-query, so no connection is
@@ -156,5 +160,6 @@ async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> Async
         ledger.wake()
         prober.cancel()
         await asyncio.gather(prober, *stoppable, return_exceptions=True)
+        await benchmarks.close()
         await ledger.drain()
         await client.aclose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.benchmarks import BenchmarkManager
 from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed
 from gateway.metrics import GatewayMetrics
@@ -27,6 +29,8 @@ class Services:
     sessions: sessionmaker[Session]
     registry: Registry
     metrics: GatewayMetrics
+    benchmarks: BenchmarkManager
+    loop: asyncio.AbstractEventLoop  # for admin routes (threads) to start background work
 
 
 def get_services(request: Request) -> Services:
