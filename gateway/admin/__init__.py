@@ -2,7 +2,17 @@
 
 from fastapi import APIRouter, Depends
 
-from gateway.admin import audit, backends, benchmarks, keys, models, plan, prices, savings
+from gateway.admin import (
+    audit,
+    backends,
+    benchmarks,
+    keys,
+    models,
+    plan,
+    prices,
+    savings,
+    spend,
+)
 from gateway.deps import refresh_registry_after_changes, require_admin
 
 
@@ -10,7 +20,7 @@ def admin_router() -> APIRouter:
     """Every admin resource under `/admin/v1`, behind the admin token."""
     dependencies = [Depends(refresh_registry_after_changes), Depends(require_admin)]
     router = APIRouter(prefix="/admin/v1", dependencies=dependencies)
-    for module in (backends, models, prices, keys, audit, plan, savings, benchmarks):
+    for module in (backends, models, prices, keys, audit, plan, savings, benchmarks, spend):
         router.include_router(module.router)
     router.include_router(plan.accuracy_router)
     return router
