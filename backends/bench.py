@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 
-from backends.vllm_metrics import VllmSnapshot, parse_metrics
+from backends.vllm_metrics import VllmSnapshot, difference, parse_metrics
 
 WORDS = "the model drafts tokens and the target verifies them in one step".split()
 
@@ -159,14 +159,10 @@ def _summarise(
 ) -> LevelResult:
     ok = [r for r in results if r.ok]
     acceptance, per_position = None, None
-    if before and after and before.drafts is not None and after.drafts is not None:
-        drafts = after.drafts - before.drafts
-        if drafts > 0:
-            accepted = (after.accepted_tokens or 0) - (before.accepted_tokens or 0)
-            acceptance = 1 + accepted / drafts
-            old = before.accepted_per_position or ()
-            per_position = [(n - (old[i] if i < len(old) else 0)) / drafts
-                            for i, n in enumerate(after.accepted_per_position or ())]  # fmt: skip
+    change = difference(before, after, elapsed) if before and after else None
+    if change is not None and change.drafts > 0:
+        acceptance = 1 + change.accepted / change.drafts
+        per_position = [a / change.drafts for a in change.accepted_per_position]
     output = sum(r.output_tokens for r in ok)
     return LevelResult(
         concurrency=c,

@@ -1,7 +1,8 @@
-"""vLLM's Prometheus metric names and help texts: the one module that knows `vllm:*`.
+"""vLLM's Prometheus metrics: names and help texts, parsing a page, the change between two.
 
-Names are as registered (prometheus_client appends `_total` to counters on exposition),
-from vllm/v1/metrics/loggers.py and vllm/v1/spec_decode/metrics.py (vLLM 0.32).
+This is the one module that knows `vllm:*` names. Names are as registered
+(prometheus_client appends `_total` to counters on exposition), from
+vllm/v1/metrics/loggers.py and vllm/v1/spec_decode/metrics.py (vLLM 0.32).
 """
 
 from __future__ import annotations
@@ -147,3 +148,43 @@ def parse_metrics(text: str) -> VllmSnapshot:
         accepted_per_position=positions if spec else None,
         e2e_latency_sum_s=sums.get(E2E_LATENCY.name + "_sum"),
     )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What happened at one backend between two scrapes."""
+
+    seconds: float
+    output_tokens: float
+    drafts: float
+    accepted: float
+    accepted_per_position: tuple[float, ...]
+    running: float
+
+
+def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Observation | None:
+    """The interval between two snapshots; None after a restart (a counter went down)."""
+    tokens = after.generation_tokens - before.generation_tokens
+    if seconds <= 0 or tokens < 0:
+        return None
+    drafts = accepted = 0.0
+    per_position: tuple[float, ...] = ()
+    if after.drafts is not None and before.drafts is not None:
+        drafts = after.drafts - before.drafts
+        accepted = (after.accepted_tokens or 0.0) - (before.accepted_tokens or 0.0)
+        old, new = before.accepted_per_position or (), after.accepted_per_position or ()
+        per_position = tuple(n - (old[i] if i < len(old) else 0.0) for i, n in enumerate(new))
+        if drafts < 0 or accepted < 0 or any(p < 0 for p in per_position):
+            return None
+    return Observation(seconds, tokens, drafts, accepted, per_position,
+                       _mean_concurrency(before, after, seconds))  # fmt: skip
+
+
+def _mean_concurrency(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> float:
+    """Requests in the system on average: Σ latency of those that finished over the interval
+    (Little's law), else the running gauge at the scrape (an instant, so noisier)."""
+    if before.e2e_latency_sum_s is not None and after.e2e_latency_sum_s is not None:
+        latency = after.e2e_latency_sum_s - before.e2e_latency_sum_s
+        if latency > 0:
+            return latency / seconds
+    return after.running

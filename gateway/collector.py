@@ -22,7 +22,7 @@ import httpx
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from backends.vllm_metrics import VllmSnapshot, parse_metrics
+from backends.vllm_metrics import Observation, VllmSnapshot, difference, parse_metrics
 from gateway.db.session import transaction
 from gateway.db.tables import Measurement
 from gateway.metrics import GatewayMetrics
@@ -31,46 +31,6 @@ from gateway.registry import BackendView, Registry
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 2.0
 MIN_BUSY_FRACTION = 0.05  # below this a window says too little about the busy rate
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What happened at one backend between two scrapes."""
-
-    seconds: float
-    output_tokens: float
-    drafts: float
-    accepted: float
-    accepted_per_position: tuple[float, ...]
-    running: float
-
-
-def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Observation | None:
-    """The interval between two snapshots; None after a restart (a counter went down)."""
-    tokens = after.generation_tokens - before.generation_tokens
-    if seconds <= 0 or tokens < 0:
-        return None
-    drafts = accepted = 0.0
-    per_position: tuple[float, ...] = ()
-    if after.drafts is not None and before.drafts is not None:
-        drafts = after.drafts - before.drafts
-        accepted = (after.accepted_tokens or 0.0) - (before.accepted_tokens or 0.0)
-        old, new = before.accepted_per_position or (), after.accepted_per_position or ()
-        per_position = tuple(n - (old[i] if i < len(old) else 0.0) for i, n in enumerate(new))
-        if drafts < 0 or accepted < 0 or any(p < 0 for p in per_position):
-            return None
-    return Observation(seconds, tokens, drafts, accepted, per_position,
-                       _mean_concurrency(before, after, seconds))  # fmt: skip
-
-
-def _mean_concurrency(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> float:
-    """Requests in the system on average: Σ latency of those that finished over the interval
-    (Little's law), else the running gauge at the scrape (an instant, so noisier)."""
-    if before.e2e_latency_sum_s is not None and after.e2e_latency_sum_s is not None:
-        latency = after.e2e_latency_sum_s - before.e2e_latency_sum_s
-        if latency > 0:
-            return latency / seconds
-    return after.running
 
 
 def method_mismatch(backend: BackendView, snapshot: VllmSnapshot) -> str | None:
