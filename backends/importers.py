@@ -77,3 +77,62 @@ def read_vllm_bench(path: Path, *, model: str | None, concurrency: float | None)
         ttft_ms=_number(data, "mean_ttft_ms", where, required=False),
         itl_ms=_number(data, "mean_itl_ms", where, required=False),
     )
+
+
+def _mean(metrics: dict[str, Any], name: str) -> float | None:
+    """`metrics[name].successful.mean` of a GuideLLM benchmark, if present and numeric."""
+    summary = metrics.get(name)
+    successful = summary.get("successful") if isinstance(summary, dict) else None
+    value = successful.get("mean") if isinstance(successful, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def read_guidellm(path: Path, *, model: str) -> list[ImportedPoint]:
+    """A GuideLLM report (`--output kind=json`): one measurement per benchmark in it.
+
+    GuideLLM does not report speculative acceptance; concurrency is the measured mean
+    request concurrency, else the strategy's stream count.
+    """
+    where = str(path)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ImportRejected(f"{where}: not a readable JSON file ({exc})") from None
+    benchmarks = report.get("benchmarks") if isinstance(report, dict) else None
+    if not isinstance(benchmarks, list) or not benchmarks:
+        raise ImportRejected(f"{where}: no 'benchmarks' list (not a GuideLLM report)")
+    return [
+        _guidellm_point(b, f"{where}: benchmarks[{i}]", model) for i, b in enumerate(benchmarks)
+    ]
+
+
+def _guidellm_point(benchmark: object, where: str, model: str) -> ImportedPoint:
+    if not isinstance(benchmark, dict):
+        raise ImportRejected(f"{where}: not an object")
+    metrics = benchmark.get("metrics")
+    if not isinstance(metrics, dict):
+        raise ImportRejected(f"{where}: no 'metrics'")
+    tps = _mean(metrics, "output_tokens_per_second")
+    if tps is None or tps <= 0:
+        raise ImportRejected(
+            f"{where}: no positive metrics.output_tokens_per_second.successful.mean"
+        )
+    concurrency = _mean(metrics, "request_concurrency")
+    if concurrency is None:
+        config = benchmark.get("config")
+        strategy = config.get("strategy") if isinstance(config, dict) else None
+        streams = strategy.get("streams") if isinstance(strategy, dict) else None
+        concurrency = float(streams) if isinstance(streams, int | float) else None
+    if concurrency is None or concurrency <= 0:
+        raise ImportRejected(f"{where}: no request concurrency or strategy streams")
+    return ImportedPoint(
+        model=model,
+        concurrency=concurrency,
+        output_tokens_per_s=tps,
+        mean_acceptance_length=None,
+        acceptance_per_position=None,
+        ttft_ms=_mean(metrics, "time_to_first_token_ms"),
+        itl_ms=_mean(metrics, "inter_token_latency_ms"),
+    )

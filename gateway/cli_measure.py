@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -105,25 +106,61 @@ def _store_levels(
     typer.echo(f"stored {sum(1 for r in results if r.completed)} measurement(s)", err=True)
 
 
+Method = Annotated[str, typer.Option(help="The method the server ran.")]
+Gpu = Annotated[str, typer.Option(help="GPU type the server ran on.")]
+K = Annotated[int, typer.Option(min=0, help="Speculative tokens (0 for plain).")]
+GpuCount = Annotated[int, typer.Option(min=1)]
+
+
 @import_app.command("vllm-bench")
 def import_vllm_bench(
     files: Annotated[list[Path], typer.Argument(help="`vllm bench serve --save-result` JSON.")],
-    method: Annotated[str, typer.Option(help="The method the server ran.")],
-    gpu: Annotated[str, typer.Option(help="GPU type the server ran on.")],
-    k: Annotated[int, typer.Option(min=0, help="Speculative tokens (0 for plain).")] = 0,
-    gpu_count: Annotated[int, typer.Option(min=1)] = 1,
+    method: Method,
+    gpu: Gpu,
+    k: K = 0,
+    gpu_count: GpuCount = 1,
     model: Annotated[str | None, typer.Option(help="When the file has no model_id.")] = None,
     concurrency: Annotated[float | None, typer.Option(help="When the file has none.")] = None,
 ) -> None:
     """Import result files as measurements (source import); all or nothing."""
-    from backends.importers import ImportRejected, read_vllm_bench
+    from backends.importers import read_vllm_bench
+
+    _import(lambda f: [read_vllm_bench(f, model=model, concurrency=concurrency)], files,
+            method, k, gpu, gpu_count)  # fmt: skip
+
+
+@import_app.command("guidellm")
+def import_guidellm(
+    files: Annotated[list[Path], typer.Argument(help="GuideLLM JSON reports.")],
+    model: Annotated[str, typer.Option(help="The model the server served.")],
+    method: Method,
+    gpu: Gpu,
+    k: K = 0,
+    gpu_count: GpuCount = 1,
+) -> None:
+    """Import GuideLLM reports, one measurement per benchmark; all or nothing."""
+    from backends.importers import read_guidellm
+
+    _import(lambda f: read_guidellm(f, model=model), files, method, k, gpu, gpu_count)
+
+
+def _import(
+    read: Callable[[Path], list[Any]],
+    files: list[Path],
+    method: str,
+    k: int,
+    gpu: str,
+    gpu_count: int,
+) -> None:
+    """Read every file first, then store all its points in one transaction."""
+    from backends.importers import ImportRejected
     from backends.methods import METHODS
     from gateway.db.tables import Measurement
 
     if method not in METHODS:
         fail(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     try:
-        points = [read_vllm_bench(f, model=model, concurrency=concurrency) for f in files]
+        points = [point for f in files for point in read(f)]
     except ImportRejected as exc:
         fail(f"nothing imported: {exc}")
     with session() as db:

@@ -54,3 +54,29 @@ def test_a_bad_file_imports_nothing(
     assert "nothing imported" in done.stderr
     assert run_cli("db", "upgrade", env=env).returncode == 0
     assert query_rows(database_url, "SELECT * FROM measurements") == []
+
+
+GUIDELLM = Path(__file__).parents[1] / "fixtures" / "guidellm-report.json"
+
+
+def test_guidellm_report_becomes_one_measurement_per_benchmark(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    database_url = f"sqlite:///{tmp_path}/imports.db"
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    done = run_cli("import", "guidellm", str(GUIDELLM), "--model", "Qwen/Qwen3-8B",
+                   "--method", "plain", "--gpu", "H100", env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = query_rows(database_url, "SELECT * FROM measurements ORDER BY concurrency")
+    # Concurrency: the measured mean where reported, else the strategy's stream count.
+    assert [(r["concurrency"], r["output_tokens_per_s"], r["ttft_ms"]) for r in rows] == [
+        (3.9, 1830.5, 41.2), (16.0, 5210.0, 77.0)]  # fmt: skip
+    assert all(r["mean_acceptance_length"] is None for r in rows)  # GuideLLM has none
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"benchmarks": [{"metrics": {}}]}))
+    bad = run_cli("import", "guidellm", str(broken), "--model", "m", "--method", "plain",
+                  "--gpu", "H100", env=env)  # fmt: skip
+    assert bad.returncode == 2
+    assert "benchmarks[0]" in bad.stderr
+    assert len(query_rows(database_url, "SELECT id FROM measurements")) == 2
