@@ -16,14 +16,12 @@ import datetime as dt
 import logging
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from sqlalchemy import case, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.session import transaction
+from gateway.db.session import transaction, upsert_insert
 from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.metrics import GatewayMetrics
 
@@ -63,12 +61,6 @@ ROLLUP_VALUES = ["requests", "errors", "prompt_tokens", "completion_tokens", "co
                  "baseline_cost_usd"]  # fmt: skip
 
 
-def _insert(session: Session, table: type[UsageRecord] | type[UsageHourly]) -> Any:
-    """The dialect's INSERT, which knows ON CONFLICT (SQLite and PostgreSQL)."""
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
-
-
 def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> None:
     """Insert a batch and add the rows it really inserted to the hourly rollups.
 
@@ -78,7 +70,7 @@ def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> Non
     rows = [asdict(entry) for entry in batch]
     with transaction(sessions) as session:
         statement = (
-            _insert(session, UsageRecord)
+            upsert_insert(session, UsageRecord)
             .on_conflict_do_nothing(index_elements=["request_id"])
             .returning(UsageRecord.request_id)
         )
@@ -107,7 +99,7 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
         dict(zip(ROLLUP_KEY, key, strict=True)) | dict(zip(ROLLUP_VALUES, values, strict=True))
         for key, values in sums.items()
     ]
-    statement = _insert(session, UsageHourly)
+    statement = upsert_insert(session, UsageHourly)
     statement = statement.on_conflict_do_update(
         index_elements=ROLLUP_KEY,
         set_={
@@ -161,7 +153,7 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
         )
     ]
     if rows:
-        statement = _insert(session, UsageHourly)
+        statement = upsert_insert(session, UsageHourly)
         statement = statement.on_conflict_do_update(
             index_elements=ROLLUP_KEY,
             set_={name: getattr(statement.excluded, name) for name in ROLLUP_VALUES},

@@ -91,7 +91,9 @@ class BenchmarkManager:
                 return
             row.status, row.result, row.error, row.finished_at = status, result, error, utcnow()
             if backend.get("method") is not None:
-                session.add_all(_measurement(level, backend) for level in levels if level.completed)
+                session.add_all(
+                    level_measurement(level, backend) for level in levels if level.completed
+                )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -99,17 +101,17 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _level_json(level: LevelResult) -> dict[str, Any]:
-    mean = _mean
     return {
         "concurrency": level.concurrency, "completed": level.completed, "failed": level.failed,
-        "output_tokens_per_s": level.output_tokens_per_s, "mean_ttft_ms": mean(level.ttft_ms),
-        "mean_itl_ms": mean(level.itl_ms), "mean_e2e_ms": mean(level.e2e_ms),
+        "output_tokens_per_s": level.output_tokens_per_s, "mean_ttft_ms": _mean(level.ttft_ms),
+        "mean_itl_ms": _mean(level.itl_ms), "mean_e2e_ms": _mean(level.e2e_ms),
         "acceptance_length": level.acceptance_length,
         "acceptance_per_position": level.acceptance_per_position,
     }  # fmt: skip
 
 
-def _measurement(level: LevelResult, backend: dict[str, Any]) -> Measurement:
+def level_measurement(level: LevelResult, backend: dict[str, Any]) -> Measurement:
+    """A sweep level as a `bench` measurement of the backend described."""
     figures = _level_json(level)
     return Measurement(
         model=backend["model"], method=backend["method"], k=backend.get("k") or 0,

@@ -89,20 +89,11 @@ def _save_levels(path: Path, config: Any, results: list[Any]) -> None:
 def _store_levels(
     results: list[Any], model: str, method: str, k: int, gpu: str, count: int
 ) -> None:
-    from gateway.db.tables import Measurement
+    from gateway.benchmarks import level_measurement
 
+    backend = {"model": model, "method": method, "k": k, "gpu_type": gpu, "gpu_count": count}
     with session() as db:
-        db.add_all(
-            Measurement(model=model, method=method, k=k, gpu_type=gpu, gpu_count=count,
-                        concurrency=r.concurrency, output_tokens_per_s=r.output_tokens_per_s,
-                        mean_acceptance_length=r.acceptance_length,
-                        acceptance_per_position=r.acceptance_per_position,
-                        ttft_ms=_mean(r.ttft_ms) if r.ttft_ms else None,
-                        itl_ms=_mean(r.itl_ms) if r.itl_ms else None,
-                        source="bench")
-            for r in results
-            if r.completed
-        )  # fmt: skip
+        db.add_all(level_measurement(r, backend) for r in results if r.completed)
     typer.echo(f"stored {sum(1 for r in results if r.completed)} measurement(s)", err=True)
 
 

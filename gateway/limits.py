@@ -17,11 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.session import transaction
+from gateway.db.session import transaction, upsert_insert
 from gateway.db.tables import RateWindow
 from gateway.registry import KeyView
 
@@ -155,8 +154,7 @@ class Limiter:
         """Upsert-increment our counts, then read all replicas' totals (in a thread)."""
         with transaction(self._sessions) as session:
             if pushed:
-                dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-                statement = dialect.insert(RateWindow)
+                statement = upsert_insert(session, RateWindow)
                 statement = statement.on_conflict_do_update(
                     index_elements=["api_key_id", "window_start"],
                     set_={

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -47,3 +48,9 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A session that commits on success and rolls back on error."""
     with factory() as session, session.begin():
         yield session
+
+
+def upsert_insert(session: Session, table: Any) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT (SQLite and PostgreSQL alike)."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)

@@ -166,6 +166,22 @@ class Server:
 ServerStarter = Callable[..., Server]
 
 
+def spawn_server(args: tuple[str, ...], env: dict[str, str], log_dir: Path) -> Server:
+    """Start `draftgate ARGS... --port P` on a free port without waiting for it."""
+    port = free_port()
+    log_path = log_dir / f"draftgate-{port}.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [str(DRAFTGATE), *args, "--port", str(port)],
+        env=env,
+        cwd=log_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    return Server(process=process, port=port, log_path=log_path, log_file=log_file)
+
+
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[ServerStarter]:
     """Start `draftgate ARGS... --port P` on a free port and wait until /health answers.
@@ -175,18 +191,7 @@ def start_server(tmp_path: Path) -> Iterator[ServerStarter]:
     servers: list[Server] = []
 
     def start(*args: str, env: dict[str, str], wait: bool = True) -> Server:
-        port = free_port()
-        log_path = tmp_path / f"draftgate-{len(servers)}-{port}.log"
-        log_file = log_path.open("wb")
-        process = subprocess.Popen(
-            [str(DRAFTGATE), *args, "--port", str(port)],
-            env=env,
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        server = Server(process=process, port=port, log_path=log_path, log_file=log_file)
+        server = spawn_server(args, env, tmp_path)
         servers.append(server)
         if wait:
             server.wait_healthy()
@@ -207,22 +212,6 @@ SIM_MODEL = "openai/gpt-oss-20b"
 def sim_args(*options: str, model: str = SIM_MODEL) -> tuple[str, ...]:
     """`draftgate sim` arguments for `model` plus `options` (the port is added on start)."""
     return ("sim", "--model", model, *options)
-
-
-def spawn_server(args: tuple[str, ...], env: dict[str, str], log_dir: Path) -> Server:
-    """Start `draftgate ARGS... --port P` on a free port without waiting for it."""
-    port = free_port()
-    log_path = log_dir / f"draftgate-{port}.log"
-    log_file = log_path.open("wb")
-    process = subprocess.Popen(
-        [str(DRAFTGATE), *args, "--port", str(port)],
-        env=env,
-        cwd=log_dir,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    return Server(process=process, port=port, log_path=log_path, log_file=log_file)
 
 
 ModuleServerStarter = Callable[..., list[Server]]
