@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.tables import ApiKey, Backend, GpuPrice, Measurement, ModelPolicy, UsageRecord
+from gateway.db.tables import ApiKey, Backend, GpuPrice, Measurement, ModelPolicy, UsageHourly
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,11 @@ def _curves(session: Session) -> dict[tuple[str, str, str], ThroughputCurve]:
 
 
 def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
-    """USD each budgeted key spent in its current period (one query per period kind)."""
+    """USD each budgeted key spent in its current period, from the hourly rollups.
+
+    Periods start on UTC hour boundaries (midnight, the 1st), so the rollups are exact here
+    and the refresh never scans raw usage records.
+    """
     now = dt.datetime.now(dt.UTC)
     by_period: dict[str, list[int]] = defaultdict(list)
     for key in keys:
@@ -178,13 +182,13 @@ def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
     spend: dict[int, float] = {}
     for period, ids in by_period.items():
         query = (
-            select(UsageRecord.api_key_id, func.coalesce(func.sum(UsageRecord.cost_usd), 0.0))
-            .where(UsageRecord.api_key_id.in_(ids))
-            .group_by(UsageRecord.api_key_id)
+            select(UsageHourly.api_key_id, func.coalesce(func.sum(UsageHourly.cost_usd), 0.0))
+            .where(UsageHourly.api_key_id.in_(ids))
+            .group_by(UsageHourly.api_key_id)
         )
         start = _period_start(period, now)
         if start is not None:
-            query = query.where(UsageRecord.created_at >= start)
+            query = query.where(UsageHourly.hour >= start)
         spend.update({int(k): float(total or 0.0) for k, total in session.execute(query) if k})
     return spend
 

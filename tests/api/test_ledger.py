@@ -83,3 +83,22 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
         assert rollups() == incremental == [("dflash", 15, 1500, 0.015), ("plain", 20, 2000, 0.02)]
     finally:
         engine.dispose()
+
+
+def test_key_spend_in_the_snapshot_comes_from_the_rollups(database_url: str) -> None:
+    from gateway.db.tables import ApiKey
+    from gateway.registry import load_snapshot
+
+    engine = make_engine(database_url)
+    try:
+        migrate.upgrade(engine)
+        sessions = make_sessionmaker(engine)
+        with transaction(sessions) as session:
+            key = ApiKey(name="k", key_prefix="dg-x", key_hash="h" * 64, budget_usd=1.0,
+                         budget_period="total")  # fmt: skip
+            session.add(key)
+        write_batch(sessions, [entry(n, api_key_id=key.id, cost_usd=0.25) for n in range(3)])
+        with sessions() as session:
+            assert load_snapshot(session).key_spend_usd == {key.id: pytest.approx(0.75)}
+    finally:
+        engine.dispose()
