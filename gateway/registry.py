@@ -20,7 +20,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.tables import ApiKey, Backend, GpuPrice, Measurement, ModelPolicy, UsageHourly
+from gateway.curves import CurveBuilder, Served, measured
+from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class PolicyView:
     method: str | None = None
     k: int | None = None
     explore_fraction: float = 0.0
+    itl_objective_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,13 @@ class Snapshot:
         price = self.prices.get(backend.gpu_type)
         if curve is None or price is None:
             return None
-        return usd_per_mtok(price, backend.gpu_count, curve.at(c))
+        tps = curve.at(c) * backend.gpu_count  # curves are per GPU
+        return usd_per_mtok(price, backend.gpu_count, tps)
+
+    def itl_ms(self, model: str, method: str, backend: BackendView, c: float) -> float | None:
+        """Mean time per output token a request sees at concurrency c (c over tokens/s)."""
+        curve = self.curves.get((model, method, backend.gpu_type))
+        return None if curve is None else 1000 * max(c, 1.0) / (curve.at(c) * backend.gpu_count)
 
     def auto_method(self, model: str) -> str | None:
         """The cheapest method with measurements and an enabled backend, else plain."""
@@ -117,14 +125,14 @@ def _period_start(period: str, now: dt.datetime) -> dt.datetime | None:
     return None  # total
 
 
-def load_snapshot(session: Session) -> Snapshot:
+def load_snapshot(session: Session, curves: CurveBuilder | None = None) -> Snapshot:
     """Read the registry's snapshot from the database."""
     backends: dict[str, list[BackendView]] = defaultdict(list)
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
         view = BackendView(b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count)
         backends[b.model].append(view)
     policies = {
-        m.name: PolicyView(m.mode, m.method, m.k, m.explore_fraction)
+        m.name: PolicyView(m.mode, m.method, m.k, m.explore_fraction, m.itl_objective_ms)
         for m in session.scalars(select(ModelPolicy))
     }
     keys = {
@@ -148,24 +156,13 @@ def load_snapshot(session: Session) -> Snapshot:
         policies=policies,
         keys=keys,
         prices=prices,
-        curves=_curves(session),
+        curves=(curves or CurveBuilder()).build(measured(session), _served(backends)),
         key_spend_usd=_key_spend(session, keys.values()),
     )
 
 
-def _curves(session: Session) -> dict[tuple[str, str, str], ThroughputCurve]:
-    """Throughput curves per (model, method, GPU type) from the measurements."""
-    points: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
-    query = select(
-        Measurement.model,
-        Measurement.method,
-        Measurement.gpu_type,
-        Measurement.concurrency,
-        func.avg(Measurement.output_tokens_per_s / Measurement.gpu_count),
-    ).group_by(Measurement.model, Measurement.method, Measurement.gpu_type, Measurement.concurrency)
-    for model, method, gpu, c, per_gpu in session.execute(query):
-        points[(model, method, gpu)].append((float(c), float(per_gpu)))
-    return {key: ThroughputCurve.from_points(p) for key, p in points.items()}
+def _served(backends: Mapping[str, list[BackendView]]) -> list[Served]:
+    return [Served(b.model, b.method, b.k or 0, b.gpu_type) for bs in backends.values() for b in bs]
 
 
 def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
@@ -205,6 +202,7 @@ class Registry:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
+        self._curves = CurveBuilder()
 
     def auto_method(self, model: str) -> str | None:
         """The method an `auto` model uses now: the selector's choice, else the snapshot's."""
@@ -213,7 +211,7 @@ class Registry:
     def load(self) -> None:
         """Replace the snapshot with a fresh read (blocking; call from a thread)."""
         with self._sessions() as session:
-            snapshot = load_snapshot(session)
+            snapshot = load_snapshot(session, self._curves)
         self.snapshot = snapshot
         for callback in self.on_load:
             callback()

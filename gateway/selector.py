@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db import queries
 from gateway.db.session import transaction
-from gateway.registry import Registry
+from gateway.registry import BackendView, Registry, Snapshot
 from gateway.routing import available
 
 logger = logging.getLogger(__name__)
@@ -104,13 +105,8 @@ class Selector:
             in_flight = sum(self.registry.states[b.name].in_flight for b in backends)
             load = self._load.get(model, float(in_flight))
             load = self._load[model] = (1 - EMA_WEIGHT) * load + EMA_WEIGHT * in_flight
-            costs: dict[str, float] = {}
-            for b in backends:
-                if not available(b, self.registry.states[b.name], now):
-                    continue
-                cost = snapshot.usd_per_mtok(model, b.method, b, max(load, 1.0))
-                if cost is not None:
-                    costs[b.method] = min(cost, costs.get(b.method, cost))
+            objective = policy.itl_objective_ms if policy is not None else None
+            costs = self._costs(snapshot, model, backends, load, objective, now)
             current = self.registry.auto_choice.get(model) or snapshot.auto_method(model)
             decision = decide(
                 model,
@@ -131,6 +127,41 @@ class Selector:
             except SQLAlchemyError as exc:
                 logger.warning("automatic switches not audited: %s", exc)
         return decisions
+
+    def _costs(
+        self,
+        snapshot: Snapshot,
+        model: str,
+        backends: Sequence[BackendView],
+        load: float,
+        itl_objective_ms: float | None,
+        now: float,
+    ) -> dict[str, float]:
+        """$/1M tokens per method with a healthy backend, among those within the objective.
+
+        When no method meets the ITL objective at this load, the fastest one is the only
+        candidate: it is the closest the fleet can get.
+        """
+        healthy = [b for b in backends if available(b, self.registry.states[b.name], now)]
+        replicas = Counter(b.method for b in healthy)  # a method's load is split over these
+        costs: dict[str, float] = {}
+        itls: dict[str, float] = {}
+        for b in healthy:
+            c = max(load / replicas[b.method], 1.0)
+            cost, itl = (
+                snapshot.usd_per_mtok(model, b.method, b, c),
+                snapshot.itl_ms(model, b.method, b, c),
+            )
+            if cost is not None and itl is not None:
+                costs[b.method] = min(cost, costs.get(b.method, cost))
+                itls[b.method] = min(itl, itls.get(b.method, itl))
+        if itl_objective_ms is None or not costs:
+            return costs
+        within = {m: v for m, v in costs.items() if itls[m] <= itl_objective_ms}
+        if within:
+            return within
+        fastest = min(itls, key=itls.__getitem__)
+        return {fastest: costs[fastest]}
 
     def _audit(self, decisions: list[Decision]) -> None:
         with transaction(self.sessions) as session:

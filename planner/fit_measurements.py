@@ -89,7 +89,7 @@ def _encode(cal: EngineCalibration) -> list[float]:
     return out
 
 
-def _fit(
+def fit_calibration(
     hw: Hardware, base: EngineCalibration, points: Sequence[MeasuredPoint]
 ) -> EngineCalibration:
     """Least squares in log throughput, with a weak pull towards the base (few points)."""
@@ -121,7 +121,7 @@ def fit_measurements(
             abs(q / p.output_tokens_per_s - 1) for q, p in zip(predictions, usable, strict=True)
         ]
         band = sum(errors) / len(errors)
-    return FittedModel(_fit(hw, base, usable), len(usable), band)
+    return FittedModel(fit_calibration(hw, base, usable), len(usable), band)
 
 
 def held_out_predictions(
@@ -133,6 +133,6 @@ def held_out_predictions(
     base = base or calibration.engine_calibration()
     out = []
     for i, held_out in enumerate(points):
-        cal = _fit(hw, base, [p for j, p in enumerate(points) if j != i])
+        cal = fit_calibration(hw, base, [p for j, p in enumerate(points) if j != i])
         out.append(predict_point(hw, cal, held_out))
     return out

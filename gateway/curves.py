@@ -1,0 +1,184 @@
+"""Throughput curves per (model, method, GPU type): measured where measured, planned elsewhere.
+
+A curve drawn through measurements alone knows nothing past its highest measured
+concurrency (it saturates there), so a method that has only seen exploration traffic would
+look hopeless at high load and the selector could never move to it. For models and GPUs in
+the planner's catalog, the planner's prediction, fitted to all of that (model, GPU)'s
+measurements, fills the concurrencies no measurement covers, scaled to agree with the
+nearest measured point; a method with a backend but no measurement yet gets the prediction
+alone. Models outside the catalog keep curves from their measurements only.
+
+Fitting costs up to a second of CPU, so each (model, GPU)'s fit is reused until its
+measurements change and at least `refit_s` has passed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gateway.db.tables import Measurement
+from planner import calibration, catalog
+from planner.calibration import EngineCalibration
+from planner.catalog import UnknownCatalogEntry
+from planner.cost import ThroughputCurve
+from planner.fit_measurements import Hardware, MeasuredPoint, fit_calibration, predict_point
+from planner.recommend import CONCURRENCY
+
+WORKLOAD = "chat"  # the traffic the planner assumes for live requests
+CurveKey = tuple[str, str, str]  # (model, method, GPU type)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A (method, K) some enabled backend of a model runs on a GPU type."""
+
+    model: str
+    method: str
+    k: int
+    gpu_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """The mean of a (model, method, GPU, concurrency)'s measurements, per GPU."""
+
+    key: CurveKey
+    k: int
+    concurrency: float
+    output_tokens_per_s: float
+    acceptance_length: float | None
+
+
+def measured(session: Session) -> list[Aggregate]:
+    """Every measured point, averaged per (model, method, GPU type, concurrency bin)."""
+    m = Measurement
+    query = select(
+        m.model, m.method, m.gpu_type, m.concurrency, func.max(m.k), func.count(),
+        func.avg(m.output_tokens_per_s / m.gpu_count), func.avg(m.mean_acceptance_length),
+    ).where(m.concurrency > 0, m.output_tokens_per_s > 0).group_by(
+        m.model, m.method, m.gpu_type, m.concurrency)  # fmt: skip
+    bins: dict[tuple[CurveKey, float], list[tuple[int, int, float, float | None]]]
+    bins = defaultdict(list)
+    for model, method, gpu, c, k, n, tps, al in session.execute(query):
+        bins[((model, method, gpu), _bin(float(c)))].append((int(k), n, float(tps), al))
+    return [_aggregate(key, c, rows) for (key, c), rows in bins.items()]
+
+
+def _bin(concurrency: float) -> float:
+    """Concurrency rounded to a quarter octave, so scraped windows pool (pure)."""
+    return float(2 ** (round(math.log2(max(concurrency, 1.0)) * 4) / 4))
+
+
+def _aggregate(
+    key: CurveKey, c: float, rows: list[tuple[int, int, float, float | None]]
+) -> Aggregate:
+    count = sum(n for _, n, _, _ in rows)
+    tps = sum(n * t for _, n, t, _ in rows) / count
+    seen = [(n, float(al)) for _, n, _, al in rows if al is not None]
+    al = sum(n * a for n, a in seen) / sum(n for n, _ in seen) if seen else None
+    return Aggregate(key, max(k for k, _, _, _ in rows), c, tps, al)
+
+
+class CurveBuilder:
+    """Builds the registry's curves, keeping each (model, GPU)'s planner fit for a while."""
+
+    def __init__(self, refit_s: float = 30.0) -> None:
+        self.refit_s = refit_s
+        self._fits: dict[tuple[str, str], tuple[float, tuple[Aggregate, ...], EngineCalibration]]
+        self._fits = {}
+
+    def build(
+        self, points: Iterable[Aggregate], served: Iterable[Served]
+    ) -> dict[CurveKey, ThroughputCurve]:
+        """Curves for every measured key and every served (model, method, GPU)."""
+        by_key: dict[CurveKey, list[Aggregate]] = defaultdict(list)
+        for p in points:
+            by_key[p.key].append(p)
+        wanted = {(s.model, s.method, s.gpu_type): s.k for s in served}
+        for key, rows in by_key.items():
+            wanted.setdefault(key, max(r.k for r in rows))
+        curves = {}
+        for key, k in wanted.items():
+            curve = self._curve(key, k, by_key)
+            if curve is not None:
+                curves[key] = curve
+        return curves
+
+    def _curve(
+        self, key: CurveKey, k: int, by_key: Mapping[CurveKey, list[Aggregate]]
+    ) -> ThroughputCurve | None:
+        rows = by_key.get(key, [])
+        hardware = _hardware(key[0], key[2])
+        if hardware is None:
+            return ThroughputCurve.from_points(_pairs(rows)) if rows else None
+        model_rows = tuple(r for (m, _, g), rs in by_key.items() if (m, g) == (key[0], key[2])
+                           for r in rs)  # fmt: skip
+        cal = self._calibration(hardware, model_rows)
+        al = _mean_acceptance(rows)
+        predicted = {c: predict_point(hardware, cal, MeasuredPoint(key[1], k, c, 0.0, al))
+                     for c in CONCURRENCY}  # fmt: skip
+        return ThroughputCurve.from_points(extend(_pairs(rows), predicted))
+
+    def _calibration(self, hw: Hardware, rows: tuple[Aggregate, ...]) -> EngineCalibration:
+        base = calibration.engine_calibration()
+        if not rows:
+            return base
+        name, now = (hw.model.name, hw.gpu.name), time.monotonic()
+        cached = self._fits.get(name)
+        if cached is not None and (cached[1] == rows or now - cached[0] < self.refit_s):
+            return cached[2]
+        fitted = fit_calibration(hw, base, [_point(r) for r in rows])
+        self._fits[name] = (now, rows, fitted)
+        return fitted
+
+
+def extend(
+    measured_points: list[tuple[float, float]], predicted: Mapping[int, float]
+) -> list[tuple[float, float]]:
+    """Measured points, plus predictions outside their range scaled to meet them (pure)."""
+    if not measured_points:
+        return [(float(c), tps) for c, tps in predicted.items()]
+    low, high = min(measured_points), max(measured_points)
+    lows = [c for c in predicted if c < low[0]]
+    highs = [c for c in predicted if c > high[0]]
+    out = list(measured_points)
+    if lows:
+        scale = low[1] / _predicted_at(predicted, low[0])
+        out += [(float(c), predicted[c] * scale) for c in lows]
+    if highs:
+        scale = high[1] / _predicted_at(predicted, high[0])
+        out += [(float(c), predicted[c] * scale) for c in highs]
+    return out
+
+
+def _predicted_at(predicted: Mapping[int, float], c: float) -> float:
+    """The prediction at c, interpolated on the predicted grid."""
+    return ThroughputCurve.from_points([(float(x), y) for x, y in predicted.items()]).at(c)
+
+
+def _hardware(model: str, gpu: str) -> Hardware | None:
+    try:
+        spec, hardware = catalog.model(model), catalog.gpu(gpu)
+    except UnknownCatalogEntry:
+        return None
+    return Hardware(spec, hardware, 1, calibration.workloads()[WORKLOAD])
+
+
+def _pairs(rows: Iterable[Aggregate]) -> list[tuple[float, float]]:
+    return [(r.concurrency, r.output_tokens_per_s) for r in rows if r.concurrency > 0]
+
+
+def _point(r: Aggregate) -> MeasuredPoint:
+    return MeasuredPoint(r.key[1], r.k, r.concurrency, r.output_tokens_per_s, r.acceptance_length)
+
+
+def _mean_acceptance(rows: list[Aggregate]) -> float | None:
+    seen = [r.acceptance_length for r in rows if r.acceptance_length is not None]
+    return sum(seen) / len(seen) if seen else None

@@ -1,0 +1,78 @@
+"""Throughput curves: measured points kept, the planner's prediction filling the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.curves import Aggregate, CurveBuilder, Served, _bin, extend
+
+MODEL, GPU = "openai/gpt-oss-20b", "B200"
+
+
+def test_extend_keeps_measurements_and_scales_predictions_to_meet_them() -> None:
+    predicted = {1: 100.0, 2: 180.0, 4: 300.0, 8: 480.0, 16: 640.0}
+    measured = [(2.0, 90.0), (4.0, 150.0)]  # half what the planner predicts
+    points = dict(extend(measured, predicted))
+    assert points[2.0] == 90.0
+    assert points[4.0] == 150.0
+    assert points[1.0] == pytest.approx(100.0 * 90 / 180)  # scaled to the lowest measurement
+    assert points[8.0] == pytest.approx(480.0 * 150 / 300)  # scaled to the highest
+    assert points[16.0] == pytest.approx(640.0 * 150 / 300)
+
+
+def test_extend_interpolates_the_prediction_between_grid_points() -> None:
+    predicted = {1: 100.0, 4: 300.0, 16: 600.0}
+    points = dict(extend([(2.0, 100.0)], predicted))  # predicted at 2: halfway in log = 200
+    assert points[4.0] == pytest.approx(300.0 * 100 / 200)
+    assert points[1.0] == pytest.approx(100.0 * 100 / 200)
+
+
+def test_extend_without_measurements_is_the_prediction() -> None:
+    assert extend([], {1: 10.0, 2: 15.0}) == [(1.0, 10.0), (2.0, 15.0)]
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "expected"),
+    [(0.4, 1.0), (1.0, 1.0), (1.08, 1.0), (2.0, 2.0), (3.0, 2 ** (6 / 4)), (64.0, 64.0)],
+)
+def test_concurrency_bins_are_quarter_octaves(concurrency: float, expected: float) -> None:
+    assert _bin(concurrency) == pytest.approx(expected)
+
+
+def test_unmeasured_catalog_methods_get_the_planners_curve() -> None:
+    served = [Served(MODEL, "plain", 0, GPU), Served(MODEL, "p-eagle", 7, GPU)]
+    curves = CurveBuilder().build([], served)
+    plain, peagle = curves[(MODEL, "plain", GPU)], curves[(MODEL, "p-eagle", GPU)]
+    # The planner's published-calibrated view of GPT-OSS-20B on B200 at low load:
+    # P-EAGLE (K=7) roughly doubles plain decoding.
+    assert 1.6 < peagle.at(1) / plain.at(1) < 3.0
+    assert plain.at(64) > 10 * plain.at(1)  # batching, not saturation at the first point
+
+
+def test_measured_points_stand_and_the_prediction_continues_past_them() -> None:
+    key = (MODEL, "eagle3", GPU)
+    points = [Aggregate(key, 3, 1.0, 400.0, 2.5), Aggregate(key, 3, 4.0, 1400.0, 2.5)]
+    curve = CurveBuilder().build(points, [Served(MODEL, "eagle3", 3, GPU)])[key]
+    assert curve.at(1) == pytest.approx(400.0)
+    assert curve.at(4) == pytest.approx(1400.0)
+    assert curve.at(64) > 4 * curve.at(4)  # a measured-only curve would stay at 1400
+
+
+def test_models_outside_the_catalog_use_measurements_only() -> None:
+    key = ("acme/private-model", "plain", GPU)
+    curve = CurveBuilder().build([Aggregate(key, 0, 2.0, 100.0, None)], [])[key]
+    assert curve.at(2) == pytest.approx(100.0)
+    assert curve.at(64) == pytest.approx(100.0)  # saturates: nothing to predict with
+    assert CurveBuilder().build([], [Served("acme/private-model", "plain", 0, GPU)]) == {}
+
+
+def test_a_fit_is_reused_until_refit_interval_passes() -> None:
+    key = (MODEL, "plain", GPU)
+    served = [Served(MODEL, "plain", 0, GPU), Served(MODEL, "dflash", 7, GPU)]
+    slow = [Aggregate(key, 0, 1.0, 50.0, None)]
+    fast = [Aggregate(key, 0, 1.0, 500.0, None)]
+    builder = CurveBuilder(refit_s=3600)
+    first = builder.build(slow, served)[(MODEL, "dflash", GPU)]
+    assert builder.build(fast, served)[(MODEL, "dflash", GPU)] == first  # fit kept
+    fresh = CurveBuilder(refit_s=0).build(fast, served)[(MODEL, "dflash", GPU)]
+    assert fresh.at(1) > 2 * first.at(1)  # refitted to a much faster plain measurement
