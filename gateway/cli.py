@@ -15,6 +15,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from gateway.cli_common import CLI_ACTOR, LOG_FORMAT, fail, session, settings_from_env
+from gateway.cli_dev import dev_app
 from gateway.cli_measure import bench, import_app
 from gateway.cli_plan import plan_app
 from gateway.settings import Settings
@@ -29,6 +30,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(plan_app, name="plan")
 app.add_typer(import_app, name="import")
+app.add_typer(dev_app, name="dev")
 app.command()(bench)
 
 Port = Annotated[int, typer.Option(min=1, max=65535)]
