@@ -1,7 +1,8 @@
 """Locally managed backends: start a server process, wait for health, stop it, explain failures.
 
-Used by `draftgate up` for its simulated backends; a real `vllm serve` fits the same
-interface (an argv and a port), which the managed-backends work builds on.
+Used by `draftgate up` for its simulated backends and for real `vllm serve` processes: both
+are an argv, an environment and a port. `vllm_argv` renders a vLLM server's command line
+from the method catalog; `vllm_env` is the environment it needs to serve offline.
 """
 
 from __future__ import annotations
@@ -9,17 +10,31 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import httpx
 
+from backends.methods import MethodSpec, render_vllm_args
+
 STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 20
+LOCALHOST = "127.0.0.1"
+
+# What a small model needs to serve on a CPU-only host: no torch.compile warm-up (it
+# doubles start-up), a fixed KV cache (the default sizes it from a fraction of all RAM),
+# a short context and full precision.
+CPU_SERVE_ARGS = ("--enforce-eager", "--kv-cache-memory-bytes", "64M",
+                  "--max-model-len", "512", "--dtype", "float32")  # fmt: skip
+# Local paths only, never the hub; no usage reports.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
 
 
 class LaunchError(RuntimeError):
@@ -35,6 +50,43 @@ def sim_argv(
             "--port", str(port), "--time-scale", str(time_scale)]  # fmt: skip
 
 
+def vllm_argv(
+    model: str,
+    spec: MethodSpec,
+    port: int,
+    *,
+    vllm_python: Path | None = None,
+    served_model_name: str | None = None,
+    extra_args: Sequence[str] = CPU_SERVE_ARGS,
+) -> list[str]:
+    """`vllm serve` for `model` decoding with `spec` on 127.0.0.1:`port`.
+
+    The `vllm` command is the one beside `vllm_python` (vLLM's own virtualenv), else the
+    one on PATH. `extra_args` defaults to what a CPU-only host needs.
+    """
+    argv = render_vllm_args(
+        model, spec, port=port, host=LOCALHOST,
+        served_model_name=served_model_name, extra_args=extra_args,
+    )  # fmt: skip
+    if vllm_python is not None:
+        argv[0] = str(vllm_python.parent / "vllm")
+    return argv
+
+
+def vllm_env(vllm_python: Path | None = None) -> dict[str, str]:
+    """Variables a `vllm serve` process needs on top of the inherited environment.
+
+    vLLM's CPU build drafts much faster with Intel's OpenMP preloaded; its virtualenv
+    ships the library (the `intel-openmp` dependency).
+    """
+    env = dict(OFFLINE_ENV)
+    if vllm_python is not None:
+        iomp = vllm_python.parent.parent / "lib" / "libiomp5.so"
+        if iomp.is_file():
+            env["LD_PRELOAD"] = str(iomp)
+    return env
+
+
 @dataclass
 class LocalServer:
     """One server process this draftgate started and owns."""
@@ -43,6 +95,7 @@ class LocalServer:
     argv: list[str]
     port: int
     log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the inherited environment
     process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -51,12 +104,18 @@ class LocalServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """Start the process, its output going to `log_path`."""
+        """Start the process, its output going to `log_path`; LaunchError if the port is
+        taken (another server would answer our health checks)."""
+        if _accepts_connections(self.port):
+            raise LaunchError(f"{self.name}: port {self.port} is already in use")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
+        # The child inherits this process's environment plus its own variables.
+        env = {**os.environ, **self.env} if self.env else None
         self.process = subprocess.Popen(  # noqa: S603  (our own argv, no shell)
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )  # fmt: skip
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Block until `GET /health` answers 200; LaunchError if it dies or times out."""
@@ -66,9 +125,20 @@ class LocalServer:
                 raise LaunchError(f"{self.name} exited during start-up:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    self._check_listener()
                     return
             time.sleep(0.1)
         raise LaunchError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def _check_listener(self) -> None:
+        """LaunchError unless the socket answering on our port belongs to our process group."""
+        assert self.process is not None
+        owners = listening_pids(self.port)
+        if owners and not owners & session_pids(self.process.pid):
+            raise LaunchError(
+                f"{self.name}: port {self.port} is answered by another process "
+                f"(pids {sorted(owners)}), not the one started"
+            )
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after a grace period."""
@@ -92,3 +162,52 @@ class LocalServer:
         except OSError:
             return "(no log)"
         return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _accepts_connections(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((LOCALHOST, port), timeout=0.5):
+        return True
+    return False
+
+
+PROC = Path("/proc")
+TCP_LISTEN = "0A"
+
+
+def listening_pids(port: int) -> set[int] | None:
+    """Processes holding a socket that listens on `port`; None (or empty) where /proc
+    cannot tell."""
+    try:
+        table = (PROC / "net" / "tcp").read_text() + (PROC / "net" / "tcp6").read_text()
+    except OSError:
+        return None
+    inodes = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == TCP_LISTEN and fields[1].endswith(f":{port:04X}"):
+            inodes.add(f"socket:[{fields[9]}]")
+    return {pid for pid in _all_pids() if _holds_any(pid, inodes)}
+
+
+def session_pids(session_id: int) -> set[int]:
+    """Processes of the session `session_id` leads (a started server and its children)."""
+    pids = set()
+    for pid in _all_pids():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (PROC / str(pid) / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[3]) == session_id:
+                pids.add(pid)
+    return pids
+
+
+def _all_pids() -> list[int]:
+    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+
+
+def _holds_any(pid: int, inodes: set[str]) -> bool:
+    with contextlib.suppress(OSError):
+        for fd in (PROC / str(pid) / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    return True
+    return False
