@@ -1,8 +1,12 @@
-"""The benchmark runner: a closed-loop load sweep against an OpenAI-compatible server.
+"""The benchmark runner: a load sweep against an OpenAI-compatible server.
 
-At each concurrency, that many clients each stream chat completions back to back (fixed
-prompt and output lengths, `ignore_eos`) for a number of requests or seconds, timing the
-first token, every chunk and the whole request on the client side. When the URL is a vLLM
+At each concurrency level, requests (chat completions, streamed, `ignore_eos`, shaped by a
+workload preset) go out either closed-loop (that many clients, each sending its next request
+when the last one ends) or open-loop at a request rate (arrivals evenly spaced, or Poisson /
+gamma as `vllm bench serve --request-rate --burstiness` makes them), with the level's
+concurrency as the cap on requests in flight (its `--max-concurrency`); a level ends after a
+number of requests or once its duration has passed and every request sent has finished.
+The client times the first token, every chunk and the whole request. When the URL is a vLLM
 server, its `/metrics` before and after each level give the acceptance as vLLM defines it.
 Results print as a table and can be saved in `vllm bench serve`'s JSON format.
 """
@@ -10,9 +14,12 @@ Results print as a table and can be saved in `vllm bench serve`'s JSON format.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
+import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,22 +27,30 @@ import httpx
 import orjson
 
 from backends.vllm_metrics import VllmSnapshot, difference, parse_metrics
-
-WORDS = "the model drafts tokens and the target verifies them in one step".split()
+from backends.workloads import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchWorkload
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One sweep."""
+    """One sweep. Each level stops after `requests_per_level` requests, else `duration_s`."""
 
     url: str  # base URL without /v1
     model: str
-    concurrency: tuple[int, ...]
+    concurrency: tuple[int, ...]  # closed loop: clients; open loop: the cap on requests in flight
     requests_per_level: int | None = None
-    duration_s: float | None = None
-    input_len: int = 128
-    output_len: int = 128
+    duration_s: float | None = None  # closed loop: sending stops then; open loop: arrivals do
+    input_len: int = DEFAULT_INPUT_LEN  # mean prompt tokens (exact for `synthetic`)
+    output_len: int = DEFAULT_OUTPUT_LEN  # mean output tokens (exact for `synthetic`)
     api_key: str | None = None
+    rate_per_s: float | None = None  # open loop: arrivals per second; None: closed loop
+    poisson: bool = False  # random (gamma) gaps between arrivals instead of evenly spaced ones
+    burstiness: float = 1.0  # with poisson, the gamma shape as vLLM's: 1 is Poisson, < 1 burstier
+    workload: str = "synthetic"  # a preset of backends.workloads
+    seed: int = 0  # of the arrival gaps and the workload's lengths and prompts
+
+    def bench_workload(self) -> BenchWorkload:
+        """The workload: each request of a level by its index."""
+        return BenchWorkload(self.workload, self.input_len, self.output_len, self.seed)
 
 
 @dataclass
@@ -49,6 +64,7 @@ class RequestResult:
     output_tokens: int = 0
     prompt_tokens: int = 0
     error: str | None = None
+    sent_at: float = 0.0  # time.perf_counter() when the request went out
 
 
 @dataclass(frozen=True)
@@ -67,25 +83,32 @@ class LevelResult:
     e2e_ms: list[float]
     acceptance_length: float | None
     acceptance_per_position: list[float] | None
+    request_rate_per_s: float | None = None  # the rate asked for; None: closed loop
+    # Requests sent / time of the last send; below the rate asked when the cap held them back.
+    achieved_request_rate_per_s: float | None = None
+    mean_in_flight: float = 0.0  # Σ e2e latency / duration (Little's law)
+
+    @property
+    def load_concurrency(self) -> float:
+        """The concurrency the level measured throughput at: its clients, or, open-loop, the
+        requests actually in flight on average (the cap may never be reached)."""
+        return self.concurrency if self.request_rate_per_s is None else self.mean_in_flight
 
 
-def _prompt(input_len: int, salt: int) -> str:
-    return " ".join(WORDS[(i + salt) % len(WORDS)] for i in range(input_len))
-
-
-async def one_request(client: httpx.AsyncClient, config: BenchConfig, salt: int) -> RequestResult:
-    """Stream one chat completion and time it."""
+async def one_request(client: httpx.AsyncClient, config: BenchConfig, index: int) -> RequestResult:
+    """Stream request `index` of the workload and time it."""
+    planned = config.bench_workload().request(index)
     body = {
         "model": config.model,
-        "messages": [{"role": "user", "content": _prompt(config.input_len, salt)}],
-        "max_tokens": config.output_len,
+        "messages": list(planned.messages),
+        "max_tokens": planned.max_tokens,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    result, start = RequestResult(ok=False), time.perf_counter()
-    last = start
+    start = time.perf_counter()
+    result, last = RequestResult(ok=False, sent_at=start), start
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
             if r.status_code != 200:
@@ -122,32 +145,102 @@ async def scrape(client: httpx.AsyncClient) -> VllmSnapshot | None:
     return snapshot
 
 
+def interarrival_gaps_s(
+    rate_per_s: float, poisson: bool, burstiness: float, rng: random.Random
+) -> Iterator[float]:
+    """Endless gaps between arrivals, with mean 1/rate: constant, or gamma-distributed with
+    shape `burstiness` as in vLLM (shape 1 is exponential: a Poisson process)."""
+    while True:
+        if poisson:
+            yield rng.gammavariate(burstiness, 1.0 / (rate_per_s * burstiness))
+        else:
+            yield 1.0 / rate_per_s
+
+
+def arrival_schedule_s(config: BenchConfig) -> Iterator[float]:
+    """When each request of an open-loop level is due, in seconds from the level's start.
+
+    With a request count the times are rescaled, as vLLM does, so the last one falls at
+    count/rate (a random sum would miss it by a few percent); with a duration, arrivals come
+    until it has passed. The same seed gives the same schedule.
+    """
+    assert config.rate_per_s is not None, "a schedule needs a request rate"
+    rng = random.Random(config.seed)  # noqa: S311  (load shapes, not secrets)
+    gaps = interarrival_gaps_s(config.rate_per_s, config.poisson, config.burstiness, rng)
+    times = itertools.accumulate(gaps)
+    if config.requests_per_level is None:
+        duration_s = config.duration_s or 0.0
+        return itertools.takewhile(lambda t: t < duration_s, times)
+    due = list(itertools.islice(times, config.requests_per_level))
+    scale = config.requests_per_level / config.rate_per_s / due[-1]
+    return (t * scale for t in due)
+
+
 async def run_level(
     client: httpx.AsyncClient, config: BenchConfig, c: int, progress: Callable[[int], None]
 ) -> LevelResult:
-    """`c` closed-loop clients until the level's request count or duration is reached."""
+    """One level, closed- or open-loop, until its request count or duration is reached."""
     before = await scrape(client)
+    start = time.perf_counter()
+    if config.rate_per_s is None:
+        results = await _closed_loop(client, config, c, progress)
+    else:
+        results = await _open_loop(client, config, c, progress)
+    elapsed = time.perf_counter() - start
+    level = _summarise(c, elapsed, results, before, await scrape(client))
+    if config.rate_per_s is None:
+        return level
+    last_sent = max((r.sent_at - start for r in results), default=0.0)
+    achieved = len(results) / last_sent if last_sent > 0 else None
+    return dataclasses.replace(
+        level, request_rate_per_s=config.rate_per_s, achieved_request_rate_per_s=achieved
+    )
+
+
+async def _closed_loop(
+    client: httpx.AsyncClient, config: BenchConfig, c: int, progress: Callable[[int], None]
+) -> list[RequestResult]:
+    """`c` clients, each sending its next request as soon as its last one ends."""
     results: list[RequestResult] = []
-    budget = config.requests_per_level or 0
     deadline = time.monotonic() + (config.duration_s or 0)
     issued = 0
 
     def more() -> bool:
         if config.requests_per_level is not None:
-            return issued < budget
+            return issued < config.requests_per_level
         return time.monotonic() < deadline
 
-    async def worker(n: int) -> None:
+    async def client_loop() -> None:
         nonlocal issued
         while more():
-            issued += 1
-            results.append(await one_request(client, config, issued + n))
+            index, issued = issued, issued + 1
+            results.append(await one_request(client, config, index))
             progress(1)
 
+    await asyncio.gather(*(client_loop() for _ in range(c)))
+    return results
+
+
+async def _open_loop(
+    client: httpx.AsyncClient, config: BenchConfig, c: int, progress: Callable[[int], None]
+) -> list[RequestResult]:
+    """Requests arrive on the schedule; at most `c` are in flight, the rest wait their turn
+    (like `vllm bench serve --max-concurrency`). Arrivals stop at the level's duration; those
+    already waiting still go out."""
+    results: list[RequestResult] = []
+    in_flight = asyncio.Semaphore(c)
+
+    async def send(index: int) -> None:
+        async with in_flight:
+            results.append(await one_request(client, config, index))
+        progress(1)
+
     start = time.perf_counter()
-    await asyncio.gather(*(worker(n) for n in range(c)))
-    elapsed = time.perf_counter() - start
-    return _summarise(c, elapsed, results, before, await scrape(client))
+    async with asyncio.TaskGroup() as group:  # cancelling the level cancels every request
+        for index, due_s in enumerate(arrival_schedule_s(config)):
+            await asyncio.sleep(max(0.0, start + due_s - time.perf_counter()))
+            group.create_task(send(index))
+    return results
 
 
 def _summarise(
@@ -177,6 +270,7 @@ def _summarise(
         e2e_ms=[r.e2e_s * 1000 for r in ok],
         acceptance_length=acceptance,
         acceptance_per_position=per_position,
+        mean_in_flight=sum(r.e2e_s for r in ok) / elapsed if elapsed else 0.0,
     )
 
 
@@ -199,7 +293,8 @@ def vllm_bench_json(config: BenchConfig, level: LevelResult) -> dict[str, Any]:
         "backend": "openai-chat",
         "model_id": config.model,
         "num_prompts": level.completed + level.failed,
-        "request_rate": "inf",
+        "request_rate": "inf" if config.rate_per_s is None else config.rate_per_s,
+        "burstiness": _burstiness(config),
         "max_concurrency": level.concurrency,
         "duration": level.duration_s,
         "completed": level.completed,
@@ -217,7 +312,17 @@ def vllm_bench_json(config: BenchConfig, level: LevelResult) -> dict[str, Any]:
     if level.acceptance_length is not None:
         body["spec_decode_acceptance_length"] = level.acceptance_length
         body["spec_decode_per_position_acceptance_rates"] = level.acceptance_per_position
+    if level.achieved_request_rate_per_s is not None:  # draftgate's own, as --metadata would be
+        body["achieved_request_rate"] = level.achieved_request_rate_per_s
     return body
+
+
+def _burstiness(config: BenchConfig) -> float | str:
+    """vLLM's burstiness: evenly spaced arrivals are its `inf` (constant gaps); a closed loop
+    has none, and vLLM writes its default, 1.0."""
+    if config.rate_per_s is not None and not config.poisson:
+        return "inf"
+    return config.burstiness
 
 
 class Progress:

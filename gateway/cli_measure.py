@@ -17,11 +17,22 @@ import_app = typer.Typer(help="Benchmark results from other tools, as measuremen
 def bench(
     url: Annotated[str, typer.Option(help="Server base URL (without /v1).")],
     model: Annotated[str, typer.Option(help="Model name to request.")],
-    concurrency: Annotated[str, typer.Option(help="Comma-separated levels.")] = "1,4,16,64",
+    concurrency: Annotated[
+        str, typer.Option(help="Comma-separated levels (with --rate: caps on requests in flight).")
+    ] = "1,4,16,64",
     requests: Annotated[int | None, typer.Option(min=1, help="Requests per level.")] = None,
     duration: Annotated[float | None, typer.Option(min=0.1, help="Seconds per level.")] = None,
-    input_len: Annotated[int, typer.Option(min=1)] = 128,
-    output_len: Annotated[int, typer.Option(min=1)] = 128,
+    rate: Annotated[
+        float | None, typer.Option(min=0.001, help="Open loop: requests/s per level.")
+    ] = None,
+    poisson: Annotated[bool, typer.Option(help="With --rate: Poisson arrivals.")] = False,
+    burstiness: Annotated[
+        float | None, typer.Option(min=0.001, help="With --poisson: gamma shape (vLLM's).")
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Of arrivals and workload.")] = 0,
+    workload: Annotated[str, typer.Option(help="synthetic, code, chat or math.")] = "synthetic",
+    input_len: Annotated[int | None, typer.Option(min=1, help="Mean prompt tokens.")] = None,
+    output_len: Annotated[int | None, typer.Option(min=1, help="Mean output tokens.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="DRAFTGATE_BENCH_API_KEY")] = None,
     save_result: Annotated[
         Path | None, typer.Option(help="vllm-bench JSON (one per level).")
@@ -33,10 +44,12 @@ def bench(
     gpu: Annotated[str | None, typer.Option(help="Store results: GPU type.")] = None,
     gpu_count: Annotated[int, typer.Option(min=1)] = 1,
 ) -> None:
-    """A closed-loop load sweep: client TTFT, ITL, end-to-end, tokens/s, and acceptance."""
+    """A load sweep, closed-loop or at --rate: client TTFT, ITL, end-to-end, tokens/s, and
+    acceptance."""
     import asyncio
 
     from backends.bench import BenchConfig, run_sweep
+    from backends.workloads import WORKLOAD_NAMES, resolve_lengths
 
     try:
         levels = tuple(int(c) for c in concurrency.split(","))
@@ -44,11 +57,17 @@ def bench(
         fail(f"--concurrency must be integers separated by commas, got {concurrency!r}")
     if (method is None) != (gpu is None):
         fail("--method and --gpu go together (they describe the measured server)")
+    if workload not in WORKLOAD_NAMES:
+        fail(f"unknown --workload {workload!r}; known: {', '.join(WORKLOAD_NAMES)}")
+    _check_arrivals(rate, poisson, burstiness)
     if requests is None and duration is None:
         requests = DEFAULT_BENCH_REQUESTS
     seconds = duration if requests is None else None
-    config = BenchConfig(url.rstrip("/"), model, levels, requests, seconds, input_len,
-                         output_len, api_key)  # fmt: skip
+    prompt_len, answer_len = resolve_lengths(workload, input_len, output_len)
+    config = BenchConfig(url.rstrip("/"), model, levels, requests, seconds, api_key=api_key,
+                         input_len=prompt_len, output_len=answer_len, rate_per_s=rate,
+                         poisson=poisson, burstiness=burstiness or 1.0, workload=workload,
+                         seed=seed)  # fmt: skip
     results = asyncio.run(run_sweep(config, lambda line: typer.echo(line, err=True)))
     _print_levels(results)
     if save_result is not None:
@@ -57,12 +76,21 @@ def bench(
         _store_levels(results, model, method, k, gpu, gpu_count)
 
 
+def _check_arrivals(rate: float | None, poisson: bool, burstiness: float | None) -> None:
+    if poisson and rate is None:
+        fail("--poisson shapes the arrivals of an open-loop run: give --rate too")
+    if burstiness is not None and not poisson:
+        fail("--burstiness is the gamma shape of random arrivals: give --poisson too")
+
+
 def _print_levels(results: list[Any]) -> None:
-    typer.echo(f"{'c':>4} {'done':>5} {'fail':>4} {'tok/s':>9} {'TTFT ms':>8} {'ITL ms':>7} "
-               f"{'e2e ms':>8} {'AL':>5}")  # fmt: skip
+    typer.echo(f"{'c':>4} {'done':>5} {'fail':>4} {'req/s':>7} {'tok/s':>9} {'TTFT ms':>8} "
+               f"{'ITL ms':>7} {'e2e ms':>8} {'AL':>5}")  # fmt: skip
     for r in results:
         al = "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}"
-        typer.echo(f"{r.concurrency:>4} {r.completed:>5} {r.failed:>4} "
+        done_per_s = r.completed / r.duration_s if r.duration_s else 0.0
+        rate = r.achieved_request_rate_per_s or done_per_s  # closed loop: sent as they finish
+        typer.echo(f"{r.concurrency:>4} {r.completed:>5} {r.failed:>4} {rate:>7.2f} "
                    f"{r.output_tokens_per_s:>9.0f} {_mean(r.ttft_ms):>8.1f} "
                    f"{_mean(r.itl_ms):>7.2f} {_mean(r.e2e_ms):>8.0f} {al:>5}")  # fmt: skip
 

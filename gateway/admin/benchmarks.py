@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
 from backends.bench import BenchConfig
+from backends.workloads import WorkloadName, resolve_lengths
 from gateway.admin.schemas import Public, Strict
 from gateway.db import queries
 from gateway.db.session import transaction
@@ -19,21 +20,65 @@ router = APIRouter(prefix="/benchmarks", tags=["benchmarks"])
 Level = Annotated[int, Field(ge=1, le=1024)]
 
 
+class InvalidBenchmark(ValueError):
+    """A combination of benchmark fields that makes no sense; names the field at fault."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class BenchmarkCreate(Strict):
-    """A sweep against one registered backend."""
+    """A sweep against one registered backend, closed-loop or at a request rate."""
 
     backend: str
     concurrency: list[Level] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
     requests_per_level: int | None = Field(default=None, ge=1, le=100_000)
     duration_s: float | None = Field(default=None, gt=0, le=3600)
-    input_len: int = Field(default=128, ge=1, le=32_768)
-    output_len: int = Field(default=128, ge=1, le=32_768)
+    rate_per_s: float | None = Field(default=None, gt=0, le=10_000)
+    poisson: bool = False
+    burstiness: float | None = Field(default=None, gt=0, le=1000)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    workload: WorkloadName = "synthetic"
+    input_len: int | None = Field(default=None, ge=1, le=32_768)
+    output_len: int | None = Field(default=None, ge=1, le=32_768)
 
     @model_validator(mode="after")
     def _one_budget(self) -> BenchmarkCreate:
         if self.requests_per_level is None and self.duration_s is None:
             self.requests_per_level = 50
         return self
+
+    @model_validator(mode="after")
+    def _arrivals(self) -> BenchmarkCreate:
+        if self.poisson and self.rate_per_s is None:
+            raise InvalidBenchmark("poisson shapes open-loop arrivals: give rate_per_s", "poisson")
+        if self.burstiness is not None and not self.poisson:
+            raise InvalidBenchmark("burstiness is the gamma shape of poisson arrivals: set "
+                                   "poisson", "burstiness")  # fmt: skip
+        if self.poisson and self.burstiness is None:
+            self.burstiness = 1.0
+        return self
+
+    @model_validator(mode="after")
+    def _lengths(self) -> BenchmarkCreate:
+        """Store the mean lengths the run uses: the preset's unless given."""
+        self.input_len, self.output_len = resolve_lengths(
+            self.workload, self.input_len, self.output_len
+        )
+        return self
+
+    def config(self, url: str, model: str) -> BenchConfig:
+        """The sweep against the server at `url` serving `model`."""
+        input_len, output_len = resolve_lengths(self.workload, self.input_len, self.output_len)
+        seconds = self.duration_s if self.requests_per_level is None else None
+        return BenchConfig(
+            url=url, model=model, concurrency=tuple(self.concurrency),
+            requests_per_level=self.requests_per_level, duration_s=seconds,
+            input_len=input_len, output_len=output_len, rate_per_s=self.rate_per_s,
+            poisson=self.poisson, burstiness=self.burstiness or 1.0, workload=self.workload,
+            seed=self.seed,
+        )  # fmt: skip
 
 
 class BenchmarkPublic(Public):
@@ -61,16 +106,7 @@ def start_benchmark(
                        backend_name=backend.name, params=data.model_dump())  # fmt: skip
     with transaction(services.sessions) as own:  # committed before the task reads it
         own.add(run)
-    seconds = data.duration_s if data.requests_per_level is None else None
-    config = BenchConfig(
-        url=backend.url,
-        model=backend.model,
-        concurrency=tuple(data.concurrency),
-        requests_per_level=data.requests_per_level,
-        duration_s=seconds,
-        input_len=data.input_len,
-        output_len=data.output_len,
-    )
+    config = data.config(backend.url, backend.model)
     fields = ("name", "model", "method", "k", "gpu_type", "gpu_count")
     described = {name: getattr(backend, name) for name in fields}
     services.loop.call_soon_threadsafe(services.benchmarks.start, run.id, config, described)
