@@ -34,6 +34,7 @@ SPEC_ACCEPTED_PER_POS = MetricName(
 PROMPT_TOKENS = MetricName("vllm:prompt_tokens", "Number of prefill tokens processed.")
 GENERATION_TOKENS = MetricName("vllm:generation_tokens", "Number of generation tokens processed.")
 REQUEST_SUCCESS = MetricName("vllm:request_success", "Count of successfully processed requests.")
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # its `finished_reason`
 PREEMPTIONS = MetricName("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
 
 # Gauges.

@@ -44,6 +44,8 @@ class SimMetrics:
         self.prompt_tokens = _counter(r, vm.PROMPT_TOKENS).labels(**labels)
         self.generation_tokens = _counter(r, vm.GENERATION_TOKENS).labels(**labels)
         self._success = _counter(r, vm.REQUEST_SUCCESS, ["finished_reason"])
+        for reason in vm.FINISHED_REASONS:  # vLLM exposes every reason from the start
+            self._success.labels(**labels, finished_reason=reason)
         self._labels = labels
         self.preemptions = _counter(r, vm.PREEMPTIONS).labels(**labels)
         self.running = Gauge(*_gauge(vm.REQUESTS_RUNNING), registry=r).labels(**labels)

@@ -74,7 +74,9 @@ def parse_generation(
     """Validate a chat or text completion request the way vLLM does."""
     model = body.get("model")
     if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        raise ApiError(
+            404, f"The model `{model}` does not exist. Valid aliases: {served_model}.", "model"
+        )
     text = _messages_text(body.get("messages")) if chat else _prompt_text(body.get("prompt"))
     if len(text) > max_model_len * MAX_CHARS_PER_TOKEN:
         raise _too_long(max_model_len, len(text) // MAX_CHARS_PER_TOKEN, 0, chat)
@@ -173,12 +175,30 @@ def _too_long(limit: int, prompt: int, completion: int, chat: bool) -> ApiError:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """OpenAI usage object."""
+    """OpenAI usage object, as vLLM puts it on stream chunks."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+
+
+def full_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int | None]:
+    """Usage of a whole (non-streamed) response, with vLLM's empty token details."""
+    details = {"prompt_tokens_details": None, "completion_tokens_details": None}
+    return {**usage(prompt_tokens, completion_tokens), **details}
+
+
+# Keys vLLM 0.32 sends that the simulator has no values for (the tier against real vLLM
+# checks every response shape, key for key).
+SYSTEM_FINGERPRINT = "vllm-0.32.0-sim"
+_CHAT_MESSAGE_EXTRAS = dict.fromkeys(["annotations", "audio", "function_call", "reasoning"])
+_CHAT_CHOICE_EXTRAS = dict.fromkeys(["token_ids", "routed_experts"])
+_COMPLETION_CHOICE_EXTRAS = dict.fromkeys(
+    ["token_ids", "prompt_logprobs", "prompt_token_ids", "routed_experts"]
+)
+_CHAT_BODY_EXTRAS = dict.fromkeys(["prompt_logprobs", "prompt_token_ids", "prompt_text"])
+_TRANSFER_EXTRAS = dict.fromkeys(["kv_transfer_params", "ec_transfer_params"])
 
 
 class ResponseWriter:
@@ -198,16 +218,19 @@ class ResponseWriter:
     def role_chunk(self) -> bytes:
         """The first chat chunk, announcing the assistant role."""
         delta = '{"role":"assistant","content":""}'
-        return self._chunk(f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}')
+        choice = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}'
+        return self._chunk(choice, ',"prompt_token_ids":null,"prompt_text":null')
 
     def text_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
         """A chunk carrying new text (and the finish reason on the last one)."""
-        finish = _json(finish_reason)
+        finish = f'"finish_reason":{_json(finish_reason)}'
         if self.g.chat:
-            choice = f'{{"index":0,"delta":{{"content":{_json(text)}}},"logprobs":null,'
+            stop = ',"stop_reason":null' if finish_reason is not None else ""
+            choice = (f'{{"index":0,"delta":{{"content":{_json(text)}}},"logprobs":null,'
+                      f'{finish}{stop},"token_ids":null}}')  # fmt: skip
         else:
-            choice = f'{{"index":0,"text":{_json(text)},"logprobs":null,'
-        choice += f'"finish_reason":{finish},"stop_reason":null}}'
+            choice = (f'{{"index":0,"text":{_json(text)},"logprobs":null,{finish},'
+                      '"stop_reason":null,"prompt_token_ids":null,"token_ids":null}')  # fmt: skip
         extra = ""
         if self.g.continuous_usage:
             extra = f',"usage":{_json(usage(self.g.prompt_tokens, completion_tokens))}'
@@ -216,6 +239,7 @@ class ResponseWriter:
     def usage_chunk(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
         """The final chunk with usage (and per-request metrics when enabled)."""
         extra = f',"usage":{_json(usage(self.g.prompt_tokens, completion_tokens))}'
+        extra += f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"'
         if metrics is not None:
             extra += f',"metrics":{_json(metrics)}'
         return self._chunk("", extra)
@@ -226,29 +250,27 @@ class ResponseWriter:
     def full_response(
         self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
     ) -> bytes:
-        """The non-streaming response body."""
+        """The non-streaming response body, with every key vLLM sends."""
+        ending = {"logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
         if self.g.chat:
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": text,
-                "refusal": None,
-                "tool_calls": [],
-            }
-            choice: dict[str, Any] = {"index": 0, "message": message}
+            message = {"role": "assistant", "content": text, "refusal": None}
+            choice = {"index": 0, "message": message | _CHAT_MESSAGE_EXTRAS}
+            choice |= ending | _CHAT_CHOICE_EXTRAS
         else:
-            choice = {"index": 0, "text": text}
-        choice |= {"logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+            choice = {"index": 0, "text": text} | ending | _COMPLETION_CHOICE_EXTRAS
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion" if self.g.chat else "text_completion",
             "created": self.created,
             "model": self.g.model,
             "choices": [choice],
-            "usage": usage(self.g.prompt_tokens, completion_tokens),
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": full_usage(self.g.prompt_tokens, completion_tokens),
         }
-        if metrics is not None:
-            body["metrics"] = metrics
-        return _json(body).encode()
+        if self.g.chat:
+            body |= _CHAT_BODY_EXTRAS
+        return _json(body | _TRANSFER_EXTRAS | {"metrics": metrics}).encode()
 
 
 DONE = b"data: [DONE]\n\n"
