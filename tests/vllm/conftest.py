@@ -22,6 +22,7 @@ import pytest
 from backends.launcher import LaunchError, LocalServer, session_pids, vllm_argv, vllm_env
 from backends.methods import MethodSpec, make_spec
 from backends.tiny_models import TinyModels, build_tiny_models
+from backends.vllm_metrics import parse_metrics
 from tests.e2e.conftest import fleet_backend, free_port, start_module_gateway
 
 __all__ = ["start_module_gateway"]  # the e2e gateway fixture, shared with this tier
@@ -131,7 +132,7 @@ def vllm_servers(
         pytestconfig.stash[REPORT] = [f"{len(servers)} servers healthy and warmed up in "
                                       f"{time.monotonic() - started:.0f} s"]  # fmt: skip
         yield servers
-        pytestconfig.stash[REPORT].append(_memory_report(servers))
+        pytestconfig.stash[REPORT] += [_memory_report(servers), *_acceptance_report(servers)]
     except LaunchError as exc:
         pytest.fail(f"a real vLLM server did not start: {exc}")
     finally:
@@ -177,6 +178,21 @@ def _memory_report(servers: dict[str, RealServer]) -> str:
     each = ", ".join(f"{key} {mb:.0f}" for key, mb in peaks.items())
     total = sum(peaks.values())
     return f"peak RSS per server (MB, summed over its processes): {each}; total {total:.0f}"
+
+
+def _acceptance_report(servers: dict[str, RealServer]) -> list[str]:
+    """Acceptance over the whole session, per server, from its own counters."""
+    lines = []
+    for key, server in servers.items():
+        page = parse_metrics(httpx.get(f"{server.url}/metrics", timeout=10).text)
+        if not page.drafts or page.accepted_tokens is None or not page.accepted_per_position:
+            lines.append(f"{key}: no drafts")
+            continue
+        rates = ", ".join(f"{a / page.drafts:.2f}" for a in page.accepted_per_position)
+        length = 1 + page.accepted_tokens / page.drafts
+        lines.append(f"{key}: {page.drafts:.0f} drafts, acceptance length {length:.2f}, "
+                     f"per position {rates}")  # fmt: skip
+    return lines
 
 
 def pytest_terminal_summary(
