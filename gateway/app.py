@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -27,6 +28,7 @@ from gateway.deps import Services
 from gateway.errors import ServiceUnavailable, install_error_handlers
 from gateway.fleet import apply_fleet, load_fleet
 from gateway.limits import Limiter
+from gateway.managed import ManagedBackends
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Relay
 from gateway.registry import Registry
@@ -88,8 +90,12 @@ class GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(settings: Settings) -> GatewayApp:
-    """Build the gateway: the relay, `/v1/models`, health, metrics and the admin API."""
+def create_app(settings: Settings, managed: ManagedBackends | None = None) -> GatewayApp:
+    """Build the gateway: the relay, `/v1/models`, health, metrics and the admin API.
+
+    `managed` holds the backend servers this process started (`draftgate up`) and how to
+    start more; without it no backend can be switched here.
+    """
     if settings.admin_token is None:
         raise ValueError("settings.admin_token is required (DRAFTGATE_ADMIN_TOKEN)")
 
@@ -99,7 +105,7 @@ def create_app(settings: Settings) -> GatewayApp:
         engine = make_engine(settings.database_url)
         try:
             await anyio.to_thread.run_sync(prepare_database, settings, engine)
-            async with _running(settings, engine, app):
+            async with _running(settings, engine, app, managed or ManagedBackends(None, Path())):
                 yield
         finally:
             engine.dispose()
@@ -114,7 +120,9 @@ def create_app(settings: Settings) -> GatewayApp:
 
 
 @asynccontextmanager
-async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> AsyncIterator[None]:
+async def _running(
+    settings: Settings, engine: Engine, app: GatewayApp, managed: ManagedBackends
+) -> AsyncIterator[None]:
     """Start the registry, ledger, limiter, prober and relay; drain the ledger at the end."""
     sessions = make_sessionmaker(engine)
     metrics = GatewayMetrics()
@@ -132,8 +140,9 @@ async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> Async
     client = upstream_client(settings)
     benchmarks = BenchmarkManager(sessions)
     app.state.services = Services(
-        settings, engine, sessions, registry, metrics, benchmarks, asyncio.get_running_loop()
-    )
+        settings, engine, sessions, registry, metrics, benchmarks, managed,
+        asyncio.get_running_loop(),
+    )  # fmt: skip
     app.relay = Relay(settings, registry, ledger, limiter, metrics, client)
     stop = asyncio.Event()
     # Loops that touch the database stop at `stop` (never mid-query, so no connection is
@@ -161,5 +170,6 @@ async def _running(settings: Settings, engine: Engine, app: GatewayApp) -> Async
         prober.cancel()
         await asyncio.gather(prober, *stoppable, return_exceptions=True)
         await benchmarks.close()
+        await managed.close()
         await ledger.drain()
         await client.aclose()

@@ -22,6 +22,7 @@ from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from backends.launcher import LocalServer
+    from gateway.managed import ManagedBackends
 
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
 db_app = typer.Typer(help="Database schema.")
@@ -40,7 +41,7 @@ def _exit_zero(signum: int, frame: FrameType | None) -> NoReturn:
     raise SystemExit(0)
 
 
-def _serve(settings: Settings) -> None:
+def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
     from gateway.app import create_app
 
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the previous
@@ -50,7 +51,7 @@ def _serve(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream request
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, managed),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -83,6 +84,7 @@ def up(
     """Run the stack locally on SQLite: simulated backends for a demo model and the gateway."""
     from backends.launcher import LaunchError
     from gateway import stack
+    from gateway.managed import ManagedBackends
 
     settings = settings_from_env(port=port, require_api_key=False)
     if settings.admin_token is None:
@@ -94,9 +96,10 @@ def up(
         simulators = stack.start_simulators(sim_base_port, time_scale, log_dir)
     except LaunchError as exc:
         fail(f"a simulated backend did not start: {exc}")
+    managed = ManagedBackends(stack.sim_launcher(time_scale), log_dir, simulators)
     try:
         _print_banner(settings, simulators, log_dir)
-        _serve(settings)
+        _serve(settings, managed)
     finally:
         stack.stop_all(simulators)
 

@@ -6,7 +6,7 @@ import asyncio
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
@@ -19,6 +19,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from gateway.settings import Settings
 
+if TYPE_CHECKING:  # managed imports the admin modules, which import this one
+    from gateway.managed import ManagedBackends
+
 
 @dataclass(frozen=True)
 class Services:
@@ -30,6 +33,7 @@ class Services:
     registry: Registry
     metrics: GatewayMetrics
     benchmarks: BenchmarkManager
+    managed: ManagedBackends
     loop: asyncio.AbstractEventLoop  # for admin routes (threads) to start background work
 
 

@@ -178,6 +178,22 @@ class Settings(BaseSettings):
             "Default 0.05: measurement noise alone does not cause a move."
         ),
     )
+    managed_start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "Seconds a managed backend's new server has to answer /health during a switch. "
+            "Default 300: a real vLLM server loads weights and warms up for minutes."
+        ),
+    )
+    managed_drain_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Seconds a switched-away managed backend may finish its in-flight requests "
+            "before it is stopped. Default 120: long generations finish."
+        ),
+    )
     ledger_flush_interval_s: float = Field(
         default=0.5,
         gt=0,

@@ -12,6 +12,7 @@ from gateway.admin.prices import create_price
 from gateway.admin.schemas import BackendCreate, PriceCreate
 from gateway.db import queries
 from gateway.fleet import Fleet, apply_fleet
+from gateway.managed import Launch
 from planner.catalog import default_prices
 
 DEMO_MODEL = "openai/gpt-oss-20b"
@@ -60,6 +61,20 @@ def seed_demo(session: Session, base_port: int) -> None:
                 date=price.date,
             )
             create_price(session, data, ACTOR)
+
+
+def sim_launcher(time_scale: float) -> Launch:
+    """How `draftgate up` starts a simulated backend (for switches of managed backends)."""
+
+    def launch(backend: BackendCreate, port: int, log_path: Path) -> LocalServer:
+        argv = sim_argv(backend.model, backend.method, port, gpu=backend.gpu_type,
+                        time_scale=time_scale)  # fmt: skip
+        argv += ["--gpu-count", str(backend.gpu_count)]
+        if backend.k is not None:
+            argv += ["--k", str(backend.k)]
+        return LocalServer(backend.name, argv, port, log_path)
+
+    return launch
 
 
 def start_simulators(base_port: int, time_scale: float, log_dir: Path) -> list[LocalServer]:

@@ -12,6 +12,7 @@ from gateway.admin import (
     prices,
     savings,
     spend,
+    switches,
 )
 from gateway.deps import refresh_registry_after_changes, require_admin
 
@@ -20,7 +21,18 @@ def admin_router() -> APIRouter:
     """Every admin resource under `/admin/v1`, behind the admin token."""
     dependencies = [Depends(refresh_registry_after_changes), Depends(require_admin)]
     router = APIRouter(prefix="/admin/v1", dependencies=dependencies)
-    for module in (backends, models, prices, keys, audit, plan, savings, benchmarks, spend):
+    for module in (
+        backends,
+        switches,
+        models,
+        prices,
+        keys,
+        audit,
+        plan,
+        savings,
+        benchmarks,
+        spend,
+    ):
         router.include_router(module.router)
     router.include_router(plan.accuracy_router)
     return router

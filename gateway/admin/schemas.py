@@ -98,6 +98,26 @@ class BackendUpdate(Strict):
     managed: bool | None = None
 
 
+class BackendSwitch(Strict):
+    """Move a managed backend to another method or K: a new server replaces the old one."""
+
+    method: Method
+    k: int | None = None
+    drafter: str | None = Field(default=None, max_length=500)
+    speculative_options: dict[str, Any] = Field(default_factory=dict)
+    name: BackendName | None = None  # the new backend's name; default: derived from the old
+
+
+class SwitchAccepted(Public):
+    """A switch under way; its steps appear in the audit log of the old backend."""
+
+    old_name: str
+    new_name: str
+    method: str
+    k: int | None
+    status: Literal["starting"] = "starting"
+
+
 class BackendPublic(Public):
     """A backend as the API shows it, with the vLLM speculative config it implies."""
 

@@ -1,0 +1,64 @@
+"""Admin API for switching a managed backend to another method or K without dropping requests."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from fastapi import APIRouter
+
+from gateway.admin.changes import merged
+from gateway.admin.schemas import BackendCreate, BackendSwitch, SwitchAccepted
+from gateway.db import queries
+from gateway.db.tables import Backend
+from gateway.deps import ServicesDep, SessionDep
+from gateway.errors import Conflict
+from gateway.managed import Switch, SwitchTimeouts
+
+router = APIRouter(prefix="/backends", tags=["backends"])
+START_TIMEOUT_S = 5.0  # for the event loop to accept the switch, not for the server
+
+
+def switch_target(row: Backend, data: BackendSwitch) -> BackendCreate:
+    """The backend that will replace `row`: same model and GPUs, the requested decoding."""
+    current: dict[str, Any] = {
+        "name": data.name or derived_name(row.name, row.method, data.method, data.k),
+        "url": row.url,  # replaced by the new server's address once it has a port
+        "model": row.model, "gpu_type": row.gpu_type, "gpu_count": row.gpu_count,
+        "enabled": True, "managed": True,
+    }  # fmt: skip
+    if data.method == row.method:  # a new K for the same drafter
+        current |= {"drafter": row.drafter, "speculative_options": row.speculative_options}
+    return merged(BackendCreate, current, data.model_copy(update={"name": current["name"]}))
+
+
+def derived_name(old: str, old_method: str, method: str, k: int | None) -> str:
+    """`demo-eagle3` → `demo-dflash`; a name without the method gets it appended."""
+    base = re.sub(rf"-{re.escape(old_method)}(-k\d+)?$", "", old)
+    return f"{base}-{method}" + (f"-k{k}" if k is not None else "")
+
+
+@router.post("/{name}/switch", status_code=202)
+def post_switch(
+    name: str, data: BackendSwitch, session: SessionDep, services: ServicesDep
+) -> SwitchAccepted:
+    """Start a new server with the requested method and K, shift traffic, retire the old one.
+
+    Returns once the switch is under way; the audit log of the old backend records the
+    traffic shift (`switch`), the old server's removal (`delete`) or a failed start
+    (`switch-failed`, with the new server's last log lines).
+    """
+    row = queries.get_backend(session, name)
+    services.managed.check_switchable(name)
+    target = switch_target(row, data)
+    if queries.find_backend(session, target.name) is not None:
+        raise Conflict(f"backend {target.name!r} already exists", param="name")
+    settings = services.settings
+    timeouts = SwitchTimeouts(start_s=settings.managed_start_timeout_s,
+                              drain_s=settings.managed_drain_timeout_s,
+                              replica_refresh_s=settings.registry_refresh_s)  # fmt: skip
+    switch = Switch(name, target, services.registry, services.sessions, timeouts)
+    started = asyncio.run_coroutine_threadsafe(services.managed.begin(switch), services.loop)
+    started.result(START_TIMEOUT_S)  # re-raises Conflict when `name` is not switchable
+    return SwitchAccepted(old_name=name, new_name=target.name, method=target.method, k=target.k)
