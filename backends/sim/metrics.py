@@ -1,4 +1,14 @@
-"""The simulator's `/metrics`: vLLM's names, types, labels and buckets."""
+"""The simulator's `/metrics`: vLLM's names, types, labels and buckets.
+
+The families simulated are those draftgate reads and the request-latency histograms:
+prompt/generation tokens, request successes by finished reason, preemptions, running and
+waiting requests, KV-cache usage, TTFT/ITL/TPOT/e2e/queue-time and token-count histograms,
+tokens per engine step, and the four spec-decode counters (only when the method
+speculates). vLLM 0.32 exposes more (prefix and multi-modal caches, prompt tokens by
+source, FLOPs estimates, per-phase request times, cache config info); those are not
+simulated. tests/vllm checks every simulated family against a real vLLM server of the same
+method: same name, type, help and label names.
+"""
 
 from __future__ import annotations
 
