@@ -161,6 +161,7 @@ class Observation:
     accepted: float
     accepted_per_position: tuple[float, ...]
     running: float
+    latency_s: float = 0.0  # Σ end-to-end latency of the requests that finished meanwhile
 
 
 def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Observation | None:
@@ -178,14 +179,18 @@ def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Obs
         if drafts < 0 or accepted < 0 or any(p < 0 for p in per_position):
             return None
     return Observation(seconds, tokens, drafts, accepted, per_position,
-                       _mean_concurrency(before, after, seconds))  # fmt: skip
+                       _mean_concurrency(before, after, seconds),
+                       _finished_latency_s(before, after))  # fmt: skip
+
+
+def _finished_latency_s(before: VllmSnapshot, after: VllmSnapshot) -> float:
+    if before.e2e_latency_sum_s is None or after.e2e_latency_sum_s is None:
+        return 0.0
+    return max(after.e2e_latency_sum_s - before.e2e_latency_sum_s, 0.0)
 
 
 def _mean_concurrency(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> float:
     """Requests in the system on average: Σ latency of those that finished over the interval
     (Little's law), else the running gauge at the scrape (an instant, so noisier)."""
-    if before.e2e_latency_sum_s is not None and after.e2e_latency_sum_s is not None:
-        latency = after.e2e_latency_sum_s - before.e2e_latency_sum_s
-        if latency > 0:
-            return latency / seconds
-    return after.running
+    latency = _finished_latency_s(before, after)
+    return latency / seconds if latency > 0 else after.running

@@ -5,8 +5,11 @@ Per interval and backend: output tokens/s from `generation_tokens`, mean accepta
 `1 + Δaccepted / Δdrafts` and per-position acceptance `Δaccepted_at_pos / Δdrafts` (vLLM's
 own definitions), running/waiting/KV usage. A counter that went down means the backend
 restarted: that interval is skipped, never turned into a negative or huge rate. Intervals
-are summed per (backend, concurrency bucket) and written as one `scrape` measurement per
-bucket per window. A backend whose declared method disagrees with its counters is flagged.
+are summed per backend and written as one `scrape` measurement per window, at the window's
+mean concurrency (Little's law over the whole window: the latency of a request lands in the
+interval it finished in, its tokens in every interval it ran, so only window totals pair
+up; the planner's curves bin the stored concurrencies). A backend whose declared method
+disagrees with its counters is flagged.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -42,11 +44,6 @@ def method_mismatch(backend: BackendView, snapshot: VllmSnapshot) -> str | None:
     return None
 
 
-def concurrency_bucket(running: float) -> int:
-    """Observed concurrency rounded to a power of two (1, 2, 4, ...)."""
-    return int(2 ** max(0, round(math.log2(max(running, 1.0)))))
-
-
 @dataclass
 class Tally:
     """Observations of one backend at one concurrency bucket, summed over a window."""
@@ -57,6 +54,7 @@ class Tally:
     accepted: float = 0.0
     accepted_per_position: list[float] = field(default_factory=list)
     running_seconds: float = 0.0
+    latency_s: float = 0.0  # Σ latency of the requests that finished in the window
 
     def add(self, o: Observation) -> None:
         self.seconds += o.seconds
@@ -64,21 +62,28 @@ class Tally:
         self.drafts += o.drafts
         self.accepted += o.accepted
         self.running_seconds += o.running * o.seconds
+        self.latency_s += o.latency_s
         grow = len(o.accepted_per_position) - len(self.accepted_per_position)
         self.accepted_per_position += [0.0] * max(0, grow)
         for i, value in enumerate(o.accepted_per_position):
             self.accepted_per_position[i] += value
 
-    def measurement(self, backend: BackendView) -> Measurement:
-        """The window as one `scrape` measurement.
+    def measurement(self, backend: BackendView) -> Measurement | None:
+        """The window as one `scrape` measurement (None when it says too little).
 
-        Below one running request on average the backend sat idle part of the time; its
-        rate while busy is what a request sees, so the window is stored at concurrency 1.
+        The window's mean concurrency is, by Little's law, the latency of the requests that
+        finished in it over its length (the scrape-time running gauge when none finished).
+        Below one request on average the backend sat idle part of the time; its rate while
+        busy is what a request sees, so the window is stored at concurrency 1 — unless no
+        request finished in it, when its busy time is unknown.
         """
         spec = self.drafts > 0
-        concurrency = self.running_seconds / self.seconds
+        busy_s = self.latency_s or self.running_seconds
+        concurrency = busy_s / self.seconds
         output_tokens_per_s = self.output_tokens / self.seconds
         if concurrency < 1:
+            if not self.latency_s:
+                return None
             output_tokens_per_s /= max(concurrency, MIN_BUSY_FRACTION)
             concurrency = 1.0
         return Measurement(
@@ -119,7 +124,7 @@ class Collector:
         )
         self.interval_s, self.window_s = interval_s, window_s
         self._last: dict[str, tuple[float, VllmSnapshot]] = {}
-        self._tallies: dict[tuple[str, int], tuple[BackendView, Tally]] = {}
+        self._tallies: dict[str, tuple[BackendView, Tally]] = {}
         self._window_start = time.monotonic()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -162,12 +167,12 @@ class Collector:
         observation = difference(previous[1], snapshot, now - previous[0])
         if observation is None or observation.output_tokens <= 0:
             return
-        key = (backend.name, concurrency_bucket(observation.running))
-        self._tallies.setdefault(key, (backend, Tally()))[1].add(observation)
+        self._tallies.setdefault(backend.name, (backend, Tally()))[1].add(observation)
 
     async def flush(self) -> None:
-        """Write one measurement per (backend, bucket) of the window; start a new window."""
-        rows = [tally.measurement(backend) for backend, tally in self._tallies.values()]
+        """Write one measurement per backend of the window; start a new window."""
+        rows = [m for backend, tally in self._tallies.values()
+                if (m := tally.measurement(backend)) is not None]  # fmt: skip
         self._tallies, self._window_start = {}, time.monotonic()
         if not rows:
             return

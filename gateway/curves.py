@@ -3,19 +3,23 @@
 A curve drawn through measurements alone knows nothing past its highest measured
 concurrency (it saturates there), so a method that has only seen exploration traffic would
 look hopeless at high load and the selector could never move to it. For models and GPUs in
-the planner's catalog, the planner's prediction, fitted to all of that (model, GPU)'s
-measurements, fills the concurrencies no measurement covers, scaled to agree with the
-nearest measured point; a method with a backend but no measurement yet gets the prediction
-alone. Models outside the catalog keep curves from their measurements only.
+the planner's catalog, the planner's prediction fills the concurrencies no measurement
+covers, scaled to agree with the nearest measured point; a method with a backend but no
+measurement yet gets the prediction scaled by how far the planner is from the measured
+methods of that model and GPU. Models outside the catalog keep curves from their
+measurements only.
 
-Fitting costs up to a second of CPU, so each (model, GPU)'s fit is reused until its
-measurements change and at least `refit_s` has passed.
+The prediction uses the planner's published calibration, not one refitted to these
+measurements: a live fleet often has measured one method only, and four overhead and
+bandwidth parameters fitted to one method's points bend the other methods' predictions
+(a uniformly slower host reads as large drafter overheads and penalises sequential
+drafters). Anchoring each curve to measurements corrects the level; the planner supplies
+the shape. (`GET /admin/v1/plan` does fit, with its leave-one-out error band.)
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ from planner import calibration, catalog
 from planner.calibration import EngineCalibration
 from planner.catalog import UnknownCatalogEntry
 from planner.cost import ThroughputCurve
-from planner.fit_measurements import Hardware, MeasuredPoint, fit_calibration, predict_point
+from planner.fit_measurements import Hardware, MeasuredPoint, predict_point
 from planner.recommend import CONCURRENCY
 
 WORKLOAD = "chat"  # the traffic the planner assumes for live requests
@@ -86,57 +90,40 @@ def _aggregate(
     return Aggregate(key, max(k for k, _, _, _ in rows), c, tps, al)
 
 
-class CurveBuilder:
-    """Builds the registry's curves, keeping each (model, GPU)'s planner fit for a while."""
+def build_curves(
+    points: Iterable[Aggregate], served: Iterable[Served]
+) -> dict[CurveKey, ThroughputCurve]:
+    """Curves for every measured key and every served (model, method, GPU)."""
+    by_key: dict[CurveKey, list[Aggregate]] = defaultdict(list)
+    for p in points:
+        by_key[p.key].append(p)
+    wanted = {(s.model, s.method, s.gpu_type): s.k for s in served}
+    for key, rows in by_key.items():
+        wanted.setdefault(key, max(r.k for r in rows))
+    curves = {}
+    for key, k in wanted.items():
+        curve = _curve(key, k, by_key)
+        if curve is not None:
+            curves[key] = curve
+    return curves
 
-    def __init__(self, refit_s: float = 30.0) -> None:
-        self.refit_s = refit_s
-        self._fits: dict[tuple[str, str], tuple[float, tuple[Aggregate, ...], EngineCalibration]]
-        self._fits = {}
 
-    def build(
-        self, points: Iterable[Aggregate], served: Iterable[Served]
-    ) -> dict[CurveKey, ThroughputCurve]:
-        """Curves for every measured key and every served (model, method, GPU)."""
-        by_key: dict[CurveKey, list[Aggregate]] = defaultdict(list)
-        for p in points:
-            by_key[p.key].append(p)
-        wanted = {(s.model, s.method, s.gpu_type): s.k for s in served}
-        for key, rows in by_key.items():
-            wanted.setdefault(key, max(r.k for r in rows))
-        curves = {}
-        for key, k in wanted.items():
-            curve = self._curve(key, k, by_key)
-            if curve is not None:
-                curves[key] = curve
-        return curves
-
-    def _curve(
-        self, key: CurveKey, k: int, by_key: Mapping[CurveKey, list[Aggregate]]
-    ) -> ThroughputCurve | None:
-        rows = by_key.get(key, [])
-        hardware = _hardware(key[0], key[2])
-        if hardware is None:
-            return ThroughputCurve.from_points(_pairs(rows)) if rows else None
-        model_rows = tuple(r for (m, _, g), rs in by_key.items() if (m, g) == (key[0], key[2])
-                           for r in rs)  # fmt: skip
-        cal = self._calibration(hardware, model_rows)
-        al = _mean_acceptance(rows)
-        predicted = {c: predict_point(hardware, cal, MeasuredPoint(key[1], k, c, 0.0, al))
-                     for c in CONCURRENCY}  # fmt: skip
-        return ThroughputCurve.from_points(extend(_pairs(rows), predicted))
-
-    def _calibration(self, hw: Hardware, rows: tuple[Aggregate, ...]) -> EngineCalibration:
-        base = calibration.engine_calibration()
-        if not rows:
-            return base
-        name, now = (hw.model.name, hw.gpu.name), time.monotonic()
-        cached = self._fits.get(name)
-        if cached is not None and (cached[1] == rows or now - cached[0] < self.refit_s):
-            return cached[2]
-        fitted = fit_calibration(hw, base, [_point(r) for r in rows])
-        self._fits[name] = (now, rows, fitted)
-        return fitted
+def _curve(
+    key: CurveKey, k: int, by_key: Mapping[CurveKey, list[Aggregate]]
+) -> ThroughputCurve | None:
+    rows = by_key.get(key, [])
+    hardware = _hardware(key[0], key[2])
+    if hardware is None:
+        return ThroughputCurve.from_points(_pairs(rows)) if rows else None
+    cal = calibration.engine_calibration()
+    al = _mean_acceptance(rows)
+    scale = 1.0  # with rows of its own, `extend` anchors the prediction to them
+    if not rows:
+        same = [r for (m, _, g), rs in by_key.items() if (m, g) == (key[0], key[2]) for r in rs]
+        scale = _residual_scale(hardware, cal, same)
+    predicted = {c: scale * predict_point(hardware, cal, MeasuredPoint(key[1], k, c, 0.0, al))
+                 for c in CONCURRENCY}  # fmt: skip
+    return ThroughputCurve.from_points(extend(_pairs(rows), predicted))
 
 
 def extend(
@@ -161,6 +148,17 @@ def extend(
 def _predicted_at(predicted: Mapping[int, float], c: float) -> float:
     """The prediction at c, interpolated on the predicted grid."""
     return ThroughputCurve.from_points([(float(x), y) for x, y in predicted.items()]).at(c)
+
+
+def _residual_scale(hw: Hardware, cal: EngineCalibration, rows: Iterable[Aggregate]) -> float:
+    """How far the fitted prediction is from this (model, GPU)'s measurements, as a factor.
+
+    The geometric mean of measured over predicted: a method never measured is priced as off
+    as the measured ones are, not in different units (a slower host, a simulator scaled in
+    time, a calibration the fit could not fully reach).
+    """
+    logs = [math.log(r.output_tokens_per_s / predict_point(hw, cal, _point(r))) for r in rows]
+    return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
 
 def _hardware(model: str, gpu: str) -> Hardware | None:

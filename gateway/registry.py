@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.curves import CurveBuilder, Served, measured
+from gateway.curves import Served, build_curves, measured
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from planner.cost import ThroughputCurve, usd_per_mtok
 
@@ -125,7 +125,7 @@ def _period_start(period: str, now: dt.datetime) -> dt.datetime | None:
     return None  # total
 
 
-def load_snapshot(session: Session, curves: CurveBuilder | None = None) -> Snapshot:
+def load_snapshot(session: Session) -> Snapshot:
     """Read the registry's snapshot from the database."""
     backends: dict[str, list[BackendView]] = defaultdict(list)
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
@@ -156,7 +156,7 @@ def load_snapshot(session: Session, curves: CurveBuilder | None = None) -> Snaps
         policies=policies,
         keys=keys,
         prices=prices,
-        curves=(curves or CurveBuilder()).build(measured(session), _served(backends)),
+        curves=build_curves(measured(session), _served(backends)),
         key_spend_usd=_key_spend(session, keys.values()),
     )
 
@@ -202,7 +202,6 @@ class Registry:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
-        self._curves = CurveBuilder()
 
     def auto_method(self, model: str) -> str | None:
         """The method an `auto` model uses now: the selector's choice, else the snapshot's."""
@@ -211,7 +210,7 @@ class Registry:
     def load(self) -> None:
         """Replace the snapshot with a fresh read (blocking; call from a thread)."""
         with self._sessions() as session:
-            snapshot = load_snapshot(session, self._curves)
+            snapshot = load_snapshot(session)
         self.snapshot = snapshot
         for callback in self.on_load:
             callback()

@@ -40,6 +40,11 @@ class EngineRunner:
         """Simulated seconds since the runner started."""
         return (asyncio.get_running_loop().time() - self._origin) * self.time_scale
 
+    def wall_s(self, simulated_s: float) -> float:
+        """Simulated seconds as the wall clock sees them: what the latency metrics report, so
+        a scraper's rates (counters over wall time) agree with the latencies it reads."""
+        return simulated_s / self.time_scale
+
     def submit(self, request: SimRequest, text: PseudoText) -> Stream:
         """Queue a request; its output arrives on the returned stream."""
         stream = Stream(request, text)
@@ -90,9 +95,9 @@ class EngineRunner:
                 continue
             new_tokens += tokens
             if stream.sent_tokens:
-                m.itl.observe(result.duration_s)
+                m.itl.observe(self.wall_s(result.duration_s))
             else:
-                m.ttft.observe(end_s - request.arrived_s)
+                m.ttft.observe(self.wall_s(end_s - request.arrived_s))
             stream.sent_tokens += tokens
             stream.events.put_nowait((stream.text.take(tokens), tokens))
         for request in result.finished:
@@ -111,9 +116,11 @@ class EngineRunner:
     def _record_finished(self, request: SimRequest) -> None:
         m, end = self.metrics, request.last_token_s or self.now_s()
         m.success(request.finish_reason or "stop")
-        m.e2e.observe(end - request.arrived_s)
-        m.queue_time.observe((request.scheduled_s or request.arrived_s) - request.arrived_s)
+        m.e2e.observe(self.wall_s(end - request.arrived_s))
+        m.queue_time.observe(
+            self.wall_s((request.scheduled_s or request.arrived_s) - request.arrived_s)
+        )
         m.prompt_hist.observe(request.prompt_tokens)
         m.generation_hist.observe(request.generated)
         if request.generated > 1 and request.first_token_s is not None:
-            m.tpot.observe((end - request.first_token_s) / (request.generated - 1))
+            m.tpot.observe(self.wall_s(end - request.first_token_s) / (request.generated - 1))

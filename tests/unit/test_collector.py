@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from backends.vllm_metrics import VllmSnapshot, difference, parse_metrics
-from gateway.collector import Tally, concurrency_bucket, method_mismatch
+from gateway.collector import Tally, method_mismatch
 from gateway.registry import BackendView
 
 BEFORE = VllmSnapshot(1000, 50, 4, 0, 0.1, 100, 700, 250, (90, 70, 50, 25, 10, 5, 0))
@@ -44,11 +44,6 @@ def test_windows_weight_concurrency_by_time() -> None:
     assert tally.measurement(PEAGLE).concurrency == 5.0  # (2*1 + 6*3) / 4
 
 
-@pytest.mark.parametrize(("running", "bucket"), [(0, 1), (1, 1), (2.5, 2), (3.1, 4), (48, 64)])
-def test_concurrency_buckets(running: float, bucket: int) -> None:
-    assert concurrency_bucket(running) == bucket
-
-
 def test_declared_method_is_checked_against_the_counters() -> None:
     plain_page = replace(AFTER, drafts=None, draft_tokens=None, accepted_tokens=None,
                          accepted_per_position=None)  # fmt: skip
@@ -74,11 +69,41 @@ def test_parse_tolerates_the_older_kv_gauge_and_missing_families() -> None:
 
 def test_an_idle_part_of_the_window_does_not_lower_the_rate() -> None:
     tally = Tally()
-    half_busy = difference(BEFORE, replace(AFTER, running=0.5), 2.0)
+    half_busy = difference(replace(BEFORE, e2e_latency_sum_s=10.0),
+                           replace(AFTER, e2e_latency_sum_s=11.0, running=0.0), 2.0)  # fmt: skip
     assert half_busy is not None
     tally.add(half_busy)
     m = tally.measurement(PLAIN)
+    assert m is not None
     assert (m.concurrency, m.output_tokens_per_s) == (1.0, 600.0)  # 300 tok/s over half the time
+
+
+def test_busy_time_is_summed_over_the_window_not_per_scrape() -> None:
+    """A request spanning two scrapes: tokens in both, its latency only in the second."""
+    tally = Tally()
+    first = difference(replace(BEFORE, e2e_latency_sum_s=0.0),
+                       replace(AFTER, e2e_latency_sum_s=0.0, running=1.0), 2.0)  # fmt: skip
+    tokens = AFTER.generation_tokens - BEFORE.generation_tokens
+    second = difference(replace(AFTER, e2e_latency_sum_s=0.0),
+                        replace(AFTER, generation_tokens=AFTER.generation_tokens + tokens,
+                                e2e_latency_sum_s=2.0, running=0.0), 2.0)  # fmt: skip
+    assert first is not None
+    assert second is not None
+    tally.add(first)
+    tally.add(second)
+    m = tally.measurement(PLAIN)
+    assert m is not None
+    # 2 * tokens over 4 s, busy for 2 of them: the per-request rate is tokens per second.
+    assert m.concurrency == 1.0
+    assert m.output_tokens_per_s == pytest.approx(2 * tokens / 2.0)
+
+
+def test_a_quiet_window_with_no_finished_request_is_not_stored() -> None:
+    tally = Tally()
+    trickle = difference(BEFORE, replace(AFTER, running=0.0), 2.0)
+    assert trickle is not None
+    tally.add(trickle)
+    assert tally.measurement(PLAIN) is None
 
 
 def test_concurrency_comes_from_littles_law_when_latencies_are_exposed() -> None:

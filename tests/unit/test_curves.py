@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.curves import Aggregate, CurveBuilder, Served, _bin, extend
+from gateway.curves import Aggregate, Served, _bin, build_curves, extend
 
 MODEL, GPU = "openai/gpt-oss-20b", "B200"
 
@@ -41,7 +41,7 @@ def test_concurrency_bins_are_quarter_octaves(concurrency: float, expected: floa
 
 def test_unmeasured_catalog_methods_get_the_planners_curve() -> None:
     served = [Served(MODEL, "plain", 0, GPU), Served(MODEL, "p-eagle", 7, GPU)]
-    curves = CurveBuilder().build([], served)
+    curves = build_curves([], served)
     plain, peagle = curves[(MODEL, "plain", GPU)], curves[(MODEL, "p-eagle", GPU)]
     # The planner's published-calibrated view of GPT-OSS-20B on B200 at low load:
     # P-EAGLE (K=7) roughly doubles plain decoding.
@@ -52,7 +52,7 @@ def test_unmeasured_catalog_methods_get_the_planners_curve() -> None:
 def test_measured_points_stand_and_the_prediction_continues_past_them() -> None:
     key = (MODEL, "eagle3", GPU)
     points = [Aggregate(key, 3, 1.0, 400.0, 2.5), Aggregate(key, 3, 4.0, 1400.0, 2.5)]
-    curve = CurveBuilder().build(points, [Served(MODEL, "eagle3", 3, GPU)])[key]
+    curve = build_curves(points, [Served(MODEL, "eagle3", 3, GPU)])[key]
     assert curve.at(1) == pytest.approx(400.0)
     assert curve.at(4) == pytest.approx(1400.0)
     assert curve.at(64) > 4 * curve.at(4)  # a measured-only curve would stay at 1400
@@ -60,19 +60,20 @@ def test_measured_points_stand_and_the_prediction_continues_past_them() -> None:
 
 def test_models_outside_the_catalog_use_measurements_only() -> None:
     key = ("acme/private-model", "plain", GPU)
-    curve = CurveBuilder().build([Aggregate(key, 0, 2.0, 100.0, None)], [])[key]
+    curve = build_curves([Aggregate(key, 0, 2.0, 100.0, None)], [])[key]
     assert curve.at(2) == pytest.approx(100.0)
     assert curve.at(64) == pytest.approx(100.0)  # saturates: nothing to predict with
-    assert CurveBuilder().build([], [Served("acme/private-model", "plain", 0, GPU)]) == {}
+    assert build_curves([], [Served("acme/private-model", "plain", 0, GPU)]) == {}
 
 
-def test_a_fit_is_reused_until_refit_interval_passes() -> None:
+def test_an_unmeasured_method_is_priced_as_off_as_the_measured_ones() -> None:
+    """Measurements 20x slower than the planner expects (a time-scaled simulator, say):
+    a method never measured must not look 20x faster than the measured ones."""
+    served = [Served(MODEL, "plain", 0, GPU), Served(MODEL, "eagle3", 3, GPU)]
+    planned = build_curves([], served)
     key = (MODEL, "plain", GPU)
-    served = [Served(MODEL, "plain", 0, GPU), Served(MODEL, "dflash", 7, GPU)]
-    slow = [Aggregate(key, 0, 1.0, 50.0, None)]
-    fast = [Aggregate(key, 0, 1.0, 500.0, None)]
-    builder = CurveBuilder(refit_s=3600)
-    first = builder.build(slow, served)[(MODEL, "dflash", GPU)]
-    assert builder.build(fast, served)[(MODEL, "dflash", GPU)] == first  # fit kept
-    fresh = CurveBuilder(refit_s=0).build(fast, served)[(MODEL, "dflash", GPU)]
-    assert fresh.at(1) > 2 * first.at(1)  # refitted to a much faster plain measurement
+    slow = [Aggregate(key, 0, c, planned[key].at(c) / 20, None) for c in (1.0, 4.0, 16.0)]
+    curves = build_curves(slow, served)
+    ratio = curves[(MODEL, "eagle3", GPU)].at(4) / curves[key].at(4)
+    planned_ratio = planned[(MODEL, "eagle3", GPU)].at(4) / planned[key].at(4)
+    assert ratio == pytest.approx(planned_ratio, rel=0.15)
