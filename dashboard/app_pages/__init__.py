@@ -1,0 +1,1 @@
+"""One module per dashboard page, each with a `render()` that draws it."""

@@ -1,0 +1,149 @@
+"""Methods: per model, throughput and cost of each method by load, and the policy control."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import streamlit as st
+
+from dashboard import charts
+from dashboard.app_pages.periods import choose_price_kind
+from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.schemas import Backend, ModelInfo, Plan, Policy
+
+GPUS = ("B200", "H100")
+TRAFFIC_WINDOW = dt.timedelta(hours=1)
+
+
+def _choose_model(models: list[ModelInfo], backends: list[Backend]) -> str | None:
+    names = sorted({m.name for m in models} | {b.model for b in backends})
+    if not names:
+        st.info("No models yet. Register a backend on the Backends page (or in fleet.yaml); "
+                "its model appears here.")  # fmt: skip
+        return None
+    chosen: str = st.selectbox("Model", names, key="methods-model")
+    return chosen
+
+
+def _cost_table(plans: dict[str, Plan]) -> None:
+    """Per concurrency: the planner's choice, and $ per 1M output tokens on each GPU."""
+    first = next(iter(plans.values()))
+    rows = []
+    for i, choice in enumerate(first.choices):
+        row: dict[str, object] = {
+            "concurrency": choice.concurrency,
+            "best method": choice.method,
+            "K": choice.k,
+            "output tokens/s": round(choice.output_tokens_per_s),
+            "ITL (ms)": round(choice.itl_ms, 1),
+            "point": choice.source,
+        }
+        for gpu, plan in plans.items():
+            here = plan.choices[i]
+            row[f"$/1M {gpu} ({here.method})"] = round(here.usd_per_mtok, 4)
+            row[f"$/1M {gpu} plain"] = round(here.usd_per_mtok * here.speedup_vs_plain, 4)
+        rows.append(row)
+    st.dataframe(rows, hide_index=True)
+
+
+def _price_caption(plans: dict[str, Plan]) -> str:
+    return "Prices: " + "; ".join(
+        f"{gpu} ${p.price.usd_per_gpu_hour:.2f}/GPU-h {p.price.kind} ({p.price.source}, "
+        f"{p.price.date}, {p.price.origin})" for gpu, p in plans.items()
+    )  # fmt: skip
+
+
+def _recommendation(plan: Plan) -> None:
+    moves = [f"{c.from_method} → {c.to_method} at {c.concurrency} streams" for c in plan.crossovers]
+    crossings = ", ".join(moves) or "none: one method wins at every load"
+    st.markdown(f"**Crossovers on {plan.gpu}:** {crossings}")
+    low, high = plan.choices[0], plan.choices[-1]
+    st.success(f"Recommendation on {plan.gpu}: {low.method} (K={low.k}) at {low.concurrency} "
+               f"stream(s), {high.method} (K={high.k}) at {high.concurrency} streams; "
+               f"fitted to {plan.fit.measurements} measurement(s).")  # fmt: skip
+
+
+def _curves(api: AdminClient, model: str, plan: Plan) -> None:
+    measured = [p for p in api.accuracy().points if p.model == model and p.gpu_type == plan.gpu]
+    st.altair_chart(charts.throughput_vs_concurrency(plan.choices, measured, plan.gpu_count))
+    st.caption(f"{plan.gpu}: lines are the planner's (solid: at a measured point, dashed: "
+               f"estimated); diamonds are the {len(measured)} measured point(s).")  # fmt: skip
+
+
+def _traffic(api: AdminClient, model: str) -> None:
+    """Which methods served this model in the last hour: where a policy change shows."""
+    usage = api.usage(dt.datetime.now(dt.UTC) - TRAFFIC_WINDOW, "model,method")
+    rows = [{"method": r.method, "requests": r.requests, "output tokens": r.completion_tokens}
+            for r in usage.data if r.model == model]  # fmt: skip
+    st.subheader("Traffic by method, last hour")
+    if rows:
+        st.dataframe(rows, hide_index=True)
+    else:
+        st.info("No requests for this model in the last hour.")
+
+
+def _policy_from_form(current: Policy, methods: list[str]) -> Policy | None:
+    """The policy form; the policy to save when it is submitted, else None."""
+    with st.form("policy"):
+        mode = st.radio("Mode", ["auto", "pinned"], index=["auto", "pinned"].index(current.mode),
+                        horizontal=True, key="policy-mode")  # fmt: skip
+        index = methods.index(current.method) if current.method in methods else 0
+        method = st.selectbox("Pinned method", methods, index=index, key="policy-method")
+        k = st.number_input("Pinned K (0: the backend's own)", 0, 64, current.k or 0,
+                            key="policy-k")  # fmt: skip
+        itl = st.number_input("ITL objective, ms (0: none)", 0.0, 10_000.0,
+                              current.itl_objective_ms or 0.0, key="policy-itl")  # fmt: skip
+        explore = st.slider("Explore fraction", 0.0, 0.5, current.explore_fraction, 0.01,
+                            key="policy-explore")  # fmt: skip
+        if not st.form_submit_button("Save policy", key="policy-save"):
+            return None
+    pinned = mode == "pinned"
+    return Policy(mode="pinned" if pinned else "auto", method=method if pinned else None,
+                  k=int(k) if pinned and k and method != "plain" else None,
+                  itl_objective_ms=float(itl) or None, explore_fraction=float(explore))  # fmt: skip
+
+
+def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: list[str]) -> None:
+    """Set the model's policy through the admin API; show it and its audit trail."""
+    st.subheader("Policy")
+    current = next((m.policy for m in models if m.name == model), Policy())
+    st.write(f"Current: **{_describe(current)}**")
+    wanted = _policy_from_form(current, methods)
+    if wanted is not None:
+        saved = api.set_policy(model, wanted)
+        st.success(f"Policy of {model} set to {_describe(saved)}")
+    entries = api.audit("model", model, limit=5)
+    if entries:
+        st.caption("Recent changes (audit log)")
+        st.dataframe([{"at": e.at, "actor": e.actor, "action": e.action, "after": str(e.after)}
+                      for e in entries], hide_index=True)  # fmt: skip
+
+
+def _describe(policy: Policy) -> str:
+    if policy.mode == "pinned":
+        k = f" K={policy.k}" if policy.k else ""
+        text = f"pinned to {policy.method}{k}"
+    else:
+        text = "auto (the planner's choice by load)"
+    itl = f", ITL ≤ {policy.itl_objective_ms:g} ms" if policy.itl_objective_ms else ""
+    return f"{text}{itl}, explore {policy.explore_fraction:.0%}"
+
+
+@shows_api_errors
+def render() -> None:
+    """The Methods page."""
+    st.title("Methods")
+    api = admin_client()
+    models, backends = api.models(), api.backends()
+    model = _choose_model(models, backends)
+    if model is None:
+        return
+    kind = choose_price_kind("methods-price")
+    plans = {gpu: api.plan(model, gpu, price_kind=kind) for gpu in GPUS}
+    st.caption(_price_caption(plans))
+    _recommendation(plans["B200"])
+    _curves(api, model, plans["B200"])
+    _cost_table(plans)
+    methods = sorted({b.method for b in backends if b.model == model}) or ["plain"]
+    _control(api, model, models, methods)
+    _traffic(api, model)

@@ -1,0 +1,79 @@
+"""Overview: tokens, requests, spend and savings against plain decoding, per model."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts
+from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
+from dashboard.client import admin_client, shows_api_errors
+from dashboard.schemas import Spend, Usage, UsageRow
+
+
+def _totals(usage: Usage) -> UsageRow:
+    rows = usage.data
+    return UsageRow(
+        requests=sum(r.requests for r in rows),
+        prompt_tokens=sum(r.prompt_tokens for r in rows),
+        completion_tokens=sum(r.completion_tokens for r in rows),
+        cost_usd=sum(r.cost_usd for r in rows),
+        baseline_cost_usd=sum(r.baseline_cost_usd for r in rows),
+        savings_usd=sum(r.savings_usd for r in rows),
+    )
+
+
+def _usd_per_mtok(row: UsageRow) -> float | None:
+    return row.cost_usd / row.completion_tokens * 1e6 if row.completion_tokens else None
+
+
+def _ledger(usage: Usage, label: str) -> None:
+    """What the traffic cost at capacity prices, and what speculative decoding saved."""
+    total = _totals(usage)
+    cols = st.columns(4)
+    cols[0].metric(f"Requests ({label})", f"{total.requests:,}")
+    cols[1].metric("Output tokens", f"{total.completion_tokens:,}")
+    cols[2].metric("Capacity cost", f"${total.cost_usd:,.4f}")
+    saved = total.savings_usd / total.baseline_cost_usd if total.baseline_cost_usd else 0.0
+    cols[3].metric("Saved vs plain", f"${total.savings_usd:,.4f}", f"{saved:.0%}")
+    st.dataframe(
+        [{"model": r.model, "method": r.method, "requests": r.requests,
+          "input tokens": r.prompt_tokens, "output tokens": r.completion_tokens,
+          "cost (USD)": r.cost_usd, "plain would cost (USD)": r.baseline_cost_usd,
+          "saved (USD)": r.savings_usd, "USD per 1M output tokens": _usd_per_mtok(r)}
+         for r in usage.data],
+        hide_index=True,
+    )  # fmt: skip
+    st.altair_chart(charts.usage_by_model(usage.data))
+
+
+def _spend(spend: Spend, label: str) -> None:
+    """GPU-hours held, idle included: the other view, never mixed with capacity cost."""
+    st.metric(f"Actual GPU spend ({label}, {spend.price_kind})", f"${spend.total_usd:,.2f}")
+    st.dataframe(
+        [{"backend": r.backend, "model": r.model, "method": r.method, "GPU": r.gpu_type,
+          "GPU-hours": round(r.gpu_hours, 4), "USD per GPU-hour": r.usd_per_gpu_hour,
+          "USD": r.usd} for r in spend.data],
+        hide_index=True,
+    )  # fmt: skip
+
+
+@shows_api_errors
+def render() -> None:
+    """The Overview page."""
+    st.title("Overview")
+    api = admin_client()
+    label, start = choose_period("overview-period")
+    kind = choose_price_kind("overview-price")
+    prices = api.prices()
+    usage = api.usage(start)
+    st.subheader("Traffic, capacity cost and savings")
+    st.caption("Capacity cost: each request's output tokens at its method's $ per 1M tokens, "
+               "priced when it was served at " + price_note(prices, "on-demand") + ".")  # fmt: skip
+    if not usage.data:
+        st.info(f"No requests in this period ({label}). Send traffic to the gateway's /v1 "
+                "endpoint; the ledger rolls it up here within seconds.")  # fmt: skip
+    else:
+        _ledger(usage, label)
+    st.subheader("GPU spend")
+    st.caption("GPU-hours each backend was held, idle included, at " + price_note(prices, kind))
+    _spend(api.spend(start, kind), label)

@@ -1,0 +1,78 @@
+"""Altair charts of the dashboard, built from the admin API's typed records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+
+from dashboard.schemas import AccuracyPoint, PlanChoice, UsageRow
+
+Rows = list[dict[str, Any]]
+
+
+def _chart(rows: Rows) -> alt.Chart:
+    chart: alt.Chart = alt.Chart(alt.Data(values=rows))  # type: ignore[no-untyped-call]
+    return chart
+
+
+def throughput_vs_concurrency(
+    choices: list[PlanChoice], measured: list[AccuracyPoint], gpu_count: int
+) -> alt.LayerChart:
+    """The planner's best method per load, plain decoding, and every measured point."""
+    rows = [{"concurrency": c.concurrency, "tokens_per_s": c.output_tokens_per_s,
+             "series": f"best: {c.method}", "kind": c.source} for c in choices]  # fmt: skip
+    rows += [{"concurrency": c.concurrency, "tokens_per_s": c.output_tokens_per_s
+              / c.speedup_vs_plain, "series": "plain", "kind": "estimated"}
+             for c in choices]  # fmt: skip
+    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
+    y = alt.Y("tokens_per_s:Q", title="output tokens/s")
+    curves = _chart(rows).mark_line(point=True).encode(
+        x=x, y=y, color="series:N", strokeDash=alt.StrokeDash("kind:N", title="planner point"),
+        tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
+    )  # fmt: skip
+    dots = [{"concurrency": p.concurrency, "series": f"measured: {p.method}",
+             "tokens_per_s": p.measured_output_tokens_per_s * gpu_count}
+            for p in measured]  # fmt: skip
+    marks = _chart(dots).mark_point(size=90, filled=True, shape="diamond").encode(
+        x=x, y=y, color="series:N", tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q"],
+    )  # fmt: skip
+    layered: alt.LayerChart = alt.LayerChart(layer=[curves, marks] if measured else [curves])
+    return layered
+
+
+def usage_by_model(rows: list[UsageRow]) -> alt.Chart:
+    """Cost and savings against plain decoding per model and method."""
+    values = [{"model": r.model, "method": r.method, "figure": figure, "usd": usd}
+              for r in rows
+              for figure, usd in (("cost", r.cost_usd), ("savings vs plain", r.savings_usd))
+              ]  # fmt: skip
+    chart: alt.Chart = _chart(values).mark_bar().encode(
+        x=alt.X("usd:Q", title="USD"), y="method:N", color="figure:N", yOffset="figure:N",
+        row="model:N", tooltip=["model:N", "method:N", "figure:N", "usd:Q"],
+    )  # fmt: skip
+    return chart
+
+
+def predicted_vs_measured(points: list[AccuracyPoint]) -> alt.Chart:
+    """Each measured point against the planner's leave-one-out prediction."""
+    values = [{"measured": p.measured_output_tokens_per_s,
+               "predicted": p.predicted_output_tokens_per_s, "method": p.method,
+               "model": p.model, "concurrency": p.concurrency}
+              for p in points if p.predicted_output_tokens_per_s is not None]  # fmt: skip
+    chart: alt.Chart = _chart(values).mark_circle(size=80).encode(
+        x=alt.X("measured:Q", title="measured output tokens/s per GPU"),
+        y=alt.Y("predicted:Q", title="predicted output tokens/s per GPU"),
+        color="method:N", tooltip=["model:N", "method:N", "concurrency:Q", "measured:Q",
+                                   "predicted:Q"],
+    )  # fmt: skip
+    return chart
+
+
+def running_error(points: list[AccuracyPoint]) -> alt.Chart:
+    """Mean absolute prediction error over the points so far, in measurement order."""
+    errors = [abs(p.error) for p in points if p.error is not None]
+    values = [{"point": i + 1, "error": sum(errors[: i + 1]) / (i + 1)} for i in range(len(errors))]
+    y = alt.Y("error:Q", title="running mean |error|", axis=alt.Axis(format="%"))
+    chart: alt.Chart = _chart(values).mark_line(point=True).encode(x="point:Q", y=y)
+    return chart

@@ -1,0 +1,200 @@
+"""The dashboard's only data source: a small typed client of the gateway's admin REST API.
+
+Reads go through a TTL cache shared by every session; a write clears it, so the page that
+made a change shows it on its next run. Errors of the API become `AdminApiError` with the
+API's own message, which pages show with `st.error`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+import streamlit as st
+from pydantic import BaseModel, ValidationError
+
+from dashboard.schemas import (
+    Accuracy,
+    ApiKey,
+    AuditEntry,
+    Backend,
+    Benchmark,
+    CreatedKey,
+    ModelInfo,
+    Plan,
+    Policy,
+    Price,
+    Spend,
+    Usage,
+)
+from dashboard.settings import DashboardSettings
+
+CACHE_TTL_S = 5.0  # live panels refresh within this; one read per widget per rerun is too many
+Params = tuple[tuple[str, str], ...]
+RecordT = TypeVar("RecordT", bound=BaseModel)
+
+
+class AdminApiError(Exception):
+    """The admin API refused a call, or could not be reached; `message` says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        detail = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        detail = response.text[:200] or response.reason_phrase
+    return f"the admin API answered {response.status_code}: {detail}"
+
+
+def _call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    """One admin API call; its JSON body (None when empty), or AdminApiError."""
+    try:
+        response = http.request(method, f"/admin/v1{path}", **kwargs)
+    except httpx.TransportError as exc:
+        raise AdminApiError(f"cannot reach the gateway at {http.base_url}: {exc}") from None
+    if response.status_code >= 400:
+        raise AdminApiError(_error_message(response))
+    return response.json() if response.content else None
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def _cached_get(base_url: str, path: str, params: Params, _token: str, _timeout_s: float) -> Any:
+    """A GET's JSON, shared for CACHE_TTL_S (the token is left out of the cache key)."""
+    headers = {"Authorization": f"Bearer {_token}"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=_timeout_s) as http:
+        return _call(http, "GET", path, params=dict(params))
+
+
+def _parse(model: type[RecordT], body: Any) -> RecordT:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise AdminApiError(f"unexpected answer from the admin API: {exc}") from None
+
+
+def _path_name(name: str) -> str:
+    """A model or backend name inside a path (model names may contain `/`)."""
+    return quote(name, safe="/")
+
+
+class AdminClient:
+    """Typed calls of the admin API at `base_url` with the admin `token`."""
+
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0) -> None:
+        self.base_url, self._token, self._timeout_s = base_url.rstrip("/"), token, timeout_s
+
+    def _get(self, path: str, **params: object) -> Any:
+        pairs = tuple((k, str(v)) for k, v in params.items() if v is not None)
+        return _cached_get(self.base_url, path, pairs, self._token, self._timeout_s)
+
+    def _list(self, model: type[RecordT], path: str, **params: object) -> list[RecordT]:
+        return [_parse(model, item) for item in self._get(path, **params)["data"]]
+
+    def _write(self, method: str, path: str, body: object = None) -> Any:
+        """A change: sent at once, then every cached read is dropped so pages show it."""
+        headers = {"Authorization": f"Bearer {self._token}"}
+        with httpx.Client(base_url=self.base_url, headers=headers, timeout=self._timeout_s) as http:
+            answer = _call(http, method, path, json=body)
+        _cached_get.clear()
+        return answer
+
+    # --- reads ---
+
+    def backends(self) -> list[Backend]:
+        return self._list(Backend, "/backends")
+
+    def models(self) -> list[ModelInfo]:
+        return self._list(ModelInfo, "/models")
+
+    def prices(self) -> list[Price]:
+        return self._list(Price, "/prices")
+
+    def keys(self) -> list[ApiKey]:
+        return self._list(ApiKey, "/keys")
+
+    def benchmarks(self) -> list[Benchmark]:
+        return self._list(Benchmark, "/benchmarks")
+
+    def audit(self, resource_type: str, resource_id: str, limit: int = 10) -> list[AuditEntry]:
+        return self._list(AuditEntry, "/audit", resource_type=resource_type,
+                          resource_id=resource_id, limit=limit)  # fmt: skip
+
+    def usage(self, start: dt.datetime, group_by: str = "model,method") -> Usage:
+        """Ledger totals (requests, tokens, cost, savings) since `start`, per group."""
+        return _parse(
+            Usage, self._get("/savings", group_by=group_by, **{"from": start.isoformat()})
+        )
+
+    def spend(self, start: dt.datetime, price_kind: str = "on-demand") -> Spend:
+        """GPU-hours each backend was held since `start`, priced at `price_kind`."""
+        body = self._get("/spend", price_kind=price_kind, **{"from": start.isoformat()})
+        return _parse(Spend, body)
+
+    def plan(self, model: str, gpu: str, **options: object) -> Plan:
+        """The planner for `model` on `gpu` (options: gpu_count, price_kind, workload, ...)."""
+        return _parse(Plan, self._get("/plan", model=model, gpu=gpu, **options))
+
+    def accuracy(self) -> Accuracy:
+        return _parse(Accuracy, self._get("/accuracy"))
+
+    # --- changes ---
+
+    def set_policy(self, model: str, policy: Policy) -> Policy:
+        body = policy.model_dump(mode="json")
+        answer = self._write("PUT", f"/models/{_path_name(model)}/policy", body)
+        return _parse(ModelInfo, answer).policy
+
+    def add_backend(self, fields: dict[str, object]) -> Backend:
+        return _parse(Backend, self._write("POST", "/backends", fields))
+
+    def set_backend_enabled(self, name: str, enabled: bool) -> Backend:
+        body = {"enabled": enabled}
+        return _parse(Backend, self._write("PATCH", f"/backends/{_path_name(name)}", body))
+
+    def remove_backend(self, name: str) -> None:
+        self._write("DELETE", f"/backends/{_path_name(name)}")
+
+    def create_key(self, name: str, budget_usd: float | None) -> CreatedKey:
+        return _parse(
+            CreatedKey, self._write("POST", "/keys", {"name": name, "budget_usd": budget_usd})
+        )
+
+    def revoke_key(self, key_id: int) -> None:
+        self._write("DELETE", f"/keys/{key_id}")
+
+    def start_benchmark(self, backend: str, concurrency: list[int], requests: int) -> Benchmark:
+        body = {"backend": backend, "concurrency": concurrency, "requests_per_level": requests}
+        return _parse(Benchmark, self._write("POST", "/benchmarks", body))
+
+
+def admin_client(settings: DashboardSettings | None = None) -> AdminClient:
+    """The client the pages use, from DRAFTGATE_* settings; AdminApiError without a token."""
+    settings = settings or DashboardSettings()
+    if settings.admin_token is None:
+        raise AdminApiError("no admin token: set DRAFTGATE_ADMIN_TOKEN to the gateway's token")
+    return AdminClient(settings.dashboard_gateway_url, settings.admin_token.get_secret_value(),
+                       timeout_s=settings.dashboard_timeout_s)  # fmt: skip
+
+
+Page = Callable[[], None]
+
+
+def shows_api_errors(render: Page) -> Page:
+    """Run a page, showing an admin API failure as a message instead of a traceback."""
+
+    @functools.wraps(render)
+    def guarded() -> None:
+        try:
+            render()
+        except AdminApiError as exc:
+            st.error(exc.message)
+
+    return guarded

@@ -1,0 +1,207 @@
+"""What the dashboard reads from the admin API, as typed records (unknown keys ignored)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PriceKind = Literal["on-demand", "reserved", "spot"]
+PRICE_KINDS: tuple[PriceKind, ...] = ("on-demand", "reserved", "spot")
+
+
+class Record(BaseModel):
+    """One admin API object; keys the dashboard does not use are ignored."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class Backend(Record):
+    name: str
+    url: str
+    model: str
+    method: str
+    k: int | None
+    drafter: str | None
+    gpu_type: str
+    gpu_count: int
+    enabled: bool
+    managed: bool
+    speculative_config: dict[str, Any] | None = None
+
+
+class Policy(Record):
+    mode: Literal["auto", "pinned"] = "auto"
+    method: str | None = None
+    k: int | None = None
+    itl_objective_ms: float | None = None
+    explore_fraction: float = 0.0
+
+
+class ModelInfo(Record):
+    name: str
+    policy: Policy
+
+
+class Price(Record):
+    id: int
+    gpu_type: str
+    usd_per_gpu_hour: float
+    kind: str
+    source: str
+    date: dt.date
+
+
+class ApiKey(Record):
+    id: int
+    name: str
+    key_prefix: str
+    budget_usd: float | None
+    budget_period: str
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+
+
+class CreatedKey(ApiKey):
+    key: str
+
+
+class AuditEntry(Record):
+    id: int
+    at: dt.datetime
+    actor: str
+    action: str
+    resource_type: str
+    resource_id: str
+    after: dict[str, Any] | None
+
+
+class UsageRow(Record):
+    """Ledger totals of one group (model, method, key or backend) over a period."""
+
+    model: str | None = None
+    method: str | None = None
+    key: int | None = None
+    backend: str | None = None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    baseline_cost_usd: float
+    savings_usd: float
+
+
+class Usage(Record):
+    start: dt.datetime = Field(alias="from")
+    end: dt.datetime = Field(alias="to")
+    data: list[UsageRow]
+
+
+class SpendRow(Record):
+    backend: str
+    model: str | None
+    method: str | None
+    gpu_type: str | None
+    gpu_hours: float
+    usd: float | None
+    usd_per_gpu_hour: float | None
+
+
+class Spend(Record):
+    price_kind: str
+    data: list[SpendRow]
+    total_usd: float
+
+
+class PlanPrice(Record):
+    usd_per_gpu_hour: float
+    kind: str
+    source: str
+    date: str
+    origin: str
+
+
+class PlanChoice(Record):
+    """The planner's best method and K at one concurrency."""
+
+    method: str
+    k: int
+    concurrency: int
+    output_tokens_per_s: float
+    itl_ms: float
+    usd_per_mtok: float
+    measured_output_tokens_per_s: float | None
+    source: Literal["measured", "estimated"]
+    speedup_vs_plain: float
+
+
+class Crossover(Record):
+    concurrency: int
+    from_method: str = Field(alias="from")
+    to_method: str = Field(alias="to")
+
+
+class MethodCapacity(Record):
+    method: str
+    k: int
+    concurrency_per_replica: int
+    output_tokens_per_s_per_replica: float
+    replicas: int
+    gpus: int
+    usd_per_month: float
+
+
+class Capacity(Record):
+    output_tokens_per_s: float
+    itl_objective_ms: float
+    methods: list[MethodCapacity]
+    savings_usd_per_month: dict[str, dict[str, float]]  # vs_plain, vs_eagle3: by method
+
+
+class Fit(Record):
+    measurements: int
+    error_band: float | None
+
+
+class Plan(Record):
+    model: str
+    gpu: str
+    gpu_count: int
+    workload: str
+    itl_objective_ms: float | None
+    price: PlanPrice
+    choices: list[PlanChoice]
+    crossovers: list[Crossover]
+    schedules: dict[str, list[list[int]]]
+    capacity: Capacity | None
+    fit: Fit
+
+
+class AccuracyPoint(Record):
+    model: str
+    gpu_type: str
+    method: str
+    k: int | None
+    concurrency: float
+    source: str
+    measured_output_tokens_per_s: float
+    predicted_output_tokens_per_s: float | None
+    error: float | None
+
+
+class Accuracy(Record):
+    points: list[AccuracyPoint]
+    mean_absolute_error: float | None
+    predicted: int
+
+
+class Benchmark(Record):
+    id: int
+    status: str
+    model: str
+    backend_name: str | None
+    params: dict[str, Any]
+    progress: float
+    error: str | None
+    result: dict[str, Any] | None

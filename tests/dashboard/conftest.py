@@ -1,0 +1,102 @@
+"""A real stack for the dashboard's tests: `draftgate up` (simulators, gateway) with traffic.
+
+The stack runs once per test session: five simulated backends of the demo model, the
+gateway with its collector and ledger, and some chat completions through it so the ledger
+and the measurements hold real data. Pages run against it through the admin API.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    Server,
+    draftgate_env,
+    free_port_block,
+    spawn_server,
+)
+
+MODEL = "openai/gpt-oss-20b"
+REQUESTS = 40
+DATA_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Stack:
+    """The running stack: the gateway and how many requests went through it."""
+
+    gateway: Server
+    requests: int
+
+    def admin(self) -> httpx.Client:
+        """An admin API client of the gateway."""
+        return self.gateway.client(ADMIN_TOKEN)
+
+
+def _chat(base_url: str, i: int) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"hello {i}"}],
+            "max_tokens": 24}  # fmt: skip
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+
+
+def _send_traffic(base_url: str, count: int) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: _chat(base_url, i), range(count)))
+
+
+def _wait_for_data(admin: httpx.Client, requests: int) -> None:
+    """Until the ledger rolled up every request and the collector stored measurements."""
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    while time.monotonic() < deadline:
+        rows = admin.get("/admin/v1/savings").json()["data"]
+        points = admin.get("/admin/v1/accuracy").json()["points"]
+        if sum(r["requests"] for r in rows) >= requests and points:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"no ledger or measurement data after {DATA_TIMEOUT_S} s: {rows}, {points}")
+
+
+def stack_env(database_url: str) -> dict[str, str]:
+    """Settings of the test stack: a known token, quick collector, ledger and probes."""
+    return draftgate_env(
+        DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN,
+        DRAFTGATE_DATABASE_URL=database_url,
+        DRAFTGATE_COLLECT_INTERVAL_S="1",
+        DRAFTGATE_MEASUREMENT_WINDOW_S="2",
+        DRAFTGATE_LEDGER_FLUSH_INTERVAL_S="0.2",
+        DRAFTGATE_PROBE_INTERVAL_S="0.5",
+    )
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`draftgate up --no-dashboard` with traffic sent through it."""
+    log_dir: Path = tmp_path_factory.mktemp("dashboard-stack")
+    args = ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", "20",
+            "--no-dashboard")  # fmt: skip
+    server = spawn_server(args, stack_env(f"sqlite:///{log_dir}/draftgate.db"), log_dir)
+    try:
+        server.wait_healthy(60.0)
+        _send_traffic(server.base_url, REQUESTS)
+        with server.client(ADMIN_TOKEN) as admin:
+            _wait_for_data(admin, REQUESTS)
+        yield Stack(server, REQUESTS)
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def dashboard_env(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Stack:
+    """The dashboard's settings pointing at the stack's gateway, with its admin token."""
+    monkeypatch.setenv("DRAFTGATE_DASHBOARD_GATEWAY_URL", stack.gateway.base_url)
+    monkeypatch.setenv("DRAFTGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    return stack

@@ -1,0 +1,61 @@
+"""The Methods page: the planner's curves and costs, and the policy control."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+from tests.dashboard.conftest import MODEL, Stack
+
+TIMEOUT_S = 30.0
+
+
+def _methods() -> None:
+    from dashboard.app_pages import methods
+
+    methods.render()
+
+
+def test_methods_shows_costs_on_b200_and_h100_and_the_recommendation(
+    dashboard_env: Stack,
+) -> None:
+    with dashboard_env.admin() as admin:
+        plan = admin.get("/admin/v1/plan", params={"model": MODEL, "gpu": "H100"}).json()
+    at = AppTest.from_function(_methods, default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="methods-model").value == MODEL
+    assert "Recommendation on B200" in at.success[0].value
+    table = at.dataframe[0].value
+    first = plan["choices"][0]
+    h100 = table[f"$/1M H100 ({first['method']})"]
+    assert abs(h100.iloc[0] - first["usd_per_mtok"]) < 1e-3
+    assert "$/1M B200 plain" in table.columns
+    assert "H100 $" in " ".join(c.value for c in at.caption)
+    assert at.get("vega_lite_chart") or at.get("arrow_vega_lite_chart")
+
+
+def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: Stack) -> None:
+    at = AppTest.from_function(_methods, default_timeout=TIMEOUT_S).run()
+    at.radio(key="policy-mode").set_value("pinned")
+    at.selectbox(key="policy-method").set_value("dflash")
+    at.number_input(key="policy-k").set_value(5)
+    at.number_input(key="policy-itl").set_value(40.0)
+    at.slider(key="policy-explore").set_value(0.1)
+    at.button(key="policy-save").click().run()
+    assert not at.exception
+    assert "set to pinned to dflash K=5, ITL ≤ 40 ms, explore 10%" in at.success[-1].value
+    with dashboard_env.admin() as admin:
+        policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
+        audit = admin.get("/admin/v1/audit", params={"resource_type": "model"}).json()["data"]
+    assert policy == {"mode": "pinned", "method": "dflash", "k": 5, "itl_objective_ms": 40.0,
+                      "explore_fraction": 0.1}  # fmt: skip
+    assert any((e["after"] or {}).get("policy", {}).get("method") == "dflash" for e in audit)
+
+    at.radio(key="policy-mode").set_value("auto")
+    at.number_input(key="policy-itl").set_value(0.0)
+    at.slider(key="policy-explore").set_value(0.0)
+    at.button(key="policy-save").click().run()
+    with dashboard_env.admin() as admin:
+        policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
+    assert policy["mode"] == "auto"
+    assert policy["method"] is None
