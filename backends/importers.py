@@ -54,9 +54,9 @@ def read_vllm_bench(path: Path, *, model: str | None, concurrency: float | None)
     name = model or data.get("model_id")
     if not isinstance(name, str) or not name:
         raise ImportRejected(f"{where}: no model_id; give --model")
-    c = concurrency or _number(data, "max_concurrency", where, required=False)
+    c = concurrency or _observed_concurrency(data, where)
     if c is None or c <= 0:
-        raise ImportRejected(f"{where}: no max_concurrency (a rate-based run); give --concurrency")
+        raise ImportRejected(f"{where}: cannot tell the run's concurrency; give --concurrency")
     tps = _number(data, "output_throughput", where, required=True)
     assert tps is not None
     if tps <= 0:
@@ -77,6 +77,34 @@ def read_vllm_bench(path: Path, *, model: str | None, concurrency: float | None)
         ttft_ms=_number(data, "mean_ttft_ms", where, required=False),
         itl_ms=_number(data, "mean_itl_ms", where, required=False),
     )
+
+
+def _observed_concurrency(data: dict[str, Any], where: str) -> float | None:
+    """Requests in flight during the run.
+
+    Closed loop (`request_rate` inf), that is `max_concurrency`. At a finite rate the cap
+    only bounds it: the mean in flight is, by Little's law, request throughput times mean
+    end-to-end latency (`mean_e2el_ms`, or TTFT plus TPOT per further output token when the
+    run did not report end-to-end percentiles).
+    """
+    cap = _number(data, "max_concurrency", where, required=False)
+    rate = data.get("request_rate", "inf")
+    if rate == "inf" or (isinstance(rate, int | float) and math.isinf(rate)):
+        return cap
+    throughput = _number(data, "request_throughput", where, required=False)
+    latency_ms = _number(data, "mean_e2el_ms", where, required=False)
+    if latency_ms is None:
+        ttft = _number(data, "mean_ttft_ms", where, required=False)
+        tpot = _number(data, "mean_tpot_ms", where, required=False)
+        outputs = _number(data, "total_output_tokens", where, required=False)
+        completed = _number(data, "completed", where, required=False)
+        if ttft is None or tpot is None or outputs is None or not completed:
+            return None
+        latency_ms = ttft + tpot * max(outputs / completed - 1, 0.0)
+    if throughput is None:
+        return None
+    in_flight = throughput * latency_ms / 1000
+    return min(in_flight, cap) if cap else in_flight
 
 
 def _mean(metrics: dict[str, Any], name: str) -> float | None:
