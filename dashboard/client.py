@@ -66,11 +66,16 @@ def _call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def _cached_get(base_url: str, path: str, params: Params, _token: str, _timeout_s: float) -> Any:
-    """A GET's JSON, shared for CACHE_TTL_S (the token is left out of the cache key)."""
-    headers = {"Authorization": f"Bearer {_token}"}
+def _cached_get(base_url: str, token: str, path: str, params: Params, _timeout_s: float) -> Any:
+    """A GET's JSON, shared for CACHE_TTL_S by every session with the same URL and token."""
+    headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=base_url, headers=headers, timeout=_timeout_s) as http:
         return _call(http, "GET", path, params=dict(params))
+
+
+def refresh_reads() -> None:
+    """Forget every cached read: the next one asks the admin API again."""
+    _cached_get.clear()
 
 
 def _parse(model: type[RecordT], body: Any) -> RecordT:
@@ -93,7 +98,7 @@ class AdminClient:
 
     def _get(self, path: str, **params: object) -> Any:
         pairs = tuple((k, str(v)) for k, v in params.items() if v is not None)
-        return _cached_get(self.base_url, path, pairs, self._token, self._timeout_s)
+        return _cached_get(self.base_url, self._token, path, pairs, self._timeout_s)
 
     def _list(self, model: type[RecordT], path: str, **params: object) -> list[RecordT]:
         return [_parse(model, item) for item in self._get(path, **params)["data"]]
@@ -103,7 +108,7 @@ class AdminClient:
         headers = {"Authorization": f"Bearer {self._token}"}
         with httpx.Client(base_url=self.base_url, headers=headers, timeout=self._timeout_s) as http:
             answer = _call(http, method, path, json=body)
-        _cached_get.clear()
+        refresh_reads()
         return answer
 
     # --- reads ---

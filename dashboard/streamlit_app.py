@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.app_pages import methods, overview
+from dashboard.app_pages import accuracy, backends, benchmarks, keys, methods, overview, planner
 
 
 def main() -> None:
@@ -13,6 +13,11 @@ def main() -> None:
     pages = [
         st.Page(overview.render, title="Overview", url_path="overview", default=True),
         st.Page(methods.render, title="Methods", url_path="methods"),
+        st.Page(planner.render, title="Planner / what-if", url_path="planner"),
+        st.Page(backends.render, title="Backends", url_path="backends"),
+        st.Page(benchmarks.render, title="Benchmarks", url_path="benchmarks"),
+        st.Page(keys.render, title="Keys and usage", url_path="keys"),
+        st.Page(accuracy.render, title="Accuracy", url_path="accuracy"),
     ]
     st.navigation(pages).run()
 

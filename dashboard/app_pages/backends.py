@@ -1,0 +1,107 @@
+"""Backends: every vLLM server the gateway routes to; add, disable or remove one."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.schemas import Backend
+
+METHODS = (
+    "plain",
+    "eagle3",
+    "p-eagle",
+    "dflash",
+    "dspark",
+    "ngram",
+    "suffix",
+    "mtp",
+    "draft_model",
+)
+GPU_TYPES = ("B200", "H100", "H200", "A100", "L40S")
+
+
+def _table(backends: list[Backend]) -> None:
+    st.dataframe(
+        [
+            {
+                "name": b.name,
+                "model": b.model,
+                "method": b.method,
+                "K": b.k,
+                "drafter": b.drafter,
+                "GPU": f"{b.gpu_count} x {b.gpu_type}",
+                "enabled": b.enabled,
+                "managed": b.managed,
+                "url": b.url,
+            }
+            for b in backends
+        ],
+        hide_index=True,
+    )
+
+
+def _add_form(api: AdminClient) -> None:
+    """A new backend, registered through the admin API."""
+    with st.form("add-backend", clear_on_submit=True):
+        st.subheader("Add a backend")
+        left, right = st.columns(2)
+        name = left.text_input("Name", key="add-name")
+        url = right.text_input("Base URL (without /v1)", key="add-url")
+        model = left.text_input("Model", key="add-model")
+        method = right.selectbox("Method", METHODS, key="add-method")
+        k = left.number_input("K (0: the method's default)", 0, 64, 0, key="add-k")
+        drafter = right.text_input("Drafter (if the method needs one)", key="add-drafter")
+        gpu_type = left.selectbox("GPU", GPU_TYPES, key="add-gpu")
+        gpu_count = right.number_input("GPUs", 1, 1024, 1, key="add-gpu-count")
+        if not st.form_submit_button("Add backend", key="add-save"):
+            return
+    fields: dict[str, object] = {
+        "name": name,
+        "url": url,
+        "model": model,
+        "method": method,
+        "k": int(k) or None,
+        "drafter": drafter or None,
+        "gpu_type": gpu_type,
+        "gpu_count": int(gpu_count),
+    }
+    added = api.add_backend(fields)
+    st.success(f"Added {added.name} ({added.method}) for {added.model}")
+
+
+def _change_form(api: AdminClient, backends: list[Backend]) -> None:
+    """Enable, disable or remove one backend."""
+    st.subheader("Change a backend")
+    name = st.selectbox("Backend", [b.name for b in backends], key="change-name")
+    chosen = next(b for b in backends if b.name == name)
+    left, right = st.columns(2)
+    label = "Disable" if chosen.enabled else "Enable"
+    if left.button(f"{label} {name}", key="change-toggle"):
+        updated = api.set_backend_enabled(name, not chosen.enabled)
+        st.success(f"{updated.name} is now {'enabled' if updated.enabled else 'disabled'}")
+    sure = right.checkbox(f"Yes, remove {name}", key="change-sure")
+    if right.button("Remove", key="change-remove", disabled=not sure):
+        api.remove_backend(name)
+        st.success(f"Removed {name}")
+
+
+@shows_api_errors
+def render() -> None:
+    """The Backends page."""
+    st.title("Backends")
+    api = admin_client()
+    backends = api.backends()
+    if backends:
+        _table(backends)
+        st.caption(
+            "Health, live load and method-mismatch flags are the gateway's Prometheus "
+            "metrics (draftgate_backend_*), which the admin API does not serve yet."
+        )
+        _change_form(api, backends)
+    else:
+        st.info(
+            "No backends yet. Add one below (a vLLM server's base URL, its model and "
+            "decoding method), or declare them in fleet.yaml."
+        )
+    _add_form(api)

@@ -1,0 +1,71 @@
+"""Keys and usage: per-key usage and spend against budget; create and revoke keys."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard.app_pages.periods import period_start
+from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.schemas import ApiKey, UsageRow
+
+
+def _spent(key: ApiKey, usage: dict[int | None, UsageRow]) -> float:
+    row = usage.get(key.id)
+    return row.cost_usd if row else 0.0
+
+
+def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow]) -> None:
+    rows = []
+    for key in keys:
+        spent = _spent(key, usage)
+        row = usage.get(key.id)
+        rows.append({
+            "id": key.id, "name": key.name, "prefix": key.key_prefix,
+            "requests (30 days)": row.requests if row else 0,
+            "output tokens (30 days)": row.completion_tokens if row else 0,
+            "spent (USD, 30 days)": round(spent, 6),
+            "budget (USD)": key.budget_usd, "budget period": key.budget_period,
+            "budget used": f"{spent / key.budget_usd:.0%}" if key.budget_usd else "-",
+            "revoked": key.revoked_at is not None,
+        })  # fmt: skip
+    st.dataframe(rows, hide_index=True)
+
+
+def _create_form(api: AdminClient) -> None:
+    with st.form("create-key", clear_on_submit=True):
+        st.subheader("Create a key")
+        name = st.text_input("Name", key="key-name")
+        budget = st.number_input("Budget, USD per month (0: none)", 0.0, 1e6, 0.0,
+                                 key="key-budget")  # fmt: skip
+        if not st.form_submit_button("Create key", key="key-create"):
+            return
+    created = api.create_key(name, float(budget) or None)
+    st.success(f"Created key {created.id} ({created.name}). Copy it now: it is shown only once.")
+    st.code(created.key, language=None)
+
+
+def _revoke_form(api: AdminClient, keys: list[ApiKey]) -> None:
+    live = [k for k in keys if k.revoked_at is None]
+    if not live:
+        return
+    st.subheader("Revoke a key")
+    labels = {f"{k.id}: {k.name} ({k.key_prefix}…)": k.id for k in live}
+    label = st.selectbox("Key", list(labels), key="revoke-key")
+    if st.button("Revoke", key="revoke"):
+        api.revoke_key(labels[label])
+        st.success(f"Revoked key {labels[label]}")
+
+
+@shows_api_errors
+def render() -> None:
+    """The Keys and usage page."""
+    st.title("Keys and usage")
+    api = admin_client()
+    keys = api.keys()
+    usage = {row.key: row for row in api.usage(period_start("30 days"), "key").data}
+    if keys:
+        _table(keys, usage)
+    else:
+        st.info("No API keys yet. Create one below; clients send it as a bearer token.")
+    _create_form(api)
+    _revoke_form(api, keys)

@@ -1,0 +1,102 @@
+"""Planner / what-if: cost per month, GPUs and savings per method for a traffic, and the
+vLLM configuration to deploy."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import streamlit as st
+
+from backends.methods import InvalidMethodSpec, make_spec, render_vllm_args
+from dashboard.app_pages.periods import choose_price_kind
+from dashboard.client import admin_client, shows_api_errors
+from dashboard.schemas import Backend, Capacity, MethodCapacity, Plan
+
+GPUS = ("B200", "H100", "H200", "B300", "A100-80GB", "L40S")
+WORKLOADS = ("chat", "code", "math", "mixed")
+
+
+def _capacity_table(capacity: Capacity) -> None:
+    vs_plain = capacity.savings_usd_per_month.get("vs_plain", {})
+    st.dataframe(
+        [
+            {
+                "method": c.method,
+                "K": c.k,
+                "replicas": c.replicas,
+                "GPUs": c.gpus,
+                "streams per replica": c.concurrency_per_replica,
+                "USD per month": round(c.usd_per_month, 2),
+                "saves vs plain (USD/month)": round(vs_plain.get(c.method, 0.0), 2),
+            }
+            for c in sorted(capacity.methods, key=lambda c: c.usd_per_month)
+        ],
+        hide_index=True,
+    )
+
+
+def _drafter(method: str, backends: list[Backend]) -> str | None:
+    """The drafter this fleet already uses for `method`, else a placeholder to fill in."""
+    known = next((b.drafter for b in backends if b.method == method and b.drafter), None)
+    return known or (None if method in {"plain", "dspark", "ngram", "suffix"} else "DRAFTER")
+
+
+def _deploy(plan: Plan, best: MethodCapacity, backends: list[Backend]) -> None:
+    """`vllm serve` and a compose service for the cheapest method, with its K schedule."""
+    schedule = plan.schedules.get(best.method)
+    try:
+        spec = make_spec(best.method, best.k if best.method != "plain" else None,
+                         _drafter(best.method, backends), k_per_batch_size=schedule)  # fmt: skip
+    except InvalidMethodSpec as exc:
+        st.warning(f"No vLLM configuration for {best.method}: {exc}")
+        return
+    argv = render_vllm_args(plan.model, spec, host="0.0.0.0", port=8000)  # noqa: S104
+    st.markdown(f"**Deploy {best.method} (K={best.k})** on {best.gpus} x {plan.gpu}:")
+    st.code(shlex.join(argv), language="bash")
+    service = {"image": "vllm/vllm-openai:latest", "command": argv[2:], "ports": ["8000:8000"]}
+    st.code(json.dumps({"services": {"vllm": service}}, indent=2), language="json")
+    if schedule:
+        st.caption(f"num_speculative_tokens_per_batch_size: {schedule} "
+                   "([batch from, batch to, K]; K 0 where plain decoding is faster)")  # fmt: skip
+
+
+@shows_api_errors
+def render() -> None:
+    """The Planner / what-if page."""
+    st.title("Planner / what-if")
+    api = admin_client()
+    backends = api.backends()
+    models = sorted({m.name for m in api.models()} | {b.model for b in backends})
+    if not models:
+        st.info("No models yet: register a backend first, then plan for its model here.")
+        return
+    left, right = st.columns(2)
+    model = left.selectbox("Model", models, key="plan-model")
+    gpu = right.selectbox("GPU", GPUS, key="plan-gpu")
+    gpu_count = left.number_input("GPUs per replica", 1, 64, 1, key="plan-gpu-count")
+    kind = choose_price_kind("plan-price")
+    requests_per_s = left.number_input("Requests per second", 0.01, 10_000.0, 10.0,
+                                       key="plan-rps")  # fmt: skip
+    output_len = right.number_input("Output tokens per request", 1, 32_768, 500,
+                                    key="plan-output-len")  # fmt: skip
+    workload = right.selectbox("Workload (acceptance profile)", WORKLOADS, key="plan-workload")
+    itl = left.number_input("ITL objective, ms", 1.0, 1000.0, 50.0, key="plan-itl")
+    plan = api.plan(
+        model,
+        gpu,
+        gpu_count=gpu_count,
+        price_kind=kind,
+        workload=workload,
+        itl_objective_ms=itl,
+        output_tokens_per_s=requests_per_s * output_len,
+    )
+    st.caption(
+        f"{gpu} at ${plan.price.usd_per_gpu_hour:.2f}/GPU-h {kind} ({plan.price.source}, "
+        f"{plan.price.date}); {requests_per_s * output_len:,.0f} output tokens/s"
+    )
+    if plan.capacity is None or not plan.capacity.methods:
+        st.info("The planner found no method that meets this objective.")
+        return
+    _capacity_table(plan.capacity)
+    _deploy(plan, min(plan.capacity.methods, key=lambda c: c.usd_per_month), backends)

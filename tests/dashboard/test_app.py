@@ -1,0 +1,73 @@
+"""The whole app: navigation, every page without a traceback, errors as messages, no token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import dashboard
+from dashboard.app_pages import accuracy, backends, benchmarks, keys, methods, overview, planner
+from tests.dashboard.conftest import Stack
+from tests.e2e.conftest import ADMIN_TOKEN, closed_url
+
+APP = Path(dashboard.__file__).parent / "streamlit_app.py"
+TIMEOUT_S = 30.0
+PAGES = [overview, methods, planner, backends, benchmarks, keys, accuracy]
+
+
+def _page(module_name: str) -> None:
+    import importlib
+
+    importlib.import_module(f"dashboard.app_pages.{module_name}").render()  # type: ignore[attr-defined]
+
+
+def test_the_app_opens_on_the_overview_with_every_page_in_the_navigation(
+    dashboard_env: Stack,
+) -> None:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert at.title[0].value == "Overview"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_no_page_shows_the_admin_token(dashboard_env: Stack, page: object) -> None:
+    name = page.__name__.rsplit(".", 1)[1]  # type: ignore[attr-defined]
+    at = AppTest.from_function(_page, args=(name,), default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert at.title[0].value
+    assert ADMIN_TOKEN not in repr(at.main) + repr(at.sidebar)
+
+
+def _overview_error(monkeypatch: pytest.MonkeyPatch, **env: str | None) -> str:
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    at = AppTest.from_function(_page, args=("overview",), default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    return str(at.error[0].value)
+
+
+def test_an_unreachable_gateway_is_a_message_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = closed_url()
+    message = _overview_error(monkeypatch, DRAFTGATE_DASHBOARD_GATEWAY_URL=url,
+                              DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN)  # fmt: skip
+    assert message.startswith(f"cannot reach the gateway at {url}")
+
+
+def test_a_wrong_token_shows_the_admin_api_refusal(
+    dashboard_env: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = _overview_error(monkeypatch, DRAFTGATE_ADMIN_TOKEN="not-the-admin-token-0123")
+    assert message.startswith("the admin API answered 401")
+
+
+def test_a_missing_token_says_how_to_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _overview_error(monkeypatch, DRAFTGATE_ADMIN_TOKEN=None)
+    assert "set DRAFTGATE_ADMIN_TOKEN" in message

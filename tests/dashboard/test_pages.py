@@ -1,0 +1,166 @@
+"""Planner, Backends, Benchmarks, Keys and Accuracy pages against the real stack."""
+
+from __future__ import annotations
+
+import time
+
+from streamlit.testing.v1 import AppTest
+
+from tests.dashboard.conftest import MODEL, Stack
+from tests.e2e.conftest import closed_url
+
+TIMEOUT_S = 30.0
+BENCH_TIMEOUT_S = 60.0
+
+
+def _planner() -> None:
+    from dashboard.app_pages import planner
+
+    planner.render()
+
+
+def _backends() -> None:
+    from dashboard.app_pages import backends
+
+    backends.render()
+
+
+def _benchmarks() -> None:
+    from dashboard.app_pages import benchmarks
+
+    benchmarks.render()
+
+
+def _keys() -> None:
+    from dashboard.app_pages import keys
+
+    keys.render()
+
+
+def _accuracy() -> None:
+    from dashboard.app_pages import accuracy
+
+    accuracy.render()
+
+
+def _run(script: object) -> AppTest:
+    at = AppTest.from_function(script, default_timeout=TIMEOUT_S).run()  # type: ignore[arg-type]
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_env: Stack) -> None:
+    at = _run(_planner)
+    with dashboard_env.admin() as admin:
+        params = {"model": MODEL, "gpu": "B200", "itl_objective_ms": 50.0,
+                  "output_tokens_per_s": 5000.0}  # fmt: skip
+        capacity = admin.get("/admin/v1/plan", params=params).json()["capacity"]
+    table = at.dataframe[0].value
+    assert set(table["method"]) == {m["method"] for m in capacity["methods"]}
+    cheapest = min(capacity["methods"], key=lambda m: m["usd_per_month"])
+    assert table["method"].iloc[0] == cheapest["method"]
+    assert abs(table["USD per month"].iloc[0] - cheapest["usd_per_month"]) < 0.01
+    assert f"vllm serve {MODEL}" in at.code[0].value
+    assert "5,000 output tokens/s" in at.caption[0].value
+
+
+def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_env: Stack) -> None:
+    at = _run(_backends)
+    table = at.dataframe[0].value
+    assert {"demo-plain", "demo-eagle3", "demo-p-eagle", "demo-dflash", "demo-dspark"} <= set(
+        table["name"]
+    )
+    assert table.set_index("name").loc["demo-p-eagle", "method"] == "p-eagle"
+
+    at.text_input(key="add-name").set_value("dash-extra")
+    at.text_input(key="add-url").set_value(closed_url())
+    at.text_input(key="add-model").set_value(MODEL)
+    at.button(key="add-save").click().run()
+    assert "Added dash-extra (plain)" in at.success[-1].value
+    with dashboard_env.admin() as admin:
+        assert admin.get("/admin/v1/backends/dash-extra").json()["enabled"] is True
+
+    at = _run(_backends)
+    at.selectbox(key="change-name").set_value("dash-extra").run()
+    at.button(key="change-toggle").click().run()
+    assert "dash-extra is now disabled" in at.success[-1].value
+    with dashboard_env.admin() as admin:
+        assert admin.get("/admin/v1/backends/dash-extra").json()["enabled"] is False
+
+    at.checkbox(key="change-sure").check().run()
+    at.button(key="change-remove").click().run()
+    assert "Removed dash-extra" in at.success[-1].value
+    with dashboard_env.admin() as admin:
+        assert admin.get("/admin/v1/backends/dash-extra").status_code == 404
+
+
+def _wait_for_benchmark(stack: Stack, run_id: int) -> dict[str, object]:
+    deadline = time.monotonic() + BENCH_TIMEOUT_S
+    with stack.admin() as admin:
+        while time.monotonic() < deadline:
+            run: dict[str, object] = admin.get(f"/admin/v1/benchmarks/{run_id}").json()
+            if run["status"] not in {"queued", "running"}:
+                return run
+            time.sleep(0.5)
+    raise AssertionError(f"benchmark {run_id} still running after {BENCH_TIMEOUT_S} s")
+
+
+def test_benchmarks_starts_a_sweep_and_shows_its_levels(dashboard_env: Stack) -> None:
+    at = _run(_benchmarks)
+    at.selectbox(key="bench-backend").set_value("demo-eagle3")
+    at.text_input(key="bench-levels").set_value("1,2")
+    at.number_input(key="bench-requests").set_value(4)
+    at.button(key="bench-start").click().run()
+    message = at.success[-1].value
+    assert "against demo-eagle3: levels [1, 2]" in message
+    run_id = int(message.split()[2])
+    run = _wait_for_benchmark(dashboard_env, run_id)
+    assert run["status"] == "succeeded", run
+
+    at.button(key="bench-refresh").click().run()
+    expander = next(e for e in at.expander if e.label.startswith(f"#{run_id} "))
+    assert expander.label == f"#{run_id} demo-eagle3: succeeded"
+    levels = expander.dataframe[0].value
+    assert list(levels["concurrency"]) == [1, 2]
+    assert list(levels["completed"]) == [4, 4]
+
+
+def test_keys_creates_a_key_shown_once_and_revokes_it(dashboard_env: Stack) -> None:
+    at = _run(_keys)
+    at.text_input(key="key-name").set_value("dash-key")
+    at.number_input(key="key-budget").set_value(5.0)
+    at.button(key="key-create").click().run()
+    secret = at.code[0].value
+    with dashboard_env.admin() as admin:
+        [key] = [k for k in admin.get("/admin/v1/keys").json()["data"] if k["name"] == "dash-key"]
+    assert secret.startswith(key["key_prefix"])
+    assert key["budget_usd"] == 5.0
+
+    at = _run(_keys)
+    assert not at.code  # shown only once
+    table = at.dataframe[0].value.set_index("name")
+    assert table.loc["dash-key", "budget (USD)"] == 5.0
+    label = next(o for o in at.selectbox(key="revoke-key").options if "dash-key" in o)
+    at.selectbox(key="revoke-key").set_value(label)
+    at.button(key="revoke").click().run()
+    assert f"Revoked key {key['id']}" in at.success[-1].value
+    with dashboard_env.admin() as admin:
+        revoked = admin.get(f"/admin/v1/keys/{key['id']}").json()
+    assert revoked["revoked_at"] is not None
+
+
+def test_accuracy_lists_every_measured_point_with_the_mean_error(dashboard_env: Stack) -> None:
+    with dashboard_env.admin() as admin:
+        before = admin.get("/admin/v1/accuracy").json()
+    at = _run(_accuracy)
+    with dashboard_env.admin() as admin:
+        after = admin.get("/admin/v1/accuracy").json()
+    rows = at.dataframe[0].value
+    assert len(before["points"]) <= len(rows) <= len(after["points"])
+    assert set(rows["method"]) <= {p["method"] for p in after["points"]}
+    assert set(rows["model"]) == {MODEL}
+    shown = at.metric[0].value
+    expected = {f"{d['mean_absolute_error']:.1%}" if d["mean_absolute_error"] is not None else "-"
+                for d in (before, after)}  # fmt: skip
+    assert shown in expected
