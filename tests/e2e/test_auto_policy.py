@@ -28,6 +28,7 @@ MODEL = "openai/gpt-oss-20b"
 PARALLEL_DRAFTERS = {"p-eagle", "dflash", "dspark"}
 LOW, HIGH = 2, 100  # concurrent client streams
 MOVE_TIMEOUT_S = 90.0
+UP_TIMEOUT_S = 90.0  # five simulators, then the gateway, on a busy machine
 
 
 class Load:
@@ -82,7 +83,8 @@ def _start_up(start_server: ServerStarter, tmp_path: Path) -> tuple[Server, str]
         DRAFTGATE_MEASUREMENT_WINDOW_S="4",
     )
     server = start_server("up", "--sim-base-port", str(free_port_block(5)), "--time-scale",
-                          "0.1", "--no-dashboard", env=env)  # fmt: skip
+                          "0.1", "--no-dashboard", env=env, wait=False)  # fmt: skip
+    server.wait_healthy(UP_TIMEOUT_S)
     token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
     return server, token
 

@@ -29,7 +29,7 @@ from tests.e2e.conftest import (
 
 # Achieved rates on a shared machine: sending can only lag the schedule (late wake-ups, a
 # busy event loop), never run ahead of it, so the bounds are loose below and tight above.
-RATE_LOW, RATE_HIGH = 0.7, 1.05
+RATE_LOW, RATE_HIGH = 0.5, 1.05
 
 
 @pytest.fixture(scope="module")

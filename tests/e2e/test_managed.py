@@ -64,7 +64,8 @@ def _start_up(start_server: ServerStarter, tmp_path: Path) -> tuple[Server, str,
     sim_base = free_port_block(5)
     env = draftgate_env(DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/managed.db")
     server = start_server("up", "--sim-base-port", str(sim_base), "--time-scale", "5",
-                          "--no-dashboard", env=env)  # fmt: skip
+                          "--no-dashboard", env=env, wait=False)  # fmt: skip
+    server.wait_healthy(90.0)  # five simulators, then the gateway, on a busy machine
     token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
     return server, token, sim_base
 
