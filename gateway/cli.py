@@ -97,11 +97,25 @@ def up(
     except LaunchError as exc:
         fail(f"a simulated backend did not start: {exc}")
     managed = ManagedBackends(stack.sim_launcher(time_scale), log_dir, simulators)
+    dashboards: list[LocalServer] = []
     try:
-        _print_banner(settings, simulators, log_dir)
+        if dashboard:
+            dashboards.append(_start_dashboard(settings, dashboard_port, log_dir))
+        _print_banner(settings, simulators + dashboards, log_dir)
         _serve(settings, managed)
+    except LaunchError as exc:
+        fail(f"the dashboard did not start: {exc}")
     finally:
-        stack.stop_all(simulators)
+        stack.stop_all(dashboards + simulators)
+
+
+def _start_dashboard(settings: Settings, port: int, log_dir: Path) -> LocalServer:
+    """The dashboard process of `draftgate up`, reading this gateway's admin API."""
+    from gateway import stack
+
+    assert settings.admin_token is not None
+    gateway_url = f"http://{settings.host}:{settings.port}"
+    return stack.start_dashboard(port, gateway_url, settings.admin_token, log_dir)
 
 
 def _prepare(settings: Settings, sim_base_port: int) -> None:
@@ -122,7 +136,9 @@ def _print_banner(settings: Settings, simulators: list[LocalServer], log_dir: Pa
     assert settings.admin_token is not None
     token = settings.admin_token.get_secret_value()
     base = f"http://{settings.host}:{settings.port}"
-    sims = "\n".join(f"  {s.name:<13}{s.url}   (simulated vLLM)" for s in simulators)
+    kind = "simulated vLLM"
+    sims = "\n".join(f"  {s.name:<13}{s.url}   ({kind if s.name != 'dashboard' else 'Streamlit'})"
+                     for s in simulators)  # fmt: skip
     typer.echo(
         f"""
 draftgate is starting
@@ -138,7 +154,7 @@ draftgate is starting
          -d '{{"model": "openai/gpt-oss-20b", "messages": [{{"role": "user", "content": "hi"}}]}}'
        curl -H 'Authorization: Bearer {token}' {base}/admin/v1/backends
 
-  not started yet: collector, dashboard, demo traffic (their issues are open)
+  not started yet: collector, demo traffic (their issues are open)
 Ctrl-C stops everything.
 """
     )
@@ -280,3 +296,17 @@ def sim_calibrate(
     typer.echo("\n".join(lines))
     typer.echo("every calibrated figure is within its bar" if ok else "some figures miss their bar")
     raise typer.Exit(0 if ok else 1)
+
+
+@app.command("dashboard")
+def dashboard_command(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Port = 8501,
+) -> None:
+    """Run the dashboard (reads DRAFTGATE_DASHBOARD_GATEWAY_URL and DRAFTGATE_ADMIN_TOKEN)."""
+    import os
+
+    from gateway import stack
+
+    argv = stack.dashboard_argv(host, port)
+    os.execv(argv[0], argv)  # noqa: S606  (Streamlit takes over this process and its signals)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from pydantic import SecretStr
 from sqlalchemy.orm import Session
 
+import dashboard
 from backends.launcher import LocalServer, sim_argv
 from backends.sim.config import DEFAULT_K
 from gateway.admin.prices import create_price
@@ -100,3 +103,27 @@ def stop_all(servers: list[LocalServer]) -> None:
     """Stop every server started here."""
     for server in servers:
         server.stop()
+
+
+def dashboard_argv(host: str, port: int) -> list[str]:
+    """`streamlit run` of the dashboard on host:port: headless, no usage statistics."""
+    app = Path(dashboard.__file__).parent / "streamlit_app.py"
+    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
+            "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]  # fmt: skip
+
+
+def start_dashboard(
+    port: int, gateway_url: str, admin_token: SecretStr, log_dir: Path
+) -> LocalServer:
+    """Start `draftgate dashboard` on 127.0.0.1:`port` against the gateway at `gateway_url`.
+
+    The token travels in the environment, not the command line other users can read.
+    """
+    draftgate = Path(sys.executable).parent / "draftgate"
+    env = {"DRAFTGATE_DASHBOARD_GATEWAY_URL": gateway_url,
+           "DRAFTGATE_ADMIN_TOKEN": admin_token.get_secret_value()}  # fmt: skip
+    argv = [str(draftgate), "dashboard", "--port", str(port)]
+    server = LocalServer("dashboard", argv, port, log_dir / "dashboard.log", env=env)
+    server.start()
+    return server

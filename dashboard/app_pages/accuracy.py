@@ -19,8 +19,6 @@ def render() -> None:
         return
     mean = accuracy.mean_absolute_error
     st.metric("Mean absolute error (leave-one-out)", "-" if mean is None else f"{mean:.1%}")
-    st.caption(f"{accuracy.predicted} of {len(accuracy.points)} measured points predicted "
-               "from the other measurements of their model and GPU.")  # fmt: skip
     if accuracy.predicted:
         left, right = st.columns(2)
         left.altair_chart(charts.predicted_vs_measured(accuracy.points))
@@ -34,3 +32,5 @@ def render() -> None:
           "error": None if p.error is None else f"{p.error:+.1%}"} for p in accuracy.points],
         hide_index=True,
     )  # fmt: skip
+    st.caption(f"{accuracy.predicted} of {len(accuracy.points)} measured points predicted "
+               "from the other measurements of their model and GPU.")  # fmt: skip

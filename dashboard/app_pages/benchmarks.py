@@ -51,7 +51,6 @@ def _run(run: Benchmark) -> None:
         levels = _levels(run)
         if levels:
             st.dataframe(levels, hide_index=True)
-            st.caption("Each level is stored as a measurement: the planner fits to it.")
 
 
 @shows_api_errors
@@ -70,3 +69,4 @@ def render() -> None:
         st.info("No benchmark has run yet.")
     for run in runs:
         _run(run)
+    st.caption("Each finished level is stored as a measurement: the planner fits to it.")

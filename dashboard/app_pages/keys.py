@@ -67,5 +67,5 @@ def render() -> None:
         _table(keys, usage)
     else:
         st.info("No API keys yet. Create one below; clients send it as a bearer token.")
-    _create_form(api)
     _revoke_form(api, keys)
+    _create_form(api)

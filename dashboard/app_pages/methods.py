@@ -40,7 +40,8 @@ def _cost_table(plans: dict[str, Plan]) -> None:
         }
         for gpu, plan in plans.items():
             here = plan.choices[i]
-            row[f"$/1M {gpu} ({here.method})"] = round(here.usd_per_mtok, 4)
+            row[f"{gpu} best"] = f"{here.method} K={here.k}"
+            row[f"$/1M {gpu} best"] = round(here.usd_per_mtok, 4)
             row[f"$/1M {gpu} plain"] = round(here.usd_per_mtok * here.speedup_vs_plain, 4)
         rows.append(row)
     st.dataframe(rows, hide_index=True)

@@ -64,16 +64,21 @@ def render() -> None:
     api = admin_client()
     label, start = choose_period("overview-period")
     kind = choose_price_kind("overview-price")
-    prices = api.prices()
+    prices, gpu_types = api.prices(), {b.gpu_type for b in api.backends()}
     usage = api.usage(start)
     st.subheader("Traffic, capacity cost and savings")
-    st.caption("Capacity cost: each request's output tokens at its method's $ per 1M tokens, "
-               "priced when it was served at " + price_note(prices, "on-demand") + ".")  # fmt: skip
+    served_at = price_note(prices, "on-demand", gpu_types)
+    st.caption(
+        "Capacity cost: each request's output tokens at its method's $ per 1M tokens, priced "
+        f"when it was served at {served_at}."
+    )
     if not usage.data:
         st.info(f"No requests in this period ({label}). Send traffic to the gateway's /v1 "
                 "endpoint; the ledger rolls it up here within seconds.")  # fmt: skip
     else:
         _ledger(usage, label)
     st.subheader("GPU spend")
-    st.caption("GPU-hours each backend was held, idle included, at " + price_note(prices, kind))
+    st.caption(
+        "GPU-hours each backend was held, idle included, at " + price_note(prices, kind, gpu_types)
+    )
     _spend(api.spend(start, kind), label)

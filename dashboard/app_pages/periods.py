@@ -30,10 +30,12 @@ def choose_price_kind(key: str) -> PriceKind:
     return kind
 
 
-def price_note(prices: list[Price], kind: str) -> str:
-    """The price assumption behind $ figures, e.g. `B200 $5.50/GPU-h (list, 2026-11-01)`."""
-    chosen = [p for p in prices if p.kind == kind]
+def price_note(prices: list[Price], kind: str, gpu_types: set[str]) -> str:
+    """The price assumption behind $ figures, e.g. `B200 $5.98/GPU-h on-demand (source, date)`,
+    for the GPU types in use."""
+    chosen = sorted((p for p in prices if p.kind == kind and p.gpu_type in gpu_types),
+                    key=lambda p: p.gpu_type)  # fmt: skip
     if not chosen:
-        return f"no {kind} GPU prices are set (add one through the admin API)"
+        return f"no {kind} GPU price set for {', '.join(sorted(gpu_types)) or 'any GPU in use'}"
     return "; ".join(f"{p.gpu_type} ${p.usd_per_gpu_hour:.2f}/GPU-h {kind} ({p.source}, {p.date})"
-                     for p in sorted(chosen, key=lambda p: p.gpu_type))  # fmt: skip
+                     for p in chosen)  # fmt: skip

@@ -1,8 +1,9 @@
-"""A real stack for the dashboard's tests: `draftgate up` (simulators, gateway) with traffic.
+"""A real stack for the dashboard's tests: `draftgate up` (simulators, gateway, dashboard).
 
 The stack runs once per test session: five simulated backends of the demo model, the
-gateway with its collector and ledger, and some chat completions through it so the ledger
-and the measurements hold real data. Pages run against it through the admin API.
+gateway with its collector and ledger, the dashboard process, and some chat completions
+through the gateway so the ledger and the measurements hold real data. AppTests run the
+pages in this process against its admin API; the browser test opens its dashboard.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.e2e.conftest import (
     ADMIN_TOKEN,
     Server,
     draftgate_env,
+    free_port,
     free_port_block,
     spawn_server,
 )
@@ -35,6 +37,7 @@ class Stack:
 
     gateway: Server
     requests: int
+    dashboard_url: str
 
     def admin(self) -> httpx.Client:
         """An admin API client of the gateway."""
@@ -65,6 +68,18 @@ def _wait_for_data(admin: httpx.Client, requests: int) -> None:
     pytest.fail(f"no ledger or measurement data after {DATA_TIMEOUT_S} s: {rows}, {points}")
 
 
+def _wait_for_dashboard(url: str) -> None:
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/_stcore/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"the dashboard at {url} did not answer within {DATA_TIMEOUT_S} s")
+
+
 def stack_env(database_url: str) -> dict[str, str]:
     """Settings of the test stack: a known token, quick collector, ledger and probes."""
     return draftgate_env(
@@ -79,17 +94,20 @@ def stack_env(database_url: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """`draftgate up --no-dashboard` with traffic sent through it."""
+    """`draftgate up` (its dashboard included) with traffic sent through it."""
     log_dir: Path = tmp_path_factory.mktemp("dashboard-stack")
+    dashboard_port = free_port()
     args = ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", "20",
-            "--no-dashboard")  # fmt: skip
+            "--dashboard-port", str(dashboard_port))  # fmt: skip
     server = spawn_server(args, stack_env(f"sqlite:///{log_dir}/draftgate.db"), log_dir)
     try:
         server.wait_healthy(60.0)
         _send_traffic(server.base_url, REQUESTS)
         with server.client(ADMIN_TOKEN) as admin:
             _wait_for_data(admin, REQUESTS)
-        yield Stack(server, REQUESTS)
+        dashboard_url = f"http://127.0.0.1:{dashboard_port}"
+        _wait_for_dashboard(dashboard_url)
+        yield Stack(server, REQUESTS, dashboard_url)
     finally:
         server.close()
 

@@ -27,8 +27,10 @@ def test_methods_shows_costs_on_b200_and_h100_and_the_recommendation(
     assert "Recommendation on B200" in at.success[0].value
     table = at.dataframe[0].value
     first = plan["choices"][0]
-    h100 = table[f"$/1M H100 ({first['method']})"]
-    assert abs(h100.iloc[0] - first["usd_per_mtok"]) < 1e-3
+    assert table["H100 best"].iloc[0] == f"{first['method']} K={first['k']}"
+    assert abs(table["$/1M H100 best"].iloc[0] - first["usd_per_mtok"]) < 1e-3
+    plain = first["usd_per_mtok"] * first["speedup_vs_plain"]
+    assert abs(table["$/1M H100 plain"].iloc[0] - plain) < 1e-3
     assert "$/1M B200 plain" in table.columns
     assert "H100 $" in " ".join(c.value for c in at.caption)
     assert at.get("vega_lite_chart") or at.get("arrow_vega_lite_chart")

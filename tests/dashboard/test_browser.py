@@ -1,0 +1,94 @@
+"""A real browser (Debian's headless Chromium) on the dashboard of `draftgate up`.
+
+It opens every page, saves a screenshot of each under test-artefacts/dashboard/, and pins a
+method on the Methods page, confirmed through the admin API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.dashboard.conftest import MODEL, Stack
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTEFACTS = Path(__file__).resolve().parents[2] / "test-artefacts" / "dashboard"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+# Each page's title and a text drawn at its end: the run is over once both show.
+PAGES = {
+    "": ("Overview", "Actual GPU spend"),  # the default page is served at the root
+    "methods": ("Methods", "Traffic by method, last hour"),
+    "planner": ("Planner / what-if", "Deploy "),
+    "backends": ("Backends", "Add backend"),
+    "benchmarks": ("Benchmarks", "Each finished level is stored"),
+    "keys": ("Keys and usage", "Create key"),
+    "accuracy": ("Accuracy", "predicted from the other measurements"),
+}
+RENDER_TIMEOUT_MS = 30_000
+SETTLED = """() => !document.querySelector('[data-testid="stSkeleton"]')
+    && !document.querySelector('[data-testid="stStatusWidget"]')"""
+
+if not CHROMIUM.exists():
+    pytest.skip("no /usr/bin/chromium (make test installs it)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 2400})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def _open(page: Page, stack: Stack, path: str) -> None:
+    page.goto(f"{stack.dashboard_url}/{path}")
+    title, last = PAGES[path]
+    page.get_by_role("heading", name=title, exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
+    page.get_by_text(last).first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    # Widgets, tables and charts load their code lazily: a skeleton stands in until then.
+    page.wait_for_function(SETTLED, timeout=RENDER_TIMEOUT_MS)
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_every_page_renders_in_the_browser(page: Page, stack: Stack, path: str) -> None:
+    _open(page, stack, path)
+    assert page.get_by_test_id("stException").count() == 0
+    assert page.get_by_test_id("stAlertContentError").count() == 0
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    index = list(PAGES).index(path) + 1
+    page.screenshot(path=str(ARTEFACTS / f"{index:02d}-{path or 'overview'}.png"))
+
+
+def test_pinning_a_method_on_the_methods_page_changes_the_policy(page: Page, stack: Stack) -> None:
+    _open(page, stack, "methods")
+    page.get_by_text("pinned", exact=True).click()
+    page.get_by_label("Pinned method").click()
+    page.get_by_role("option", name="eagle3", exact=True).click()
+    page.get_by_label("Pinned K (0: the backend's own)").fill("3")
+    page.get_by_label("ITL objective, ms (0: none)").fill("45")
+    page.get_by_role("button", name="Save policy").click()
+    saved = page.get_by_text("set to pinned to eagle3 K=3, ITL ≤ 45 ms")
+    saved.wait_for(timeout=RENDER_TIMEOUT_MS)
+    page.screenshot(path=str(ARTEFACTS / "08-methods-policy-pinned.png"))
+    with stack.admin() as admin:
+        policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
+        admin.put(f"/admin/v1/models/{MODEL}/policy", json={"mode": "auto"})
+    assert policy["mode"] == "pinned"
+    assert policy["method"] == "eagle3"
+    assert policy["k"] == 3
+    assert policy["itl_objective_ms"] == 45.0
