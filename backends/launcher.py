@@ -77,9 +77,11 @@ def vllm_env(vllm_python: Path | None = None) -> dict[str, str]:
     """Variables a `vllm serve` process needs on top of the inherited environment.
 
     vLLM's CPU build drafts much faster with Intel's OpenMP preloaded; its virtualenv
-    ships the library (the `intel-openmp` dependency).
+    ships the library (the `intel-openmp` dependency). Its automatic thread binding pins
+    every server on a host to the same core, so a server starting beside a busy one
+    starves (seen: no progress in five minutes); several local servers need `nobind`.
     """
-    env = dict(OFFLINE_ENV)
+    env = dict(OFFLINE_ENV) | {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     if vllm_python is not None:
         iomp = vllm_python.parent.parent / "lib" / "libiomp5.so"
         if iomp.is_file():

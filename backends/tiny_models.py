@@ -71,11 +71,16 @@ class TinyModels:
     dspark: Path
 
 
+def tiny_model_paths(root: Path) -> TinyModels:
+    """Where `build_tiny_models(root)` writes each model."""
+    return TinyModels(*(root / name for name in _DIRECTORIES))
+
+
 def build_tiny_models(root: Path, seed: int = 0) -> TinyModels:
     """Write the target (with its tokenizer) and every drafter under `root`."""
     tokenizer = train_tokenizer(corpus_files())
     ids = special_ids(tokenizer)
-    models = TinyModels(*(root / name for name in _DIRECTORIES))
+    models = tiny_model_paths(root)
     save_tokenizer(tokenizer, models.target)
     target = llama_config(TARGET, ids)
     _write(models.target, target, llama_tensors(TARGET, _rng(seed, 0)))

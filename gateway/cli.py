@@ -6,6 +6,7 @@ import logging
 import secrets
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -21,8 +22,10 @@ from gateway.cli_plan import plan_app
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from backends.launcher import LocalServer
-    from gateway.managed import ManagedBackends
+    from gateway.managed import Launch, ManagedBackends
 
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
 db_app = typer.Typer(help="Database schema.")
@@ -80,8 +83,18 @@ def up(
     time_scale: float = 1.0,
     demo_traffic: bool = False,
     dashboard: bool = True,
+    real_vllm: Annotated[
+        bool, typer.Option(help="Real vLLM servers for a tiny local model, not simulators.")
+    ] = False,
+    methods: Annotated[
+        str, typer.Option(help="With --real-vllm: the methods to serve, comma-separated.")
+    ] = "plain,ngram,p-eagle,dflash",
 ) -> None:
-    """Run the stack locally on SQLite: simulated backends for a demo model and the gateway."""
+    """Run the stack locally on SQLite: simulated backends for a demo model and the gateway.
+
+    With --real-vllm, `vllm serve` processes (DRAFTGATE_VLLM_PYTHON names vLLM's
+    interpreter) serve a tiny model built locally, one per method, instead.
+    """
     from backends.launcher import LaunchError
     from gateway import stack
     from gateway.managed import ManagedBackends
@@ -90,23 +103,28 @@ def up(
     if settings.admin_token is None:
         token = secrets.token_urlsafe(32)
         settings = settings.model_copy(update={"admin_token": SecretStr(token)})
-    _prepare(settings, sim_base_port)
     log_dir = Path(".draftgate") / "logs"
     try:
-        simulators = stack.start_simulators(sim_base_port, time_scale, log_dir)
-    except LaunchError as exc:
-        fail(f"a simulated backend did not start: {exc}")
-    managed = ManagedBackends(stack.sim_launcher(time_scale), log_dir, simulators)
+        if real_vllm:
+            servers, launch = _start_real_vllm(settings, methods.split(","), sim_base_port,
+                                               log_dir)  # fmt: skip
+        else:
+            _prepare(settings, lambda db: stack.seed_demo(db, sim_base_port))
+            servers = stack.start_simulators(sim_base_port, time_scale, log_dir)
+            launch = stack.sim_launcher(time_scale)
+    except (LaunchError, ValueError) as exc:
+        fail(f"a backend did not start: {exc}")
+    managed = ManagedBackends(launch, log_dir, servers)
     dashboards: list[LocalServer] = []
     try:
         if dashboard:
             dashboards.append(_start_dashboard(settings, dashboard_port, log_dir))
-        _print_banner(settings, simulators + dashboards, log_dir)
+        _print_banner(settings, servers + dashboards, log_dir, real_vllm)
         _serve(settings, managed)
     except LaunchError as exc:
         fail(f"the dashboard did not start: {exc}")
     finally:
-        stack.stop_all(dashboards + simulators)
+        stack.stop_all(dashboards + servers)
 
 
 def _start_dashboard(settings: Settings, port: int, log_dir: Path) -> LocalServer:
@@ -118,8 +136,21 @@ def _start_dashboard(settings: Settings, port: int, log_dir: Path) -> LocalServe
     return stack.start_dashboard(port, gateway_url, settings.admin_token, log_dir)
 
 
-def _prepare(settings: Settings, sim_base_port: int) -> None:
-    from gateway import stack
+def _start_real_vllm(
+    settings: Settings, methods: list[str], base_port: int, log_dir: Path
+) -> tuple[list[LocalServer], Launch]:
+    from gateway import real_vllm
+
+    models = real_vllm.prepare(Path(".draftgate") / "models")
+    backends = real_vllm.real_backends(methods, base_port, models)
+    _prepare(settings, lambda db: real_vllm.seed(db, backends))
+    launch = real_vllm.vllm_launcher(settings.vllm_python, models.target)
+    typer.echo(f"starting {len(backends)} vLLM server(s); this takes a minute or two", err=True)
+    return real_vllm.start(backends, launch, log_dir), launch
+
+
+def _prepare(settings: Settings, seed: Callable[[Session], None]) -> None:
+    """Migrate the database, then register the stack's backends in it."""
     from gateway.app import prepare_database
     from gateway.db.session import make_engine, make_sessionmaker, transaction
 
@@ -127,18 +158,20 @@ def _prepare(settings: Settings, sim_base_port: int) -> None:
     try:
         prepare_database(settings, engine)
         with transaction(make_sessionmaker(engine)) as db:
-            stack.seed_demo(db, sim_base_port)
+            seed(db)
     finally:
         engine.dispose()
 
 
-def _print_banner(settings: Settings, simulators: list[LocalServer], log_dir: Path) -> None:
+def _print_banner(
+    settings: Settings, servers: list[LocalServer], log_dir: Path, real_vllm: bool
+) -> None:
     assert settings.admin_token is not None
     token = settings.admin_token.get_secret_value()
     base = f"http://{settings.host}:{settings.port}"
-    kind = "simulated vLLM"
+    kind, model = ("vLLM", "tiny-llama") if real_vllm else ("simulated vLLM", "openai/gpt-oss-20b")
     sims = "\n".join(f"  {s.name:<13}{s.url}   ({kind if s.name != 'dashboard' else 'Streamlit'})"
-                     for s in simulators)  # fmt: skip
+                     for s in servers)  # fmt: skip
     typer.echo(
         f"""
 draftgate is starting
@@ -151,7 +184,7 @@ draftgate is starting
   admin token  {token}
 
   try: curl {base}/v1/chat/completions -H 'content-type: application/json' \\
-         -d '{{"model": "openai/gpt-oss-20b", "messages": [{{"role": "user", "content": "hi"}}]}}'
+         -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}}'
        curl -H 'Authorization: Bearer {token}' {base}/admin/v1/backends
 
   not started yet: collector, demo traffic (their issues are open)

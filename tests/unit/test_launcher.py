@@ -32,7 +32,8 @@ def test_vllm_argv_runs_the_vllm_beside_the_configured_interpreter() -> None:
 
 def test_vllm_env_serves_offline_and_preloads_intel_openmp(tmp_path: Path) -> None:
     python = tmp_path / "bin" / "python"
-    assert vllm_env(python) == OFFLINE_ENV  # no libiomp5 in this virtualenv
+    # No libiomp5 in this virtualenv; threads unpinned so servers can share the cores.
+    assert vllm_env(python) == OFFLINE_ENV | {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
     env = vllm_env(python)
