@@ -3,10 +3,10 @@ vLLM configuration to deploy."""
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import streamlit as st
+import yaml
 
 from backends.methods import InvalidMethodSpec, make_spec, render_vllm_args
 from dashboard.app_pages.periods import choose_price_kind
@@ -45,17 +45,19 @@ def _drafter(method: str, backends: list[Backend]) -> str | None:
 def _deploy(plan: Plan, best: MethodCapacity, backends: list[Backend]) -> None:
     """`vllm serve` and a compose service for the cheapest method, with its K schedule."""
     schedule = plan.schedules.get(best.method)
+    # vLLM drafts num_speculative_tokens at most: the schedule's largest K bounds it below.
+    k = max([best.k, *(entry[2] for entry in schedule or [])])
     try:
-        spec = make_spec(best.method, best.k if best.method != "plain" else None,
+        spec = make_spec(best.method, k if best.method != "plain" else None,
                          _drafter(best.method, backends), k_per_batch_size=schedule)  # fmt: skip
     except InvalidMethodSpec as exc:
         st.warning(f"No vLLM configuration for {best.method}: {exc}")
         return
     argv = render_vllm_args(plan.model, spec, host="0.0.0.0", port=8000)  # noqa: S104
-    st.markdown(f"**Deploy {best.method} (K={best.k})** on {best.gpus} x {plan.gpu}:")
+    st.markdown(f"**Deploy {best.method} (K={k})** on {best.gpus} x {plan.gpu}:")
     st.code(shlex.join(argv), language="bash")
     service = {"image": "vllm/vllm-openai:latest", "command": argv[2:], "ports": ["8000:8000"]}
-    st.code(json.dumps({"services": {"vllm": service}}, indent=2), language="json")
+    st.code(yaml.safe_dump({"services": {"vllm": service}}, sort_keys=False), language="yaml")
     if schedule:
         st.caption(f"num_speculative_tokens_per_batch_size: {schedule} "
                    "([batch from, batch to, K]; K 0 where plain decoding is faster)")  # fmt: skip
@@ -76,7 +78,7 @@ def render() -> None:
     gpu = right.selectbox("GPU", GPUS, key="plan-gpu")
     gpu_count = left.number_input("GPUs per replica", 1, 64, 1, key="plan-gpu-count")
     kind = choose_price_kind("plan-price")
-    requests_per_s = left.number_input("Requests per second", 0.01, 10_000.0, 10.0,
+    requests_per_s = left.number_input("Requests per second", 0.01, 10_000.0, 100.0,
                                        key="plan-rps")  # fmt: skip
     output_len = right.number_input("Output tokens per request", 1, 32_768, 500,
                                     key="plan-output-len")  # fmt: skip

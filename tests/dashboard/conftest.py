@@ -2,7 +2,8 @@
 
 The stack runs once per test session: five simulated backends of the demo model, the
 gateway with its collector and ledger, the dashboard process, and some chat completions
-through the gateway so the ledger and the measurements hold real data. AppTests run the
+through the gateway and benchmark sweeps of three backends, so the ledger and the
+measurements hold real data. AppTests run the
 pages in this process against its admin API; the browser test opens its dashboard.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -54,6 +56,29 @@ def _chat(base_url: str, i: int) -> None:
 def _send_traffic(base_url: str, count: int) -> None:
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda i: _chat(base_url, i), range(count)))
+
+
+SWEPT = ("demo-plain", "demo-eagle3", "demo-dflash")
+
+
+def wait_for_benchmark(admin: httpx.Client, run_id: int) -> dict[str, Any]:
+    """Poll a benchmark run until it is no longer queued or running; the run."""
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = admin.get(f"/admin/v1/benchmarks/{run_id}").json()
+        if run["status"] not in {"queued", "running"}:
+            return run
+        time.sleep(0.5)
+    pytest.fail(f"benchmark {run_id} still running after {DATA_TIMEOUT_S} s")
+
+
+def _sweep(admin: httpx.Client) -> None:
+    """Benchmark a few backends at three loads, so the planner has measurements to fit."""
+    body = {"concurrency": [1, 4, 16], "requests_per_level": 16}
+    runs = [admin.post("/admin/v1/benchmarks", json=body | {"backend": b}).json() for b in SWEPT]
+    for run in runs:
+        finished = wait_for_benchmark(admin, run["id"])
+        assert finished["status"] == "succeeded", finished
 
 
 def _wait_for_data(admin: httpx.Client, requests: int) -> None:
@@ -105,6 +130,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _send_traffic(server.base_url, REQUESTS)
         with server.client(ADMIN_TOKEN) as admin:
             _wait_for_data(admin, REQUESTS)
+            _sweep(admin)
         dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         _wait_for_dashboard(dashboard_url)
         yield Stack(server, REQUESTS, dashboard_url)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 from streamlit.testing.v1 import AppTest
 
-from tests.dashboard.conftest import MODEL, Stack
+from tests.dashboard.conftest import MODEL, Stack, wait_for_benchmark
 from tests.e2e.conftest import closed_url
 
 TIMEOUT_S = 30.0
-BENCH_TIMEOUT_S = 60.0
 
 
 def _planner() -> None:
@@ -54,15 +51,22 @@ def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_
     at = _run(_planner)
     with dashboard_env.admin() as admin:
         params = {"model": MODEL, "gpu": "B200", "itl_objective_ms": 50.0,
-                  "output_tokens_per_s": 5000.0}  # fmt: skip
-        capacity = admin.get("/admin/v1/plan", params=params).json()["capacity"]
+                  "output_tokens_per_s": 50_000.0}  # fmt: skip
+        plan = admin.get("/admin/v1/plan", params=params).json()
+    capacity = plan["capacity"]
     table = at.dataframe[0].value
     assert set(table["method"]) == {m["method"] for m in capacity["methods"]}
     cheapest = min(capacity["methods"], key=lambda m: m["usd_per_month"])
     assert table["method"].iloc[0] == cheapest["method"]
     assert abs(table["USD per month"].iloc[0] - cheapest["usd_per_month"]) < 0.01
+    assert at.code, [w.value for w in at.warning]
     assert f"vllm serve {MODEL}" in at.code[0].value
-    assert "5,000 output tokens/s" in at.caption[0].value
+    assert "services:" in at.code[1].value
+    if cheapest["method"] in plan["schedules"]:
+        assert "num_speculative_tokens_per_batch_size" in at.code[0].value
+    saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
+    assert abs(table["saves vs plain (USD/month)"].iloc[0] - saved) < 0.01
+    assert "50,000 output tokens/s" in at.caption[0].value
 
 
 def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_env: Stack) -> None:
@@ -95,17 +99,6 @@ def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_en
         assert admin.get("/admin/v1/backends/dash-extra").status_code == 404
 
 
-def _wait_for_benchmark(stack: Stack, run_id: int) -> dict[str, object]:
-    deadline = time.monotonic() + BENCH_TIMEOUT_S
-    with stack.admin() as admin:
-        while time.monotonic() < deadline:
-            run: dict[str, object] = admin.get(f"/admin/v1/benchmarks/{run_id}").json()
-            if run["status"] not in {"queued", "running"}:
-                return run
-            time.sleep(0.5)
-    raise AssertionError(f"benchmark {run_id} still running after {BENCH_TIMEOUT_S} s")
-
-
 def test_benchmarks_starts_a_sweep_and_shows_its_levels(dashboard_env: Stack) -> None:
     at = _run(_benchmarks)
     at.selectbox(key="bench-backend").set_value("demo-eagle3")
@@ -115,7 +108,8 @@ def test_benchmarks_starts_a_sweep_and_shows_its_levels(dashboard_env: Stack) ->
     message = at.success[-1].value
     assert "against demo-eagle3: levels [1, 2]" in message
     run_id = int(message.split()[2])
-    run = _wait_for_benchmark(dashboard_env, run_id)
+    with dashboard_env.admin() as admin:
+        run = wait_for_benchmark(admin, run_id)
     assert run["status"] == "succeeded", run
 
     at.button(key="bench-refresh").click().run()
