@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import altair as alt
@@ -75,4 +76,28 @@ def running_error(points: list[AccuracyPoint]) -> alt.Chart:
     values = [{"point": i + 1, "error": sum(errors[: i + 1]) / (i + 1)} for i in range(len(errors))]
     y = alt.Y("error:Q", title="running mean |error|", axis=alt.Axis(format="%"))
     chart: alt.Chart = _chart(values).mark_line(point=True).encode(x="point:Q", y=y)
+    return chart
+
+
+def acceptance_by_position(curves: dict[str, list[float]]) -> alt.Chart:
+    """Per backend: the share of drafted tokens accepted at each speculative position."""
+    values = [{"backend": name, "position": i + 1, "accepted": rate}
+              for name, rates in curves.items() for i, rate in enumerate(rates)]  # fmt: skip
+    chart: alt.Chart = _chart(values).mark_line(point=True).encode(
+        x=alt.X("position:O", title="draft position"),
+        y=alt.Y("accepted:Q", title="accepted", axis=alt.Axis(format="%")),
+        color="backend:N", tooltip=["backend:N", "position:O", "accepted:Q"],
+    )  # fmt: skip
+    return chart
+
+
+def daily_trend(days: list[tuple[dt.date, float, float]]) -> alt.Chart:
+    """Capacity cost and savings against plain decoding, day by day."""
+    values = [{"day": day.isoformat(), "figure": figure, "usd": usd}
+              for day, cost, saved in days
+              for figure, usd in (("cost", cost), ("savings vs plain", saved))]  # fmt: skip
+    chart: alt.Chart = _chart(values).mark_line(point=True).encode(
+        x=alt.X("day:T", title="day (UTC)"), y=alt.Y("usd:Q", title="USD"), color="figure:N",
+        tooltip=["day:T", "figure:N", "usd:Q"],
+    )  # fmt: skip
     return chart

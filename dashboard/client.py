@@ -132,11 +132,12 @@ class AdminClient:
         return self._list(AuditEntry, "/audit", resource_type=resource_type,
                           resource_id=resource_id, limit=limit)  # fmt: skip
 
-    def usage(self, start: dt.datetime, group_by: str = "model,method") -> Usage:
-        """Ledger totals (requests, tokens, cost, savings) since `start`, per group."""
-        return _parse(
-            Usage, self._get("/savings", group_by=group_by, **{"from": start.isoformat()})
-        )
+    def usage(
+        self, start: dt.datetime, group_by: str = "model,method", end: dt.datetime | None = None
+    ) -> Usage:
+        """Ledger totals (requests, tokens, cost, savings) in [start, end or now), per group."""
+        period = {"from": start.isoformat(), "to": end.isoformat() if end else None}
+        return _parse(Usage, self._get("/savings", group_by=group_by, **period))
 
     def spend(self, start: dt.datetime, price_kind: str = "on-demand") -> Spend:
         """GPU-hours each backend was held since `start`, priced at `price_kind`."""

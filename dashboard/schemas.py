@@ -205,3 +205,19 @@ class Benchmark(Record):
     progress: float
     error: str | None
     result: dict[str, Any] | None
+
+
+class BenchmarkLevel(Record):
+    """One load level of a finished benchmark run."""
+
+    concurrency: float
+    completed: int
+    output_tokens_per_s: float
+    mean_itl_ms: float | None = None
+    acceptance_length: float | None = None
+    acceptance_per_position: list[float] | None = None
+
+    @classmethod
+    def of(cls, run: Benchmark) -> list[BenchmarkLevel]:
+        """The levels of `run` (none until it has finished)."""
+        return [cls.model_validate(level) for level in (run.result or {}).get("levels", [])]

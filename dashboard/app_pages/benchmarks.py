@@ -6,7 +6,13 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard.client import AdminClient, admin_client, refresh_reads, shows_api_errors
+from dashboard.client import (
+    CACHE_TTL_S,
+    AdminClient,
+    admin_client,
+    refresh_reads,
+    shows_api_errors,
+)
 from dashboard.schemas import Backend, Benchmark
 
 LEVEL_COLUMNS = {
@@ -64,7 +70,14 @@ def render() -> None:
         st.info("No backends to benchmark yet: add one on the Backends page.")
         return
     _start_form(api, backends)
-    runs = sorted(api.benchmarks(), key=lambda r: r.id, reverse=True)
+    _runs()
+
+
+@st.fragment(run_every=CACHE_TTL_S)
+@shows_api_errors
+def _runs() -> None:
+    """Every run, newest first; redrawn every few seconds while the page is open."""
+    runs = sorted(admin_client().benchmarks(), key=lambda r: r.id, reverse=True)
     if not runs:
         st.info("No benchmark has run yet.")
     for run in runs:

@@ -9,7 +9,7 @@ import streamlit as st
 from dashboard import charts
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import AdminClient, admin_client, shows_api_errors
-from dashboard.schemas import Backend, ModelInfo, Plan, Policy
+from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 
 GPUS = ("B200", "H100")
 TRAFFIC_WINDOW = dt.timedelta(hours=1)
@@ -69,6 +69,42 @@ def _curves(api: AdminClient, model: str, plan: Plan) -> None:
     st.altair_chart(charts.throughput_vs_concurrency(plan.choices, measured, plan.gpu_count))
     st.caption(f"{plan.gpu}: lines are the planner's (solid: at a measured point, dashed: "
                f"estimated); diamonds are the {len(measured)} measured point(s).")  # fmt: skip
+
+
+def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
+    """Measured acceptance and ITL per backend and load, from finished benchmark sweeps."""
+    st.subheader("Measured acceptance and ITL")
+    by_name = {b.name: b for b in backends}
+    rows, curves = [], {}
+    for run in sorted(api.benchmarks(), key=lambda r: r.id):
+        backend = by_name.get(run.backend_name or "")
+        if run.model != model or backend is None:
+            continue
+        for level in BenchmarkLevel.of(run):
+            rows.append(_acceptance_row(backend, level))
+            if level.acceptance_per_position and level.concurrency == 1:
+                curves[backend.name] = level.acceptance_per_position
+    if not rows:
+        st.info("No benchmark of this model's backends yet: start one on the Benchmarks page.")
+        return
+    st.dataframe(rows, hide_index=True)
+    if curves:
+        st.altair_chart(charts.acceptance_by_position(curves))
+        st.caption("Per-position acceptance at concurrency 1, the latest sweep of each backend.")
+
+
+def _acceptance_row(backend: Backend, level: BenchmarkLevel) -> dict[str, object]:
+    per_position = level.acceptance_per_position or []
+    return {
+        "backend": backend.name,
+        "method": backend.method,
+        "K": backend.k,
+        "concurrency": level.concurrency,
+        "output tokens/s": round(level.output_tokens_per_s),
+        "ITL (ms)": None if level.mean_itl_ms is None else round(level.mean_itl_ms, 2),
+        "acceptance length": level.acceptance_length,
+        "accepted per position": " ".join(f"{rate:.0%}" for rate in per_position),
+    }
 
 
 def _traffic(api: AdminClient, model: str) -> None:
@@ -145,6 +181,7 @@ def render() -> None:
     _recommendation(plans["B200"])
     _curves(api, model, plans["B200"])
     _cost_table(plans)
+    _acceptance(api, model, backends)
     methods = sorted({b.method for b in backends if b.model == model}) or ["plain"]
     _control(api, model, models, methods)
     _traffic(api, model)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import streamlit as st
 
 from dashboard import charts
 from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
-from dashboard.client import admin_client, shows_api_errors
+from dashboard.client import AdminClient, admin_client, shows_api_errors
 from dashboard.schemas import Spend, Usage, UsageRow
 
 
@@ -46,6 +48,17 @@ def _ledger(usage: Usage, label: str) -> None:
     st.altair_chart(charts.usage_by_model(usage.data))
 
 
+def _trend(api: AdminClient, start: dt.datetime) -> None:
+    """Cost and savings per day since `start` (one rollup read per day)."""
+    today = dt.datetime.now(dt.UTC).date()
+    days = []
+    for offset in range((today - start.date()).days + 1):
+        day = start + dt.timedelta(days=offset)
+        rows = api.usage(day, "model", day + dt.timedelta(days=1)).data
+        days.append((day.date(), sum(r.cost_usd for r in rows), sum(r.savings_usd for r in rows)))
+    st.altair_chart(charts.daily_trend(days))
+
+
 def _spend(spend: Spend, label: str) -> None:
     """GPU-hours held, idle included: the other view, never mixed with capacity cost."""
     st.metric(f"Actual GPU spend ({label}, {spend.price_kind})", f"${spend.total_usd:,.2f}")
@@ -77,6 +90,8 @@ def render() -> None:
                 "endpoint; the ledger rolls it up here within seconds.")  # fmt: skip
     else:
         _ledger(usage, label)
+        if label != "today":
+            _trend(api, start)
     st.subheader("GPU spend")
     st.caption(
         "GPU-hours each backend was held, idle included, at " + price_note(prices, kind, gpu_types)

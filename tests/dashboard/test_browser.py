@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.dashboard.conftest import MODEL, Stack
 
@@ -28,7 +29,9 @@ PAGES = {
     "keys": ("Keys and usage", "Create key"),
     "accuracy": ("Accuracy", "predicted from the other measurements"),
 }
-RENDER_TIMEOUT_MS = 30_000
+RENDER_TIMEOUT_MS = 60_000  # generous: CI machines are busy
+OPTION_TIMEOUT_MS = 5_000
+OPEN_ATTEMPTS = 4
 SETTLED = """() => !document.querySelector('[data-testid="stSkeleton"]')
     && !document.querySelector('[data-testid="stStatusWidget"]')"""
 
@@ -50,7 +53,9 @@ def browser() -> Iterator[Browser]:
 def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1400, "height": 2400})
     try:
-        yield context.new_page()
+        page = context.new_page()
+        page.set_default_timeout(RENDER_TIMEOUT_MS)
+        yield page
     finally:
         context.close()
 
@@ -62,6 +67,18 @@ def _open(page: Page, stack: Stack, path: str) -> None:
     page.get_by_text(last).first.wait_for(timeout=RENDER_TIMEOUT_MS)
     # Widgets, tables and charts load their code lazily: a skeleton stands in until then.
     page.wait_for_function(SETTLED, timeout=RENDER_TIMEOUT_MS)
+
+
+def _choose(page: Page, label: str, option: str) -> None:
+    """Pick `option` in a select box; a list that closed again (a redraw) is reopened."""
+    for _ in range(OPEN_ATTEMPTS):
+        page.get_by_label(label).click()
+        try:
+            page.get_by_role("option", name=option, exact=True).click(timeout=OPTION_TIMEOUT_MS)
+            return
+        except PlaywrightTimeout:
+            page.keyboard.press("Escape")
+    pytest.fail(f"no option {option!r} in {label!r} after {OPEN_ATTEMPTS} tries")
 
 
 @pytest.mark.parametrize("path", list(PAGES))
@@ -77,8 +94,7 @@ def test_every_page_renders_in_the_browser(page: Page, stack: Stack, path: str) 
 def test_pinning_a_method_on_the_methods_page_changes_the_policy(page: Page, stack: Stack) -> None:
     _open(page, stack, "methods")
     page.get_by_text("pinned", exact=True).click()
-    page.get_by_label("Pinned method").click()
-    page.get_by_role("option", name="eagle3", exact=True).click()
+    _choose(page, "Pinned method", "eagle3")
     page.get_by_label("Pinned K (0: the backend's own)").fill("3")
     page.get_by_label("ITL objective, ms (0: none)").fill("45")
     page.get_by_role("button", name="Save policy").click()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from tests.dashboard.conftest import MODEL, Stack
+from tests.dashboard.conftest import MODEL, SWEPT, Stack
 
 TIMEOUT_S = 30.0
 
@@ -34,6 +34,18 @@ def test_methods_shows_costs_on_b200_and_h100_and_the_recommendation(
     assert "$/1M B200 plain" in table.columns
     assert "H100 $" in " ".join(c.value for c in at.caption)
     assert at.get("vega_lite_chart") or at.get("arrow_vega_lite_chart")
+
+
+def test_methods_shows_measured_acceptance_from_the_sweeps(dashboard_env: Stack) -> None:
+    at = AppTest.from_function(_methods, default_timeout=TIMEOUT_S).run()
+    table = next(d.value for d in at.dataframe if "acceptance length" in d.value.columns)
+    swept = table[table["backend"].isin(SWEPT)]
+    assert set(swept["backend"]) == set(SWEPT)
+    assert set(swept["concurrency"]) == {1, 4, 16}
+    eagle3 = swept[swept["backend"] == "demo-eagle3"]
+    assert (eagle3["acceptance length"] > 1).all()
+    assert (eagle3["accepted per position"].str.count("%") == 3).all()  # K=3
+    assert "Per-position acceptance at concurrency 1" in " ".join(c.value for c in at.caption)
 
 
 def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: Stack) -> None:

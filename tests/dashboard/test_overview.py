@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import pyarrow
 from streamlit.testing.v1 import AppTest
 
 from tests.dashboard.conftest import MODEL, Stack
@@ -30,3 +34,25 @@ def test_overview_shows_requests_tokens_cost_and_savings(dashboard_env: Stack) -
     captions = " ".join(c.value for c in at.caption)
     assert "B200 $" in captions
     assert "/GPU-h on-demand" in captions
+
+
+def _chart_values(at: AppTest, x_field: str) -> list[dict[str, Any]]:
+    """The data (sent as Arrow) of the chart whose x axis is `x_field`."""
+    charts = at.get("vega_lite_chart")
+    chart = next(c for c in charts if json.loads(c.proto.spec)["encoding"]["x"]["field"] == x_field)
+    rows: list[dict[str, Any]] = (
+        pyarrow.ipc.open_stream(chart.proto.data.data).read_all().to_pylist()
+    )
+    return rows
+
+
+def test_overview_trend_adds_up_to_the_period_totals(dashboard_env: Stack) -> None:
+    at = AppTest.from_function(_overview, default_timeout=TIMEOUT_S).run()
+    days = _chart_values(at, "day")
+    assert len({d["day"] for d in days}) == 8  # seven days back to midnight, and today
+    table = at.dataframe[0].value
+    cost = sum(d["usd"] for d in days if d["figure"] == "cost")
+    saved = sum(d["usd"] for d in days if d["figure"] == "savings vs plain")
+    assert abs(cost - table["cost (USD)"].sum()) < 1e-9
+    assert abs(saved - table["saved (USD)"].sum()) < 1e-9
+    assert saved > 0
