@@ -18,7 +18,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
 	touch $@
 
 up: $(VENV)/.installed
-	$(BIN)/draftgate up
+	$(BIN)/draftgate up --demo-traffic
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -6,6 +6,7 @@ import logging
 import secrets
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -116,15 +117,33 @@ def up(
         fail(f"a backend did not start: {exc}")
     managed = ManagedBackends(launch, log_dir, servers)
     dashboards: list[LocalServer] = []
+    traffic = threading.Event()  # set to stop the demo traffic
     try:
         if dashboard:
             dashboards.append(_start_dashboard(settings, dashboard_port, log_dir))
-        _print_banner(settings, servers + dashboards, log_dir, real_vllm)
+        _print_banner(settings, servers + dashboards, log_dir, real_vllm, demo_traffic)
+        if demo_traffic:
+            traffic = _start_demo_traffic(settings, _model(real_vllm))
         _serve(settings, managed)
     except LaunchError as exc:
         fail(f"the dashboard did not start: {exc}")
     finally:
+        traffic.set()
         stack.stop_all(dashboards + servers)
+
+
+def _model(real_vllm: bool) -> str:
+    from gateway import stack
+
+    return stack.REAL_VLLM_MODEL if real_vllm else stack.DEMO_MODEL
+
+
+def _start_demo_traffic(settings: Settings, model: str) -> threading.Event:
+    """A load that rises and falls, through this gateway (it waits for the gateway)."""
+    from gateway.demo_traffic import DemoLoad, start_in_thread
+
+    _, stop = start_in_thread(f"http://{settings.host}:{settings.port}", DemoLoad(model))
+    return stop
 
 
 def _start_dashboard(settings: Settings, port: int, log_dir: Path) -> LocalServer:
@@ -164,12 +183,18 @@ def _prepare(settings: Settings, seed: Callable[[Session], None]) -> None:
 
 
 def _print_banner(
-    settings: Settings, servers: list[LocalServer], log_dir: Path, real_vllm: bool
+    settings: Settings,
+    servers: list[LocalServer],
+    log_dir: Path,
+    real_vllm: bool,
+    demo_traffic: bool,
 ) -> None:
     assert settings.admin_token is not None
     token = settings.admin_token.get_secret_value()
     base = f"http://{settings.host}:{settings.port}"
-    kind, model = ("vLLM", "tiny-llama") if real_vllm else ("simulated vLLM", "openai/gpt-oss-20b")
+    kind, model = ("vLLM" if real_vllm else "simulated vLLM"), _model(real_vllm)
+    traffic = "on: 1 to 24 streaming clients, rising and falling every 2 minutes"
+    traffic = traffic if demo_traffic else "off (--demo-traffic turns it on)"
     sims = "\n".join(f"  {s.name:<13}{s.url}   ({kind if s.name != 'dashboard' else 'Streamlit'})"
                      for s in servers)  # fmt: skip
     typer.echo(
@@ -187,7 +212,7 @@ draftgate is starting
          -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}}'
        curl -H 'Authorization: Bearer {token}' {base}/admin/v1/backends
 
-  not started yet: collector, demo traffic (their issues are open)
+  demo traffic {traffic}
 Ctrl-C stops everything.
 """
     )

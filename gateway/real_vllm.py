@@ -20,8 +20,9 @@ from backends.tiny_models import TinyModels, build_tiny_models, tiny_model_paths
 from gateway.admin.schemas import BackendCreate
 from gateway.fleet import Fleet, apply_fleet
 from gateway.managed import Launch
+from gateway.stack import REAL_VLLM_MODEL
 
-MODEL = "tiny-llama"
+MODEL = REAL_VLLM_MODEL
 GPU = "cpu"  # not in the GPU catalog: measured, never priced
 DEFAULT_METHODS = ("plain", "ngram", "p-eagle", "dflash")
 START_TIMEOUT_S = 420.0  # several servers importing torch at once on a small machine

@@ -20,6 +20,7 @@ from planner.catalog import default_prices
 
 DEMO_MODEL = "openai/gpt-oss-20b"
 DEMO_GPU = "B200"
+REAL_VLLM_MODEL = "tiny-llama"  # what `draftgate up --real-vllm` serves (gateway/real_vllm.py)
 # One simulated backend per method, with the published drafters for GPT-OSS-20B.
 DEMO_METHODS: dict[str, str | None] = {
     "plain": None,

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.e2e.conftest import (
     ServerStarter,
     draftgate_env,
     free_port_block,
+    metric_value,
     sqlalchemy_url,
 )
 from tests.unit.test_predict import EXAMPLE
@@ -280,3 +282,20 @@ def test_plan_table_marks_stored_measurements(run_cli: CliRunner, tmp_path: Path
     row = next(line for line in done.stdout.splitlines() if line.split()[:2] == ["plain", "4"])
     assert "777*" in row
     assert sum("*" in line for line in done.stdout.splitlines()) == 1
+
+
+def test_up_with_demo_traffic_serves_requests_nobody_sent(
+    start_server: ServerStarter, tmp_path: Path
+) -> None:
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/demo.db")
+    args = ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", "20",
+            "--no-dashboard", "--demo-traffic")  # fmt: skip
+    server = start_server(*args, env=env, wait=False)
+    server.wait_healthy(60.0)
+    assert "demo traffic on" in server.output()
+    deadline = time.monotonic() + 30
+    while metric_value(server.base_url, "draftgate_requests_total", status="2xx") < 5:
+        assert time.monotonic() < deadline, server.output()[-2000:]
+        time.sleep(0.5)
+    assert metric_value(server.base_url, "draftgate_requests_total", status="4xx") == 0
+    assert server.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, server.output()
