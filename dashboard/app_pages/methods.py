@@ -144,11 +144,12 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     """Set the model's policy through the admin API; show it and its audit trail."""
     st.subheader("Policy")
     current = next((m.policy for m in models if m.name == model), Policy())
-    st.write(f"Current: **{_describe(current)}**")
+    shown = st.empty()  # filled once the form is handled, so a saved change shows at once
     wanted = _policy_from_form(current, methods)
     if wanted is not None:
-        saved = api.set_policy(model, wanted)
-        st.success(f"Policy of {model} set to {_describe(saved)}")
+        current = api.set_policy(model, wanted)
+        st.success(f"Policy of {model} set to {_describe(current)}")
+    shown.write(f"Current: **{_describe(current)}**")
     entries = api.audit("model", model, limit=5)
     if entries:
         st.caption("Recent changes (audit log)")

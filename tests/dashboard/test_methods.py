@@ -58,6 +58,8 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
     at.button(key="policy-save").click().run()
     assert not at.exception
     assert "set to pinned to dflash K=5, ITL ≤ 40 ms, explore 10%" in at.success[-1].value
+    current = "Current: **pinned to dflash K=5, ITL ≤ 40 ms, explore 10%**"
+    assert current in [m.value for m in at.markdown]
     with dashboard_env.admin() as admin:
         policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
         audit = admin.get("/admin/v1/audit", params={"resource_type": "model"}).json()["data"]
