@@ -163,7 +163,8 @@ def test_gateway_dev_mode_accepts_placeholder_token(
 def _start_up(start_server: ServerStarter, database_url: str) -> tuple[Server, str]:
     sim_base = free_port_block(5)
     env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
-    server = start_server("up", "--sim-base-port", str(sim_base), "--time-scale", "20", env=env)
+    server = start_server("up", "--sim-base-port", str(sim_base), "--time-scale", "20",
+                          "--no-dashboard", env=env)  # fmt: skip
     token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
     return server, token
 
