@@ -17,6 +17,15 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
+class BackendRuntime(Record):
+    healthy: bool
+    circuit_open: bool
+    in_flight: int
+    waiting: float
+    kv_cache_usage: float
+    method_mismatch: str | None = None
+
+
 class Backend(Record):
     name: str
     url: str
@@ -29,6 +38,7 @@ class Backend(Record):
     enabled: bool
     managed: bool
     speculative_config: dict[str, Any] | None = None
+    runtime: BackendRuntime | None = None  # the gateway's view now, for enabled backends
 
 
 class Policy(Record):

@@ -21,17 +21,30 @@ METHODS = (
 GPU_TYPES = ("B200", "H100", "H200", "A100", "L40S")
 
 
+def _health(b: Backend) -> str:
+    if not b.enabled:
+        return "disabled"
+    if b.runtime is None:
+        return "not seen yet"
+    if not b.runtime.healthy:
+        return "down"
+    return "circuit open" if b.runtime.circuit_open else "healthy"
+
+
 def _table(backends: list[Backend]) -> None:
     st.dataframe(
         [
             {
                 "name": b.name,
+                "health": _health(b),
                 "model": b.model,
                 "method": b.method,
                 "K": b.k,
+                "in flight": b.runtime.in_flight if b.runtime else None,
+                "waiting": b.runtime.waiting if b.runtime else None,
+                "KV cache": f"{b.runtime.kv_cache_usage:.0%}" if b.runtime else None,
                 "drafter": b.drafter,
                 "GPU": f"{b.gpu_count} x {b.gpu_type}",
-                "enabled": b.enabled,
                 "managed": b.managed,
                 "url": b.url,
             }
@@ -39,6 +52,9 @@ def _table(backends: list[Backend]) -> None:
         ],
         hide_index=True,
     )
+    for b in backends:
+        if b.runtime is not None and b.runtime.method_mismatch:
+            st.warning(f"{b.name}: {b.runtime.method_mismatch}")
 
 
 def _add_form(api: AdminClient) -> None:
@@ -95,8 +111,8 @@ def render() -> None:
     if backends:
         _table(backends)
         st.caption(
-            "Health, live load and method-mismatch flags are the gateway's Prometheus "
-            "metrics (draftgate_backend_*), which the admin API does not serve yet."
+            "Health and load as this gateway replica sees them now: its requests in flight, "
+            "and each server's own queue and KV-cache use from its last /metrics scrape."
         )
         _change_form(api, backends)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -14,12 +15,14 @@ from gateway.admin.schemas import (
     BackendCreate,
     BackendFields,
     BackendPublic,
+    BackendRuntime,
     BackendUpdate,
     ListOf,
 )
 from gateway.db import queries
 from gateway.db.tables import Backend
-from gateway.deps import SessionDep
+from gateway.deps import ServicesDep, SessionDep
+from gateway.registry import Registry
 
 router = APIRouter(prefix="/backends", tags=["backends"])
 ACTOR = "admin-api"
@@ -94,11 +97,26 @@ def delete_backend(session: Session, name: str, actor: str) -> None:
     )
 
 
+def with_runtime(row: Backend, registry: Registry) -> BackendPublic:
+    """The backend with what this replica sees of it now (health, load, mismatch)."""
+    public = backend_public(row)
+    state = registry.states.get(row.name)
+    if state is not None and row.enabled:
+        public.runtime = BackendRuntime(
+            healthy=state.healthy, circuit_open=state.open_until > time.monotonic(),
+            in_flight=state.in_flight, waiting=state.waiting, kv_cache_usage=state.kv_usage,
+            method_mismatch=state.mismatch,
+        )  # fmt: skip
+    return public
+
+
 @router.get("")
-def list_backends(session: SessionDep, model: str | None = None) -> ListOf[BackendPublic]:
-    """Every backend, optionally of one model."""
+def list_backends(
+    session: SessionDep, services: ServicesDep, model: str | None = None
+) -> ListOf[BackendPublic]:
+    """Every backend, optionally of one model, with this replica's view of each."""
     rows = queries.list_backends(session, model)
-    return ListOf[BackendPublic](data=[backend_public(row) for row in rows])
+    return ListOf[BackendPublic](data=[with_runtime(row, services.registry) for row in rows])
 
 
 @router.post("", status_code=201)
@@ -108,9 +126,9 @@ def post_backend(data: BackendCreate, session: SessionDep) -> BackendPublic:
 
 
 @router.get("/{name}")
-def get_backend(name: str, session: SessionDep) -> BackendPublic:
-    """One backend."""
-    return backend_public(queries.get_backend(session, name))
+def get_backend(name: str, session: SessionDep, services: ServicesDep) -> BackendPublic:
+    """One backend, with this replica's view of it."""
+    return with_runtime(queries.get_backend(session, name), services.registry)
 
 
 @router.patch("/{name}")

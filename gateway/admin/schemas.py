@@ -118,6 +118,17 @@ class SwitchAccepted(Public):
     status: Literal["starting"] = "starting"
 
 
+class BackendRuntime(BaseModel):
+    """What this gateway replica sees of a backend right now (never stored or audited)."""
+
+    healthy: bool
+    circuit_open: bool
+    in_flight: int  # this replica's requests on it
+    waiting: float  # the backend's own queue, from its last scrape
+    kv_cache_usage: float
+    method_mismatch: str | None  # its counters contradict its declared method
+
+
 class BackendPublic(Public):
     """A backend as the API shows it, with the vLLM speculative config it implies."""
 
@@ -135,6 +146,7 @@ class BackendPublic(Public):
     managed: bool
     created_at: dt.datetime
     updated_at: dt.datetime
+    runtime: BackendRuntime | None = None  # on reads, for enabled backends this replica knows
 
 
 class Policy(Strict):

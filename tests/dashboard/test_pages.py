@@ -75,7 +75,11 @@ def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_en
     assert {"demo-plain", "demo-eagle3", "demo-p-eagle", "demo-dflash", "demo-dspark"} <= set(
         table["name"]
     )
-    assert table.set_index("name").loc["demo-p-eagle", "method"] == "p-eagle"
+    rows = table.set_index("name")
+    assert rows.loc["demo-p-eagle", "method"] == "p-eagle"
+    assert rows.loc["demo-p-eagle", "health"] == "healthy"  # the gateway's live view
+    assert rows.loc["demo-p-eagle", "KV cache"].endswith("%")
+    assert not at.warning  # every demo simulator runs the method it declares
 
     at.text_input(key="add-name").set_value("dash-extra")
     at.text_input(key="add-url").set_value(closed_url())

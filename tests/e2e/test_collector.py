@@ -106,3 +106,11 @@ def test_declared_method_that_the_counters_contradict_is_flagged(
         metric_value(server.base_url, "draftgate_backend_method_mismatch", backend="sim-peagle")
         == 0
     )
+    admin = {"Authorization": "Bearer e2e-admin-token-0123456789abcdef"}
+    liar = httpx.get(f"{server.base_url}/admin/v1/backends/sim-liar", headers=admin).json()
+    assert liar["runtime"]["healthy"] is True
+    assert "declared" in liar["runtime"]["method_mismatch"]
+    listed = httpx.get(f"{server.base_url}/admin/v1/backends", headers=admin).json()["data"]
+    honest = next(b for b in listed if b["name"] == "sim-peagle")
+    assert honest["runtime"]["method_mismatch"] is None
+    assert honest["runtime"]["in_flight"] >= 0
