@@ -7,7 +7,7 @@ from typing import Any
 
 import altair as alt
 
-from dashboard.schemas import AccuracyPoint, PlanChoice, UsageRow
+from dashboard.schemas import AccuracyPoint, PlanPoint, UsageRow
 
 Rows = list[dict[str, Any]]
 
@@ -18,19 +18,17 @@ def _chart(rows: Rows) -> alt.Chart:
 
 
 def throughput_vs_concurrency(
-    choices: list[PlanChoice], measured: list[AccuracyPoint], gpu_count: int
+    curves: dict[str, list[PlanPoint]], measured: list[AccuracyPoint], gpu_count: int
 ) -> alt.LayerChart:
-    """The planner's best method per load, plain decoding, and every measured point."""
-    rows = [{"concurrency": c.concurrency, "tokens_per_s": c.output_tokens_per_s,
-             "series": f"best: {c.method}", "kind": c.source} for c in choices]  # fmt: skip
-    rows += [{"concurrency": c.concurrency, "tokens_per_s": c.output_tokens_per_s
-              / c.speedup_vs_plain, "series": "plain", "kind": "estimated"}
-             for c in choices]  # fmt: skip
+    """Every method's planner curve (its best K per load) and every measured point."""
+    rows = [{"concurrency": p.concurrency, "tokens_per_s": p.output_tokens_per_s,
+             "series": method, "kind": p.source, "K": p.k}
+            for method, points in curves.items() for p in points]  # fmt: skip
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
     y = alt.Y("tokens_per_s:Q", title="output tokens/s")
     curves = _chart(rows).mark_line(point=True).encode(
         x=x, y=y, color="series:N", strokeDash=alt.StrokeDash("kind:N", title="planner point"),
-        tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
+        tooltip=["series:N", "K:Q", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
     )  # fmt: skip
     dots = [{"concurrency": p.concurrency, "series": f"measured: {p.method}",
              "tokens_per_s": p.measured_output_tokens_per_s * gpu_count}

@@ -146,6 +146,18 @@ class PlanChoice(Record):
     speedup_vs_plain: float
 
 
+class PlanPoint(Record):
+    """One method's best K at one concurrency, as the planner predicts it."""
+
+    method: str
+    k: int
+    concurrency: int
+    output_tokens_per_s: float
+    itl_ms: float
+    usd_per_mtok: float
+    source: Literal["measured", "estimated"]
+
+
 class Crossover(Record):
     concurrency: int
     from_method: str = Field(alias="from")
@@ -183,6 +195,7 @@ class Plan(Record):
     price: PlanPrice
     choices: list[PlanChoice]
     crossovers: list[Crossover]
+    methods: dict[str, list[PlanPoint]] = Field(default_factory=dict)  # each method's curve
     schedules: dict[str, list[list[int]]]
     capacity: Capacity | None
     fit: Fit

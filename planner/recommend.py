@@ -93,6 +93,23 @@ def best_per_concurrency(points: Sequence[Point], itl_objective_ms: float | None
     return choices
 
 
+def best_per_method(
+    points: Sequence[Point], itl_objective_ms: float | None
+) -> dict[str, list[Point]]:
+    """Each method's best K at each concurrency: its curve, for comparing methods.
+
+    Best is the highest throughput within the ITL objective, else the highest at all.
+    """
+    groups: dict[tuple[str, int], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.method, p.concurrency), []).append(p)
+    curves: dict[str, list[Point]] = {}
+    for (method, _), here in sorted(groups.items()):
+        ok = [p for p in here if itl_objective_ms is None or p.itl_ms <= itl_objective_ms]
+        curves.setdefault(method, []).append(max(ok or here, key=lambda p: p.output_tokens_per_s))
+    return curves
+
+
 def crossovers(choices: Sequence[Choice]) -> list[tuple[int, str, str]]:
     """(concurrency, from, to) wherever the best method changes."""
     out = []

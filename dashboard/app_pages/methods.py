@@ -66,9 +66,10 @@ def _recommendation(plan: Plan) -> None:
 
 def _curves(api: AdminClient, model: str, plan: Plan) -> None:
     measured = [p for p in api.accuracy().points if p.model == model and p.gpu_type == plan.gpu]
-    st.altair_chart(charts.throughput_vs_concurrency(plan.choices, measured, plan.gpu_count))
-    st.caption(f"{plan.gpu}: lines are the planner's (solid: at a measured point, dashed: "
-               f"estimated); diamonds are the {len(measured)} measured point(s).")  # fmt: skip
+    st.altair_chart(charts.throughput_vs_concurrency(plan.methods, measured, plan.gpu_count))
+    st.caption(f"{plan.gpu}: a line per method at its best K for each load, the planner's "
+               f"(solid: at a measured point, dashed: estimated); diamonds are the "
+               f"{len(measured)} measured point(s).")  # fmt: skip
 
 
 def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:

@@ -22,7 +22,14 @@ from planner.fit_measurements import (
     fit_measurements,
     held_out_predictions,
 )
-from planner.recommend import Point, best_per_concurrency, crossovers, grid, k_schedule
+from planner.recommend import (
+    Point,
+    best_per_concurrency,
+    best_per_method,
+    crossovers,
+    grid,
+    k_schedule,
+)
 
 router = APIRouter(prefix="/plan", tags=["plan"])
 
@@ -126,6 +133,8 @@ def get_plan(
             for c in choices
         ],
         "crossovers": [{"concurrency": c, "from": a, "to": b} for c, a, b in crossovers(choices)],
+        "methods": {m: [_point_json(p, measured, gpu_count) for p in curve]
+                    for m, curve in best_per_method(points, itl_objective_ms).items()},
         "schedules": {m: [list(s) for s in k_schedule(points, m)] for m in methods},
     }  # fmt: skip
 

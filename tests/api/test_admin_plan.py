@@ -27,6 +27,15 @@ async def test_plan_recommends_per_concurrency_with_the_default_price(
     assert first["method"] != "plain"
     assert first["speedup_vs_plain"] > 1.5
     assert first["source"] == "estimated"
+    # Every method's curve, of which each choice is the best at its concurrency.
+    curves = plan["methods"]
+    assert {"plain", "eagle3", "p-eagle", "dflash", "dspark"} <= set(curves)
+    for choice in plan["choices"]:
+        here = {m: next(p for p in curve if p["concurrency"] == choice["concurrency"])
+                for m, curve in curves.items()}  # fmt: skip
+        fastest = max(here.values(), key=lambda p: p["output_tokens_per_s"])
+        assert choice["output_tokens_per_s"] == fastest["output_tokens_per_s"]
+        assert here["plain"]["k"] == 0
     for method, schedule in plan["schedules"].items():
         assert schedule[0][0] == 1, method
 

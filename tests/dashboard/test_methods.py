@@ -33,7 +33,11 @@ def test_methods_shows_costs_on_b200_and_h100_and_the_recommendation(
     assert abs(table["$/1M H100 plain"].iloc[0] - plain) < 1e-3
     assert "$/1M B200 plain" in table.columns
     assert "H100 $" in " ".join(c.value for c in at.caption)
-    assert at.get("vega_lite_chart") or at.get("arrow_vega_lite_chart")
+    charts = at.get("vega_lite_chart") or at.get("arrow_vega_lite_chart")
+    assert charts
+    spec = charts[0].proto.spec  # the throughput chart: a line for every method
+    assert all(f'"{m}"' in spec for m in ("plain", "eagle3", "p-eagle", "dflash", "dspark"))
+    assert "a line per method" in " ".join(c.value for c in at.caption)
 
 
 def test_methods_shows_measured_acceptance_from_the_sweeps(dashboard_env: Stack) -> None:

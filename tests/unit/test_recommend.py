@@ -40,3 +40,19 @@ def test_grid_on_the_catalogs_shows_the_published_shape() -> None:
     assert best_k[("eagle3", 1)] <= 4  # autoregressive drafting peaks early
     assert best_k[("p-eagle", 1)] >= 6  # parallel drafting keeps gaining
     assert best_k[("p-eagle", 64)] < best_k[("p-eagle", 1)]  # less K under load
+
+
+def test_best_per_method_takes_each_methods_fastest_k_within_the_objective() -> None:
+    from planner.recommend import Point, best_per_method
+
+    points = [
+        Point("eagle3", 1, 4, 100.0, 10.0, 1.0),
+        Point("eagle3", 3, 4, 150.0, 30.0, 0.7),  # fastest, but too slow per token
+        Point("eagle3", 2, 4, 120.0, 20.0, 0.8),
+        Point("plain", 0, 4, 80.0, 12.0, 1.2),
+        Point("plain", 0, 1, 25.0, 40.0, 4.0),  # misses the objective: still its only point
+    ]
+    curves = best_per_method(points, itl_objective_ms=25.0)
+    assert [(p.concurrency, p.k) for p in curves["eagle3"]] == [(4, 2)]
+    assert [p.concurrency for p in curves["plain"]] == [1, 4]  # sorted by concurrency
+    assert best_per_method(points, None)["eagle3"][0].k == 3
