@@ -7,6 +7,7 @@ from the method catalog; `vllm_env` is the environment it needs to serve offline
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -25,6 +26,7 @@ from backends.methods import MethodSpec, render_vllm_args
 
 STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 20
+HEALTH_POLL_S = 0.1
 LOCALHOST = "127.0.0.1"
 
 # What a small model needs to serve on a CPU-only host: no torch.compile warm-up (it
@@ -123,14 +125,33 @@ class LocalServer:
         """Block until `GET /health` answers 200; LaunchError if it dies or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
-                raise LaunchError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+            self._raise_if_exited()
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
                     self._check_listener()
                     return
-            time.sleep(0.1)
-        raise LaunchError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(HEALTH_POLL_S)
+        raise self._not_healthy(timeout_s)
+
+    async def wait_healthy_async(self, timeout_s: float) -> None:
+        """`wait_healthy` for an event loop: cancellable, and it blocks nothing meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                self._raise_if_exited()
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{self.url}/health")).status_code == 200:
+                        self._check_listener()
+                        return
+                await asyncio.sleep(HEALTH_POLL_S)
+        raise self._not_healthy(timeout_s)
+
+    def _raise_if_exited(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            raise LaunchError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+
+    def _not_healthy(self, timeout_s: float) -> LaunchError:
+        return LaunchError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def _check_listener(self) -> None:
         """LaunchError unless the socket answering on our port belongs to our process group."""

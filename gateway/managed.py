@@ -12,7 +12,6 @@ is left exactly as it was; every step is in the audit log.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
@@ -36,7 +35,6 @@ from gateway.registry import Registry
 logger = logging.getLogger(__name__)
 ACTOR = "control-plane"
 DRAIN_POLL_S = 0.2
-HEALTH_POLL_S = 0.2
 
 # How to start a server for a backend's fields on a port, logging to a path.
 Launch = Callable[[BackendCreate, int, Path], LocalServer]
@@ -123,7 +121,7 @@ class Switch:
         server = managed.launch(self.target, port, managed.log_dir / f"{self.target.name}.log")
         try:
             server.start()
-            await wait_healthy(server, self.timeouts.start_s)
+            await server.wait_healthy_async(self.timeouts.start_s)
         except LaunchError as exc:
             await asyncio.to_thread(server.stop)
             await asyncio.to_thread(self._record_failure, str(exc))
@@ -187,20 +185,6 @@ class Switch:
             resource = ("backend", self.old_name)
             queries.record_audit(session, actor=ACTOR, action="switch-failed",
                                  resource=resource, before=None, after=after)  # fmt: skip
-
-
-async def wait_healthy(server: LocalServer, timeout_s: float) -> None:
-    """Until the server answers /health; LaunchError with its log if it exits or times out."""
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(base_url=server.url, timeout=1.0) as client:
-        while time.monotonic() < deadline:
-            if server.process is None or server.process.poll() is not None:
-                raise LaunchError(f"{server.name} exited during start-up:\n{server.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get("/health")).status_code == 200:
-                    return
-            await asyncio.sleep(HEALTH_POLL_S)
-    raise LaunchError(f"{server.name} not healthy after {timeout_s:.0f} s:\n{server.log_tail()}")
 
 
 async def _idle_upstream(client: httpx.AsyncClient) -> bool:

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
+from backends.methods import METHODS as CATALOG
 from dashboard.client import AdminClient, admin_client, shows_api_errors
 from dashboard.schemas import Backend
 
-METHODS = (
-    "plain",
-    "eagle3",
-    "p-eagle",
-    "dflash",
-    "dspark",
-    "ngram",
-    "suffix",
-    "mtp",
-    "draft_model",
-)
+METHODS = tuple(CATALOG)  # the method catalog, as the admin API validates it
 GPU_TYPES = ("B200", "H100", "H200", "A100", "L40S")
 
 
