@@ -23,7 +23,7 @@ from backends.launcher import LaunchError, LocalServer, session_pids, vllm_argv,
 from backends.methods import MethodSpec, make_spec
 from backends.tiny_models import TinyModels, build_tiny_models
 from backends.vllm_metrics import parse_metrics
-from tests.e2e.conftest import fleet_backend, free_port, start_module_gateway
+from tests.e2e.conftest import fleet_backend, free_port_block, start_module_gateway
 
 __all__ = ["start_module_gateway"]  # the e2e gateway fixture, shared with this tier
 
@@ -116,8 +116,12 @@ def vllm_servers(
     """Every tier server, started in parallel, healthy and warmed up; stopped at the end."""
     logs = tmp_path_factory.mktemp("vllm-logs")
     servers = {}
-    for key, spec in tier_specs(tiny_models).items():
-        port = free_port()
+    specs = tier_specs(tiny_models)
+    # One block of distinct ports: free ports picked one by one can repeat, and then one
+    # server answers another's health checks.
+    base = free_port_block(len(specs))
+    for i, (key, spec) in enumerate(specs.items()):
+        port = base + i
         argv = vllm_argv(str(tiny_models.target), spec, port, vllm_python=vllm_python,
                          served_model_name=f"tiny-{key}")  # fmt: skip
         local = LocalServer(key, argv, port, logs / f"{key}.log", env=vllm_env(vllm_python))
