@@ -33,9 +33,11 @@ class UsageTap:
 
     def feed(self, data: bytes) -> bytes:
         """Return the bytes to forward for this upstream chunk."""
-        self.chunks += data.count(DATA)
         if not self._carry and data.endswith(EVENT_END) and USAGE_ONLY not in data:
-            self._last_event = data  # the common case: whole events, no usage chunk
+            events = data.count(DATA)
+            self.chunks += events
+            if events > data.count(DONE):  # not only `[DONE]` or a comment
+                self._last_event = data  # the common case: whole events, no usage chunk
             return data
         return self._split(self._carry + data)
 
@@ -47,17 +49,19 @@ class UsageTap:
         for event in events:
             if USAGE_ONLY in event and event.startswith(DATA):
                 self.usage = _usage(event)
-                self.chunks -= 1
                 if self._strip:
                     continue
-            elif not event.startswith(DONE):
-                self._last_event = event
+            else:
+                self.chunks += event.count(DATA)  # counted whole, however the bytes were cut
+                if event.startswith(DATA) and not event.startswith(DONE):
+                    self._last_event = event
             kept.append(event + EVENT_END)
         return b"".join(kept)
 
     def finish(self) -> bytes:
         """Bytes still held back at the end of the stream; settles `usage`."""
         rest, self._carry = self._carry, b""
+        self.chunks += rest.count(DATA)
         if self.usage is None:
             self.usage = _usage(_last_data(self._last_event))
         return rest
