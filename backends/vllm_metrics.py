@@ -120,7 +120,10 @@ class VllmSnapshot:
 
 
 def parse_metrics(text: str) -> VllmSnapshot:
-    """Read a vLLM `/metrics` page; tolerant of missing families and older names."""
+    """Read a vLLM `/metrics` page; tolerant of missing families and older names.
+
+    Raises ValueError (only) when the page is not Prometheus text or a position is not a number.
+    """
     sums: dict[str, float] = {}
     per_position: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
