@@ -8,6 +8,7 @@ import shlex
 import streamlit as st
 import yaml
 
+from backends.compose import vllm_service
 from backends.methods import InvalidMethodSpec, make_spec, render_vllm_args
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import admin_client, shows_api_errors
@@ -56,8 +57,10 @@ def _deploy(plan: Plan, best: MethodCapacity, backends: list[Backend]) -> None:
     argv = render_vllm_args(plan.model, spec, host="0.0.0.0", port=8000)  # noqa: S104
     st.markdown(f"**Deploy {best.method} (K={k})** on {best.gpus} x {plan.gpu}:")
     st.code(shlex.join(argv), language="bash")
-    service = {"image": "vllm/vllm-openai:latest", "command": argv[2:], "ports": ["8000:8000"]}
-    st.code(yaml.safe_dump({"services": {"vllm": service}}, sort_keys=False), language="yaml")
+    service = vllm_service(plan.model, spec, gpu_count=plan.gpu_count)
+    service["ports"] = ["127.0.0.1:8000:8000"]
+    compose = {"services": {"vllm": service}, "volumes": {"hf-cache": {}}}
+    st.code(yaml.safe_dump(compose, sort_keys=False), language="yaml")
     if schedule:
         st.caption(f"num_speculative_tokens_per_batch_size: {schedule} "
                    "([batch from, batch to, K]; K 0 where plain decoding is faster)")  # fmt: skip
