@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-dev_app = typer.Typer(help="Developer tools: tiny local models for real vLLM servers.")
+dev_app = typer.Typer(
+    help="Developer tools: tiny local models for real vLLM servers, generated reference docs."
+)
 
 
 @dev_app.command("tiny-models")
@@ -21,3 +23,16 @@ def tiny_models(
     models = build_tiny_models(directory, seed)
     for name, path in vars(models).items():
         typer.echo(f"{name:<20}{path}")
+
+
+@dev_app.command("docs")
+def docs(
+    directory: Annotated[
+        Path, typer.Argument(help="Where to write the generated reference pages.")
+    ] = Path("docs"),
+) -> None:
+    """Regenerate the reference pages: settings and the admin API (docs/*.md)."""
+    from gateway.docs import write_docs
+
+    for path in write_docs(directory):
+        typer.echo(path)
