@@ -165,6 +165,13 @@ class Collector:
         if previous is None:
             return
         observation = difference(previous[1], snapshot, now - previous[0])
+        if snapshot.drafts is None:
+            state.acceptance_length = state.acceptance_per_position = None
+        elif observation is not None and observation.drafts > 0:
+            state.acceptance_length = 1 + observation.accepted / observation.drafts
+            state.acceptance_per_position = tuple(
+                a / observation.drafts for a in observation.accepted_per_position
+            )
         if observation is None or observation.output_tokens <= 0:
             return
         self._tallies.setdefault(backend.name, (backend, Tally()))[1].add(observation)

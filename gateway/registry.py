@@ -52,6 +52,10 @@ class BackendState:
     waiting: float = 0.0  # scraped `num_requests_waiting`, when known
     kv_usage: float = 0.0  # scraped KV-cache usage, when known
     mismatch: str | None = None  # the scraped counters contradict the declared method
+    # Mean acceptance length and per-position acceptance of the last scrape interval in
+    # which the backend drafted; None for plain or before it drafted.
+    acceptance_length: float | None = None
+    acceptance_per_position: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

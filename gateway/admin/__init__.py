@@ -6,6 +6,7 @@ from gateway.admin import (
     audit,
     backends,
     benchmarks,
+    gpus,
     keys,
     models,
     plan,
@@ -32,6 +33,7 @@ def admin_router() -> APIRouter:
         savings,
         benchmarks,
         spend,
+        gpus,
     ):
         router.include_router(module.router)
     router.include_router(plan.accuracy_router)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Response
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backends.methods import render_speculative_config
@@ -20,7 +22,7 @@ from gateway.admin.schemas import (
     ListOf,
 )
 from gateway.db import queries
-from gateway.db.tables import Backend
+from gateway.db.tables import Backend, Measurement
 from gateway.deps import ServicesDep, SessionDep
 from gateway.registry import Registry
 
@@ -97,8 +99,29 @@ def delete_backend(session: Session, name: str, actor: str) -> None:
     )
 
 
-def with_runtime(row: Backend, registry: Registry) -> BackendPublic:
-    """The backend with what this replica sees of it now (health, load, mismatch)."""
+def latest_acceptance(session: Session, rows: Sequence[Backend]) -> dict[str, Measurement]:
+    """Per backend, its newest stored measurement with acceptance at its current method and K."""
+    names = [row.name for row in rows if row.method != "plain"]
+    if not names:
+        return {}
+    newest = (
+        select(func.max(Measurement.id))
+        .where(Measurement.backend_name.in_(names), Measurement.mean_acceptance_length.is_not(None))
+        .group_by(Measurement.backend_name, Measurement.method, Measurement.k)
+    )
+    found = session.scalars(select(Measurement).where(Measurement.id.in_(newest)))
+    wanted = {(row.name, row.method, row.k or 0) for row in rows}
+    return {
+        m.backend_name: m
+        for m in found
+        if m.backend_name is not None and (m.backend_name, m.method, m.k) in wanted
+    }
+
+
+def with_runtime(
+    row: Backend, registry: Registry, measured: dict[str, Measurement]
+) -> BackendPublic:
+    """The backend with what this replica sees of it now (health, load, acceptance, mismatch)."""
     public = backend_public(row)
     state = registry.states.get(row.name)
     if state is not None and row.enabled:
@@ -107,6 +130,15 @@ def with_runtime(row: Backend, registry: Registry) -> BackendPublic:
             in_flight=state.in_flight, waiting=state.waiting, kv_cache_usage=state.kv_usage,
             method_mismatch=state.mismatch,
         )  # fmt: skip
+        stored = measured.get(row.name)
+        if state.acceptance_length is not None and row.method != "plain":
+            public.runtime.acceptance_length = state.acceptance_length
+            public.runtime.acceptance_per_position = list(state.acceptance_per_position or ())
+            public.runtime.acceptance_source = "scrape"
+        elif stored is not None:
+            public.runtime.acceptance_length = stored.mean_acceptance_length
+            public.runtime.acceptance_per_position = stored.acceptance_per_position
+            public.runtime.acceptance_source = "measurement"
     return public
 
 
@@ -116,7 +148,10 @@ def list_backends(
 ) -> ListOf[BackendPublic]:
     """Every backend, optionally of one model, with this replica's view of each."""
     rows = queries.list_backends(session, model)
-    return ListOf[BackendPublic](data=[with_runtime(row, services.registry) for row in rows])
+    measured = latest_acceptance(session, rows)
+    return ListOf[BackendPublic](
+        data=[with_runtime(row, services.registry, measured) for row in rows]
+    )
 
 
 @router.post("", status_code=201)
@@ -128,7 +163,8 @@ def post_backend(data: BackendCreate, session: SessionDep) -> BackendPublic:
 @router.get("/{name}")
 def get_backend(name: str, session: SessionDep, services: ServicesDep) -> BackendPublic:
     """One backend, with this replica's view of it."""
-    return with_runtime(queries.get_backend(session, name), services.registry)
+    row = queries.get_backend(session, name)
+    return with_runtime(row, services.registry, latest_acceptance(session, [row]))
 
 
 @router.patch("/{name}")

@@ -127,6 +127,12 @@ class BackendRuntime(BaseModel):
     waiting: float  # the backend's own queue, from its last scrape
     kv_cache_usage: float
     method_mismatch: str | None  # its counters contradict its declared method
+    # Live acceptance: the last scrape interval in which it drafted ("scrape"), else its
+    # latest stored measurement at its method and K ("measurement"); None for plain or
+    # before any data.
+    acceptance_length: float | None = None
+    acceptance_per_position: list[float] | None = None
+    acceptance_source: Literal["scrape", "measurement"] | None = None
 
 
 class BackendPublic(Public):
@@ -288,3 +294,27 @@ class ListOf(BaseModel, Generic[ItemT]):
 
     object: Literal["list"] = "list"
     data: list[ItemT]
+
+
+class GpuDefaultPrice(BaseModel):
+    """A price shipped with the catalog (the database's prices override it)."""
+
+    kind: PriceKind
+    usd_per_gpu_hour: float
+    source: str
+    date: dt.date
+
+
+class GpuPublic(BaseModel):
+    """One GPU type of the planner's catalog."""
+
+    name: str
+    aliases: list[str]
+    memory_gb: float
+    hbm_bandwidth_tb_s: float
+    bf16_dense_tflops: float
+    fp8_dense_tflops: float | None
+    fp4_dense_tflops: float | None
+    estimated: bool  # some datasheet figures are estimates
+    source: str
+    default_prices: list[GpuDefaultPrice]
