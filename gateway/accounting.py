@@ -180,6 +180,8 @@ class Ledger:
         self._pending: deque[UsageEntry] = deque()
         self._max_pending = max_pending
         self._wake = asyncio.Event()
+        # Read at each scrape, so the gauge is exact even while writes back off.
+        metrics.ledger_pending.set_function(lambda: len(self._pending))
 
     def record(self, entry: UsageEntry) -> None:
         """Queue one record (hot path: no I/O)."""
@@ -212,7 +214,6 @@ class Ledger:
             except SQLAlchemyError as exc:
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
                 logger.warning("usage records not written yet (%d pending): %s", self.pending, exc)
-            self._metrics.ledger_pending.set(self.pending)
 
     async def flush_once(self) -> None:
         """Write up to one batch; if the database is down the batch stays queued.

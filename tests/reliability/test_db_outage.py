@@ -1,0 +1,223 @@
+"""Database outage under streaming load: the gateway keeps proxying and loses no record.
+
+PostgreSQL is shared with everything else on the machine, so it is never stopped: the
+gateway reaches it through a TCP relay the test controls, and cutting the relay (existing
+connections reset, new ones refused) is the outage. Meanwhile streamed requests must all
+complete, usage records wait in memory (the `draftgate_ledger_pending` gauge shows how many,
+bounded by `ledger_max_pending`), admin calls and /ready answer 503 with the error envelope;
+after it every record is written exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    SIM_MODEL,
+    Server,
+    ServerStarter,
+    draftgate_env,
+    fleet_backend,
+    gateway_env,
+    metric_value,
+    query_rows,
+    sim_args,
+    start_server,
+    write_fleet,
+)
+from tests.reliability.streaming_load import StreamingLoad, failures
+from tests.reliability.tcp_relay import TcpRelay
+
+__all__ = ["start_server"]  # the fixture, imported for this module's tests
+
+pytestmark = pytest.mark.postgres
+
+POSTGRES_HOST, POSTGRES_PORT = "127.0.0.1", 5432
+OUTAGE_S = 15.0
+CLIENTS = 16
+RECOVERY_TIMEOUT_S = 60.0
+LEDGER_TIMEOUT_S = 90.0
+ADMIN_PATHS = ("/admin/v1/backends", "/admin/v1/keys", "/admin/v1/savings")
+POLL_S = 0.5
+
+
+@dataclass
+class Stack:
+    """A gateway on PostgreSQL through a relay, and two sims behind it."""
+
+    gateway: Server
+    relay: TcpRelay
+    database_url: str  # direct, for the test's own reads
+
+
+@dataclass
+class OutageLog:
+    """What the test saw while the database was away."""
+
+    ready: Counter[int] = field(default_factory=Counter)
+    admin: Counter[int] = field(default_factory=Counter)
+    admin_bad_bodies: list[str] = field(default_factory=list)
+    pending: list[float] = field(default_factory=list)  # the gauge, once per poll
+
+    @property
+    def pending_max(self) -> float:
+        """The most records held at once, as the gauge showed."""
+        return max(self.pending, default=0.0)
+
+
+@pytest.fixture
+def relay() -> Iterator[TcpRelay]:
+    """A relay to the shared PostgreSQL server."""
+    relay = TcpRelay(POSTGRES_HOST, POSTGRES_PORT).start()
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+def start_stack(
+    start_server: ServerStarter, relay: TcpRelay, postgres_schema: str, **settings: str
+) -> Stack:
+    """Two fast sims and a gateway whose database connections go through `relay`."""
+    sims = [
+        start_server(*sim_args("--time-scale", "5", "--seed", str(i)), env=draftgate_env())
+        for i in range(2)
+    ]
+    fleet_dir = sims[0].log_path.parent
+    fleet = write_fleet(
+        fleet_dir / f"fleet-{relay.port}.yaml",
+        [fleet_backend(f"sim-{i}", sim.base_url) for i, sim in enumerate(sims)],
+    )
+    env = gateway_env(relay.url_for(postgres_schema), fleet, **settings)
+    gateway = start_server("gateway", env=env)
+    return Stack(gateway, relay, postgres_schema)
+
+
+def watch_outage(stack: Stack, seconds: float) -> OutageLog:
+    """Poll /ready, admin reads and writes and the pending gauge for `seconds`."""
+    log, deadline = OutageLog(), time.monotonic() + seconds
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with httpx.Client(base_url=stack.gateway.base_url, headers=headers, timeout=30.0) as http:
+        while time.monotonic() < deadline:
+            log.ready[http.get("/ready").status_code] += 1
+            for path in ADMIN_PATHS:
+                _admin_call(http.get(path), log)
+            _admin_call(http.put(f"/admin/v1/models/{SIM_MODEL}/policy", json={"mode": "auto"}),
+                        log)  # fmt: skip
+            log.pending.append(metric_value(stack.gateway.base_url, "draftgate_ledger_pending"))
+            time.sleep(POLL_S)
+    return log
+
+
+def _admin_call(response: httpx.Response, log: OutageLog) -> None:
+    log.admin[response.status_code] += 1
+    error = response.json().get("error") if response.status_code == 503 else None
+    if not (isinstance(error, dict) and error.get("type") and error.get("message")):
+        log.admin_bad_bodies.append(f"{response.status_code} {response.text[:200]}")
+
+
+def wait_ready(base_url: str, timeout_s: float) -> float:
+    """Seconds until GET /ready answers 200."""
+    started = time.monotonic()
+    while httpx.get(f"{base_url}/ready", timeout=30.0).status_code != 200:
+        if time.monotonic() - started > timeout_s:
+            pytest.fail(f"/ready not 200 within {timeout_s} s of the database's return")
+        time.sleep(POLL_S)
+    return time.monotonic() - started
+
+
+def wait_for_rows(database_url: str, expected: int, timeout_s: float) -> list[dict[str, object]]:
+    """Poll usage_records until `expected` rows are there (or the timeout); the rows."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = query_rows(database_url, "SELECT request_id, client_request_id, "
+                          "completion_tokens, status_code FROM usage_records")  # fmt: skip
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return rows
+        time.sleep(POLL_S)
+
+
+def test_outage_under_streaming_load_loses_no_record(
+    start_server: ServerStarter, relay: TcpRelay, postgres_schema: str
+) -> None:
+    """15 s without the database: no client failure, 503s meanwhile, every record once."""
+    stack = start_stack(start_server, relay, postgres_schema)
+    load = StreamingLoad([stack.gateway.base_url], SIM_MODEL, CLIENTS).start()
+    time.sleep(3.0)
+    assert httpx.get(f"{stack.gateway.base_url}/ready", timeout=30.0).status_code == 200
+    before = load.count()
+    relay.cut()
+    log = watch_outage(stack, OUTAGE_S)
+    during = load.count() - before
+    relay.restore()
+    recovery_s = wait_ready(stack.gateway.base_url, RECOVERY_TIMEOUT_S)
+    time.sleep(3.0)
+    outcomes = load.stop()
+
+    rows = wait_for_rows(stack.database_url, len(outcomes), LEDGER_TIMEOUT_S)
+    sent_ids = {o.request_id for o in outcomes}
+    row_ids = [r["client_request_id"] for r in rows]
+    client_tokens = sum(o.completion_tokens for o in outcomes)
+    row_tokens = sum(int(str(r["completion_tokens"])) for r in rows)
+    dropped = metric_value(stack.gateway.base_url, "draftgate_ledger_dropped_total")
+    retried = metric_value(stack.gateway.base_url, "draftgate_upstream_retries_total")
+    print(
+        f"\ndb outage {OUTAGE_S:.0f} s, c={CLIENTS}: requests sent {len(outcomes)} "
+        f"({during} during the outage), failed {len(failures(outcomes))}, retried {retried:.0f}, "
+        f"records written {len(rows)}, lost {len(sent_ids - set(row_ids))}, "
+        f"duplicated {len(row_ids) - len(set(row_ids))}, held max {log.pending_max:.0f}, "
+        f"dropped {dropped:.0f}, /ready during {dict(log.ready)}, admin during {dict(log.admin)}, "
+        f"ready again {recovery_s:.1f} s after the database returned, "
+        f"completion tokens client {client_tokens} / ledger {row_tokens}, "
+        f"connections refused by the relay {relay.refused}"
+    )
+    assert failures(outcomes) == [], failures(outcomes)[:5]
+    assert during > 0, "no request was served during the outage"
+    assert log.pending_max > 0, "no record was held during the outage"
+    # Requests finish all the time, so the gauge rises at every poll: it is read live,
+    # not updated only when the writer retries.
+    assert all(b > a for a, b in itertools.pairwise(log.pending)), log.pending
+    assert dropped == 0
+    assert set(log.admin) == {503}, log.admin_bad_bodies[:5]
+    assert log.admin_bad_bodies == []
+    assert log.ready[503] > 0
+    assert set(log.ready) == {503}
+    assert len(set(row_ids)) == len(row_ids), "a client request was recorded twice"
+    assert len({r["request_id"] for r in rows}) == len(rows)
+    assert set(row_ids) == sent_ids, f"{len(sent_ids - set(row_ids))} records lost"
+    assert row_tokens == client_tokens
+    assert metric_value(stack.gateway.base_url, "draftgate_ledger_pending") == 0
+
+
+def test_held_records_are_bounded_and_the_excess_counted(
+    start_server: ServerStarter, relay: TcpRelay, postgres_schema: str
+) -> None:
+    """With room for 20 pending records, an outage holds at most 20 and counts the rest."""
+    max_pending = 20
+    stack = start_stack(start_server, relay, postgres_schema, LEDGER_MAX_PENDING=str(max_pending))
+    load = StreamingLoad([stack.gateway.base_url], SIM_MODEL, 4).start()
+    time.sleep(2.0)
+    relay.cut()
+    log = watch_outage(stack, 6.0)
+    relay.restore()
+    wait_ready(stack.gateway.base_url, RECOVERY_TIMEOUT_S)
+    outcomes = load.stop()
+    dropped = metric_value(stack.gateway.base_url, "draftgate_ledger_dropped_total")
+    rows = wait_for_rows(stack.database_url, len(outcomes) - int(dropped), LEDGER_TIMEOUT_S)
+    print(
+        f"\nbounded ledger (max {max_pending}): requests sent {len(outcomes)}, "
+        f"failed {len(failures(outcomes))}, held max {log.pending_max:.0f}, "
+        f"dropped {dropped:.0f}, written {len(rows)}"
+    )
+    assert failures(outcomes) == []
+    assert 0 < log.pending_max <= max_pending
+    assert dropped > 0
+    assert len(rows) + dropped == len(outcomes)
