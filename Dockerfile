@@ -1,11 +1,20 @@
-# The draftgate gateway: `docker build -t draftgate .`
+# The draftgate image: `docker build -t draftgate .`. One image runs every draftgate process
+# of the compose stack: the gateway (default command), `draftgate db upgrade`, `draftgate sim`
+# and `draftgate dashboard`.
+#
 # Build stage: wheels for the project and its dependencies, so the final image has no
-# compilers, no pip cache and no source tree.
+# compilers, no pip cache and no source tree. Only what the package is built from is copied,
+# so an edit to tests or docs does not rebuild the wheels.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY . .
-RUN pip install --no-cache-dir --upgrade pip \
-    && pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip install --no-cache-dir --upgrade pip
+COPY pyproject.toml README.md ./
+COPY gateway gateway
+COPY planner planner
+COPY backends backends
+COPY dashboard dashboard
+COPY migrations migrations
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -22,6 +31,7 @@ USER draftgate
 # compose points DRAFTGATE_DATABASE_URL at PostgreSQL instead.
 WORKDIR /var/lib/draftgate
 EXPOSE 8080
+# The gateway's liveness; compose gives the other commands (sim, dashboard) checks of their own.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('DRAFTGATE_PORT', '8080') + '/health', timeout=3)"]
 CMD ["draftgate", "gateway", "--host", "0.0.0.0"]
