@@ -258,6 +258,11 @@ class Relay:
             await response.aclose()
             self._record_failure(state)
             raise _RetryableError(502, f"backend error {response.status_code}: {detail}")
+        if 300 <= response.status_code < 400:  # never followed, nor passed on: a misconfiguration
+            await response.aclose()
+            self._record_failure(state)
+            message = f"backend answered {response.status_code}; redirects are not followed"
+            raise _RetryableError(502, message)
         return response
 
     def _record_failure(self, state: BackendState) -> None:

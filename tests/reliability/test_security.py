@@ -1,0 +1,255 @@
+"""Security properties: every admin route behind the token, secrets compared in constant time,
+stored only as hashes and never logged, no redirect followed, loopback defaults."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.routing import iter_route_contexts
+from sqlalchemy import create_engine, inspect, text
+
+import gateway
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.conftest import ADMIN_TOKEN
+from tests.e2e.conftest import ServerStarter, draftgate_env, fleet_backend, write_fleet
+
+# Routes anyone may call; every other route must be under /admin and refuse a bad token.
+PUBLIC = {
+    "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/health", "/ready",
+    "/metrics", "/v1/models",
+}  # fmt: skip
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
+
+
+def every_route(app: FastAPI) -> list[tuple[str, str]]:
+    """(method, path) of every route the app serves, included routers flattened."""
+    routes = []
+    for context in iter_route_contexts(app.routes):
+        for method in sorted(context.methods or {"GET"}):
+            if method != "HEAD":
+                assert context.path is not None
+                routes.append((method, context.path))
+    return routes
+
+
+def concrete(path: str) -> str:
+    """A path template with each parameter filled in (`{name:path}` included)."""
+    return re.sub(r"\{[^}]+\}", "1", path)
+
+
+def test_the_route_walk_sees_every_admin_route() -> None:
+    """Guards the walk itself: it must reach routes inside included routers."""
+    routes = every_route(create_app(Settings(admin_token=ADMIN_TOKEN)))
+    admin = [r for r in routes if r[1].startswith("/admin/")]
+    assert ("POST", "/admin/v1/keys") in admin
+    assert ("DELETE", "/admin/v1/backends/{name}") in admin
+    assert len(admin) >= 30
+
+
+def test_every_route_is_public_by_name_or_admin() -> None:
+    routes = every_route(create_app(Settings(admin_token=ADMIN_TOKEN)))
+    stray = [r for r in routes if r[1] not in PUBLIC and not r[1].startswith("/admin/v1/")]
+    assert stray == []
+
+
+BAD_AUTHORIZATIONS = {
+    "missing": None,
+    "empty": "",
+    "wrong token": "Bearer wrong-token-0123456789abcdef",
+    "last char changed": "Bearer " + ADMIN_TOKEN[:-1] + chr(ord(ADMIN_TOKEN[-1]) ^ 1),
+    "prefix only": "Bearer " + ADMIN_TOKEN[:-1],
+    "one char more": "Bearer " + ADMIN_TOKEN + "0",
+    "other scheme": "Basic " + ADMIN_TOKEN,
+    "no scheme": ADMIN_TOKEN,
+}
+
+
+@pytest.mark.parametrize("authorization", BAD_AUTHORIZATIONS.values(), ids=BAD_AUTHORIZATIONS)
+async def test_every_admin_route_refuses_a_missing_or_wrong_token(
+    app: FastAPI, authorization: str | None
+) -> None:
+    transport = httpx.ASGITransport(app=app)
+    headers = {} if authorization is None else {"Authorization": authorization}
+    refused = []
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http:
+        for method, path in every_route(app):
+            if not path.startswith("/admin/"):
+                continue
+            response = await http.request(method, concrete(path), headers=headers, json={})
+            assert response.status_code == 401, (method, path, response.text)
+            error = response.json()["error"]
+            assert set(error) == ENVELOPE_KEYS
+            assert error["type"] == "authentication_error"
+            refused.append(path)
+    assert len(refused) >= 30
+
+
+async def test_the_right_token_is_accepted(client: httpx.AsyncClient) -> None:
+    """The refusals above are about the token, not the routes: the real token passes."""
+    assert (await client.get("/admin/v1/keys")).status_code == 200
+
+
+def _functions_comparing_secrets(source: str) -> list[str]:
+    """`==`/`!=` comparisons with a `get_secret_value()` call on either side."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Compare)
+            and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops)
+            and "get_secret_value" in ast.unparse(node)
+        ):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_secrets_are_compared_in_constant_time_or_looked_up_by_hash() -> None:
+    package = Path(gateway.__file__).parent
+    sources = {p: p.read_text(encoding="utf-8") for p in package.rglob("*.py")}
+    assert [(p.name, c) for p, s in sources.items() for c in _functions_comparing_secrets(s)] == []
+    deps = sources[package / "deps.py"]
+    assert "compare_digest(" in deps
+    for relay_side in ("proxy.py", "openai_routes.py"):  # keys: a dict lookup by SHA-256
+        assert "hash_key(" in sources[package / relay_side]
+
+
+def _all_cells(database_url: str) -> list[str]:
+    """Every value of every row of every table, as text."""
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as conn:
+            cells = []
+            for table in inspect(conn).get_table_names():
+                for row in conn.execute(text(f'SELECT * FROM "{table}"')):
+                    cells.extend(str(value) for value in row)
+            return cells
+    finally:
+        engine.dispose()
+
+
+async def test_keys_are_stored_only_as_hashes(client: httpx.AsyncClient, database_url: str) -> None:
+    created = await client.post("/admin/v1/keys", json={"name": "hashed"})
+    assert created.status_code == 201, created.text
+    secret: str = created.json()["key"]
+    await client.patch(f"/admin/v1/keys/{created.json()['id']}", json={"name": "renamed"})
+    listed = (await client.get("/admin/v1/keys")).text
+    cells = _all_cells(database_url)
+    assert hashlib.sha256(secret.encode()).hexdigest() in cells
+    assert not [c for c in cells if secret in c]
+    assert secret not in listed
+    assert ADMIN_TOKEN not in "".join(cells)
+
+
+def test_every_default_host_is_loopback() -> None:
+    import inspect as pyinspect
+
+    from dashboard.settings import DashboardSettings
+    from gateway import cli
+
+    assert Settings.model_fields["host"].default == "127.0.0.1"
+    assert "127.0.0.1" in DashboardSettings.model_fields["dashboard_gateway_url"].default
+    for command in (cli.sim, cli.dashboard_command):
+        assert pyinspect.signature(command).parameters["host"].default == "127.0.0.1"
+    settings = Settings(admin_token=ADMIN_TOKEN, port=9)  # `draftgate up` binds settings.host
+    assert settings.host == "127.0.0.1"
+    assert "host" not in pyinspect.signature(cli.up).parameters  # up cannot widen it by flag
+
+
+# --- A backend that redirects: the gateway never follows. ---
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Answers every request with `answer(handler)`; counts requests per server."""
+
+    def do_GET(self) -> None:
+        self.server.hits.append(self.path)  # type: ignore[attr-defined]
+        self.server.answer(self)  # type: ignore[attr-defined]
+
+    do_POST = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _serve(answer: Any) -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server.hits = []  # type: ignore[attr-defined]
+    server.answer = answer  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _ok(handler: BaseHTTPRequestHandler) -> None:
+    body = b'{"status":"ok"}'
+    handler.send_response(200)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+@pytest.fixture
+def target() -> Iterator[ThreadingHTTPServer]:
+    """Where the redirect points: it must never be asked anything."""
+    yield from _serve(_ok)
+
+
+@pytest.fixture
+def redirecting(target: ThreadingHTTPServer) -> Iterator[ThreadingHTTPServer]:
+    """A backend whose /health is fine but which answers every /v1 call with a 307."""
+    location = f"http://127.0.0.1:{target.server_address[1]}/v1/chat/completions"
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        if handler.path == "/health":
+            _ok(handler)
+            return
+        handler.rfile.read(int(handler.headers.get("content-length", 0)))
+        handler.send_response(307)
+        handler.send_header("location", location)
+        handler.send_header("content-length", "0")
+        handler.end_headers()
+
+    yield from _serve(answer)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_backend_redirect_is_not_followed(
+    start_server: ServerStarter,
+    tmp_path: Path,
+    redirecting: ThreadingHTTPServer,
+    target: ThreadingHTTPServer,
+    stream: bool,
+) -> None:
+    url = f"http://127.0.0.1:{redirecting.server_address[1]}"
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("redirecting", url)])
+    env = draftgate_env(
+        DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN,
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite",
+        DRAFTGATE_FLEET=str(fleet),
+        DRAFTGATE_REQUIRE_API_KEY="false",
+    )
+    server = start_server("gateway", env=env)
+    body = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream, "max_tokens": 4}  # fmt: skip
+    with server.client() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 502, response.text
+    assert response.json()["error"]["code"] == "upstream_error"
+    assert "location" not in response.headers
+    assert any(h.startswith("/v1/") for h in redirecting.hits)
+    assert target.hits == []
