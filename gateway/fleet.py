@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import Field, ValidationError
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from gateway.admin.backends import create_backend, update_backend
@@ -23,6 +24,8 @@ from gateway.admin.schemas import (
 from gateway.db import queries
 
 ACTOR = "fleet"
+# Any constant works; replicas applying the fleet together must agree on it.
+_FLEET_LOCK_ID = 0x6472_6166_7466  # "draftf"
 
 
 class FleetError(ValueError):
@@ -60,7 +63,13 @@ def load_fleet(path: Path) -> Fleet:
 
 
 def apply_fleet(session: Session, fleet: Fleet) -> None:
-    """Create or update what the fleet declares; what it does not mention is left alone."""
+    """Create or update what the fleet declares; what it does not mention is left alone.
+
+    On PostgreSQL, replicas starting together take turns (a lock held until the caller's
+    transaction ends), so the second finds the first's rows instead of a conflict.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _FLEET_LOCK_ID})
     for model in fleet.models:
         set_policy(session, model.name, model.policy, ACTOR)
     for backend in fleet.backends:
