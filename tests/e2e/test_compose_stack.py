@@ -1,0 +1,222 @@
+"""The compose file's `sim` profile run as local processes on loopback: what `docker compose
+--profile sim up` would start, without a Docker engine.
+
+Each process is started from its service's `command` and `environment` in
+docker-compose.yml; only what Docker's network provides is swapped for the local
+equivalent: 127.0.0.1 and free ports instead of service names and fixed ports, the test's
+PostgreSQL schema instead of the `postgres` service, and the profile's fleet file with its
+URLs pointed at the local simulators (the `./deploy/compose:/etc/draftgate` mount).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    CliRunner,
+    Server,
+    ServerStarter,
+    draftgate_env,
+    query_rows,
+    wait_for_usage_records,
+)
+from tests.e2e.test_compose import COMPOSE, grafana_metric_names, services_in
+
+pytestmark = pytest.mark.postgres
+READY_TIMEOUT_S = 90.0  # two gateways and five simulators on a busy machine
+REQUEST_TIMEOUT_S = 60.0
+VARIABLE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    return loaded
+
+
+def interpolate(value: str, variables: dict[str, str]) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR:?error}` substitution."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name, kind, rest = match[1], match[2], match[3]
+        if variables.get(name):
+            return variables[name]
+        if kind == "?":
+            pytest.fail(f"compose would refuse to start: {name} unset ({rest})")
+        return rest if kind == "-" else ""
+
+    return VARIABLE.sub(substitute, value)
+
+
+def local_args(command: list[str]) -> tuple[str, ...]:
+    """A service's `draftgate` command on loopback, without `--port` (the fixture adds one)."""
+    assert command[0] == "draftgate"
+    args = list(command[1:])
+    if "--port" in args:
+        at = args.index("--port")
+        del args[at : at + 2]
+    if "--host" in args:
+        args[args.index("--host") + 1] = "127.0.0.1"
+    return tuple(args)
+
+
+def local_env(service: dict[str, Any], variables: dict[str, str], **local: str) -> dict[str, str]:
+    """The service's environment as compose would set it, with `local` replacing values
+    that name compose's network (the database URL, mounted paths)."""
+    env = {k: interpolate(str(v), variables) for k, v in service.get("environment", {}).items()}
+    return draftgate_env(**(env | local))
+
+
+def local_fleet(
+    compose: dict[str, Any], fleet_path: str, sims: dict[str, Server], into: Path
+) -> Path:
+    """The mounted fleet file, its backend URLs pointed at the local simulators."""
+    mount = next(v for v in compose["services"]["gateway"]["volumes"] if ":/etc/draftgate" in v)
+    source = Path(COMPOSE.parent, mount.split(":")[0]) / Path(fleet_path).relative_to(
+        "/etc/draftgate"
+    )
+    fleet = yaml.safe_load(source.read_text(encoding="utf-8"))
+    for backend in fleet["backends"]:
+        assert backend["url"] == f"http://{backend['name']}:{_port_of(compose, backend['name'])}"
+        backend["url"] = sims[backend["name"]].base_url
+    path = into / source.name
+    path.write_text(yaml.safe_dump(fleet, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _port_of(compose: dict[str, Any], name: str) -> int:
+    command = compose["services"][name]["command"]
+    return int(command[command.index("--port") + 1])
+
+
+def wait_ready(server: Server, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+    """Poll GET /ready until 200; its body."""
+    deadline, last = time.monotonic() + timeout_s, ""
+    with httpx.Client(base_url=server.base_url, timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            response = http.get("/ready")
+            if response.status_code == 200:
+                body: dict[str, Any] = response.json()
+                return body
+            last = response.text
+            time.sleep(0.5)
+    pytest.fail(f"{server.base_url}/ready not 200 within {timeout_s} s: {last}")
+
+
+def declared_metric_names(exposition: str) -> set[str]:
+    """Every sample name the exposition's families can carry, declared even before a sample."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    return {
+        family.name + suffix
+        for family in text_string_to_metric_families(exposition)
+        for suffix in suffixes.get(family.type, [""])
+    }
+
+
+@pytest.fixture
+def sim_stack(
+    compose: dict[str, Any],
+    postgres_schema: str,
+    run_cli: CliRunner,
+    start_server: ServerStarter,
+    tmp_path: Path,
+) -> tuple[list[Server], dict[str, Server], str, str]:
+    """migrate, the sim profile's simulators and two gateway replicas on one PostgreSQL;
+    (replicas, simulators by service name, a client API key, the database URL)."""
+    variables = {"DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    services = compose["services"]
+    database = {"DRAFTGATE_DATABASE_URL": postgres_schema}
+
+    migrate = services["migrate"]
+    done = run_cli(*local_args(migrate["command"]), env=local_env(migrate, variables, **database))
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"database upgraded from empty to revision \w+", done.stdout), done.stdout
+
+    sims = {name: start_server(*local_args(s["command"]), env=draftgate_env(), wait=False)
+            for name, s in services_in(compose, "sim").items()}  # fmt: skip
+    for sim in sims.values():
+        sim.wait_healthy(READY_TIMEOUT_S)
+
+    gateway = services["gateway"]
+    fleet = local_fleet(compose, interpolate(gateway["environment"]["DRAFTGATE_FLEET"], variables),
+                        sims, tmp_path)  # fmt: skip
+    env = local_env(gateway, variables, DRAFTGATE_FLEET=str(fleet), **database)
+    assert env["DRAFTGATE_MIGRATE_ON_START"] == "false"
+    assert env["DRAFTGATE_REQUIRE_API_KEY"] == "true"
+    # Every replica starts at once, as `deploy.replicas` starts them, applying the same fleet.
+    replicas = [start_server(*local_args(gateway["command"]), env=env, wait=False)
+                for _ in range(gateway["deploy"]["replicas"])]  # fmt: skip
+    for replica in replicas:
+        replica.wait_healthy(READY_TIMEOUT_S)
+
+    created = run_cli("keys", "create", "compose-e2e", env=draftgate_env(**database))
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    return replicas, sims, key, postgres_schema
+
+
+def test_sim_profile_serves_openai_clients_through_every_replica(
+    sim_stack: tuple[list[Server], dict[str, Server], str, str],
+) -> None:
+    replicas, sims, key, database_url = sim_stack
+    assert len(replicas) == 2
+    for replica in replicas:
+        assert wait_ready(replica)["backends_healthy"] == len(sims)
+    rows = query_rows(database_url, "SELECT name FROM backends ORDER BY name")
+    assert sorted(r["name"] for r in rows) == sorted(sims)  # applied twice, registered once
+
+    request_ids = []
+    for replica in replicas:
+        client = openai.OpenAI(base_url=f"{replica.base_url}/v1", api_key=key,
+                               max_retries=0, timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+        request_id = f"compose-{uuid.uuid4().hex}"
+        raw = client.chat.completions.with_raw_response.create(
+            model="openai/gpt-oss-20b",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=16,
+            extra_headers={"x-request-id": request_id},
+        )
+        completion = raw.parse()
+        assert completion.choices[0].message.content
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens > 0
+        assert raw.headers["x-draftgate-backend"] in sims
+        request_ids.append(request_id)
+
+        stream = client.chat.completions.create(
+            model="openai/gpt-oss-20b",
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=16,
+            stream=True,
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text
+
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{replica.base_url}/v1", api_key="not-a-key",
+                          max_retries=0).models.list()  # fmt: skip
+
+    # Both replicas write their usage to the one database.
+    records = wait_for_usage_records(database_url, request_ids)
+    assert {r["backend_name"] for r in records.values()} <= set(sims)
+    assert {r["api_key_id"] for r in records.values()} != {None}
+
+    # Grafana's queries name metrics that the gateway and a spec-decode simulator expose.
+    exposed: set[str] = set()
+    for server in [*replicas, sims["sim-dspark"]]:
+        exposed |= declared_metric_names(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
+    used = grafana_metric_names()
+    assert any(n.startswith("vllm:spec_decode_") for n in used)
+    assert any(n.startswith("draftgate_") for n in used)
+    assert used <= exposed, f"not exposed by anything: {sorted(used - exposed)}"
