@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import typer
 import yaml
 from typer.testing import CliRunner
 
@@ -103,3 +104,40 @@ def test_vllm_serve_commands_in_the_docs_are_what_the_catalog_renders() -> None:
         spec = make_spec(method, config.get("num_speculative_tokens"), config.get("model"))
         rendered = render_vllm_command(argv[2], spec, host="0.0.0.0", port=8000)  # noqa: S104
         assert command == rendered
+
+
+def _shell_commands(text: str) -> list[list[str]]:
+    """`draftgate ...` command lines of the ```sh blocks (continued lines joined)."""
+    commands, inside, pending = [], False, ""
+    for line in text.splitlines():
+        if line.strip() in ("```sh", "```"):
+            inside = line.strip() == "```sh"
+            continue
+        if not inside:
+            continue
+        pending += line.rstrip().removesuffix("\\")
+        if line.rstrip().endswith("\\"):
+            continue
+        try:
+            argv, pending = shlex.split(pending, comments=True), ""
+        except ValueError:  # a quoted string goes on on the next line
+            pending += " "
+            continue
+        if "draftgate" in argv:
+            commands.append(argv[argv.index("draftgate") + 1 :])
+    return commands
+
+
+def test_every_draftgate_command_in_the_docs_parses_with_the_real_cli() -> None:
+    root = typer.main.get_command(app)
+    commands = []
+    for path in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        commands += _shell_commands(path.read_text())
+    assert len(commands) >= 5
+    for argv in commands:
+        command, rest = root, list(argv)
+        # Typer's command classes are its own (not click's), so groups are told by `commands`.
+        while hasattr(command, "commands") and rest and rest[0] in command.commands:
+            command = command.commands[rest.pop(0)]
+        assert not hasattr(command, "commands"), f"draftgate {shlex.join(argv)}: no such command"
+        command.make_context(command.name or "draftgate", rest)  # raises on a bad flag
