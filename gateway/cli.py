@@ -47,6 +47,7 @@ def _exit_zero(signum: int, frame: FrameType | None) -> NoReturn:
 
 def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
     from gateway.app import create_app
+    from gateway.http_limits import RequestLimits, protocol_with
 
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the previous
     # handler; without this one the process would die by the signal (exit 143) after a clean stop.
@@ -54,12 +55,16 @@ def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream request
+    limits = RequestLimits(
+        settings.max_header_bytes, settings.max_header_count, settings.request_read_timeout_s
+    )
     uvicorn.run(
         create_app(settings, managed),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
+        http=protocol_with(limits),
     )
 
 

@@ -7,6 +7,13 @@ from typing import Any
 import orjson
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# vLLM's own bounds (SamplingParams): a value outside is refused here, before any backend.
+SAMPLING_RANGES = {
+    "temperature": (0.0, float("inf")),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
 
 
 class RelayError(Exception):
@@ -45,6 +52,15 @@ def check_completion(path: str, payload: dict[str, Any]) -> None:
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise RelayError(400, f"{name} must be a positive integer, got {value!r}", param=name)
+    for name, (low, high) in SAMPLING_RANGES.items():
+        value = payload.get(name)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not low <= value <= high
+        ):
+            message = f"{name} must be a number from {low} to {high}, got {value!r}"
+            raise RelayError(400, message, param=name)
     if "stream" in payload and not isinstance(payload["stream"], bool | None):
         raise RelayError(
             400, f"stream must be a boolean, got {payload['stream']!r}", param="stream"

@@ -143,6 +143,30 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest request body accepted on `/v1` (413 beyond). Default 16 MiB.",
     )
+    max_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        description=(
+            "Largest request head (request line and headers) accepted; 431 and the connection "
+            "closed beyond. Default 32 KiB, nginx's (4 buffers of 8 KiB): far above any OpenAI "
+            "client's head."
+        ),
+    )
+    max_header_count: int = Field(
+        default=100,
+        ge=10,
+        description="Most request headers accepted (431 beyond). Default 100, Envoy's.",
+    )
+    request_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds a client has to send a whole request, from its first byte (or from "
+            "connecting); a slower one gets 408 or, mid-body, a closed connection, so trickling "
+            "clients (slowloris) cannot hold connections. Default 30 s: a 16 MiB body needs "
+            "about 5 Mbit/s."
+        ),
+    )
     collect_interval_s: float = Field(
         default=5.0,
         gt=0,

@@ -1,0 +1,138 @@
+"""The server side of HTTP: uvicorn's httptools protocol with limits on reading a request.
+
+uvicorn bounds neither the size nor the count of request headers under httptools, nor the
+time a client may take to send a request: a client trickling bytes (slowloris) holds its
+connection for ever. Here each request must arrive whole within `read_timeout_s` of its first
+byte (or of the connection opening), its head within `max_header_bytes` and `max_header_count`;
+otherwise the client gets a 408/431 in the OpenAI error envelope and the connection closes.
+Malformed requests get the envelope too instead of uvicorn's plain-text 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.errors import error_body
+
+logger = logging.getLogger(__name__)
+REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """How large a request head may be and how long a whole request may take to arrive."""
+
+    max_header_bytes: int
+    max_header_count: int
+    read_timeout_s: float
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing a request that broke a limit."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """httptools' protocol enforcing `limits` (set on the subclass `protocol_with` makes)."""
+
+    limits: ClassVar[RequestLimits]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_bytes = self._head_size = self._header_count = 0  # bytes read, bytes parsed
+        self._refusal: tuple[int, str] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._arm()  # a connection that never sends a byte is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        in_head = self._header_count >= 0
+        if in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if in_head and self._header_count >= 0 and self._head_bytes > self.limits.max_header_bytes:
+            self._refuse(431, "request headers too large")
+
+    def on_message_begin(self) -> None:
+        if self._deadline is None:  # a request's first byte: it has read_timeout_s to arrive
+            self._arm()
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Count the headers and their bytes (a whole head may come in one read)."""
+        self._header_count += 1
+        self._head_size += len(name) + len(value) + 4
+        if self._header_count > self.limits.max_header_count:
+            self._refusal = (431, f"more than {self.limits.max_header_count} request headers")
+            raise _Refused
+        if self._head_size > self.limits.max_header_bytes:
+            self._refusal = (431, "request headers too large")
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._header_count = -1  # the head is done: bytes from here on are the body
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._disarm()  # an early answer (a 413, say) ends the wait for the body
+        self._head_bytes = self._head_size = self._header_count = 0
+        super().on_response_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        status, message = self._refusal or (400, "malformed HTTP request")
+        self._respond(status, message)
+
+    def _arm(self) -> None:
+        self._deadline = self.loop.call_later(self.limits.read_timeout_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:  # still in the head: say so
+            self._refuse(408, f"request not received within {self.limits.read_timeout_s} s")
+        else:  # the app is reading the body: it sees a disconnect
+            logger.debug("closing a connection whose request body stalled")
+            self.transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._refusal = (status, message)
+        self._respond(status, message)
+
+    def _respond(self, status: int, message: str) -> None:
+        if self.transport.is_closing():
+            return
+        logger.debug("refused a request: %s %s", status, message)
+        body = orjson.dumps(error_body(message, "invalid_request_error", None, None))
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n" % (status, REASONS[status])
+        head += b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        self.transport.write(head + body)
+        self.transport.close()
+
+
+def protocol_with(limits: RequestLimits) -> type[LimitedHttpToolsProtocol]:
+    """The protocol class to hand uvicorn (`http=`), bound to `limits`."""
+    attributes: dict[str, Any] = {"limits": limits}
+    return type("GatewayHttpProtocol", (LimitedHttpToolsProtocol,), attributes)
