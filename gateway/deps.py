@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.benchmarks import BenchmarkManager
@@ -18,6 +20,8 @@ from gateway.errors import AuthenticationFailed
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from gateway.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # managed imports the admin modules, which import this one
     from gateway.managed import ManagedBackends
@@ -70,7 +74,17 @@ def require_admin(
 
 
 def refresh_registry_after_changes(request: Request, services: ServicesDep) -> Iterator[None]:
-    """After an admin change is committed, have the registry reload at once."""
+    """After an admin change is committed, reload the registry before answering.
+
+    So the next request through this replica already follows the change (other replicas
+    follow within their `registry_refresh_s`). Used with scope="function": it runs after
+    the request's transaction commits, before the response is sent.
+    """
     yield
-    if request.method not in ("GET", "HEAD"):
+    if request.method in ("GET", "HEAD"):
+        return
+    try:
+        services.registry.load()
+    except SQLAlchemyError as exc:  # the change is committed; the refresh loop retries
+        logger.warning("registry not reloaded after an admin change: %s", exc)
         services.registry.request_refresh()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -203,6 +204,7 @@ class Registry:
         self._sessions = sessions
         self._refresh_s = refresh_s
         self._wake = asyncio.Event()
+        self._load_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
@@ -212,12 +214,17 @@ class Registry:
         return self.auto_choice.get(model) or self.snapshot.auto_method(model)
 
     def load(self) -> None:
-        """Replace the snapshot with a fresh read (blocking; call from a thread)."""
-        with self._sessions() as session:
-            snapshot = load_snapshot(session)
-        self.snapshot = snapshot
-        for callback in self.on_load:
-            callback()
+        """Replace the snapshot with a fresh read (blocking; call from a thread).
+
+        Loads run one at a time, so a read that began before a change can never replace
+        the snapshot of a read that began after it.
+        """
+        with self._load_lock:
+            with self._sessions() as session:
+                snapshot = load_snapshot(session)
+            self.snapshot = snapshot
+            for callback in self.on_load:
+                callback()
 
     def request_refresh(self) -> None:
         """Ask for a reload soon; safe from any thread."""

@@ -20,7 +20,10 @@ from gateway.deps import refresh_registry_after_changes, require_admin
 
 def admin_router() -> APIRouter:
     """Every admin resource under `/admin/v1`, behind the admin token."""
-    dependencies = [Depends(refresh_registry_after_changes), Depends(require_admin)]
+    dependencies = [
+        Depends(refresh_registry_after_changes, scope="function"),
+        Depends(require_admin),
+    ]
     router = APIRouter(prefix="/admin/v1", dependencies=dependencies)
     for module in (
         backends,

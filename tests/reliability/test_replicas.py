@@ -1,0 +1,326 @@
+"""Two gateway replicas on one PostgreSQL schema, in front of the same two simulators.
+
+Per-key limits hold across the replicas within a stated tolerance, a policy change made
+through one replica is applied by the other within its `registry_refresh_s`, the hourly
+rollups count each request once, and the collectors of both replicas do not store the same
+backend's window twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import yaml
+
+from tests.conftest import POSTGRES_URL
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    SIM_MODEL,
+    Server,
+    draftgate_env,
+    fleet_backend,
+    gateway_env,
+    query_rows,
+    sim_args,
+    spawn_server,
+)
+from tests.reliability.streaming_load import Outcome, StreamingLoad, failures, stream_once
+
+pytestmark = pytest.mark.postgres
+
+LIMITS_SYNC_S = 1.0
+REGISTRY_REFRESH_S = 2.0
+LEDGER_FLUSH_S = 0.2
+COLLECT_INTERVAL_S = 0.5
+MEASUREMENT_WINDOW_S = 4.0
+REPLICAS = 2
+# Each replica gets one client that waits PAUSE_S between requests: at most this many
+# requests per second per replica, which is what bounds the tolerances below.
+PAUSE_S = 0.25
+RATE_PER_REPLICA = 1 / PAUSE_S
+# A replica may admit what the other admitted since that one's last push before our last
+# read: two sync intervals, plus one more for a busy machine's late thread. Per replica.
+RPM_LIMIT = 40
+RPM_TOLERANCE = math.ceil(REPLICAS * RATE_PER_REPLICA * 3 * LIMITS_SYNC_S)  # 24 requests
+# Spend reaches the other replica through the ledger (flush) and its registry (refresh);
+# requests in flight when the budget runs out finish too (one per client).
+BUDGET_REQUESTS = 30
+BUDGET_TOLERANCE_REQUESTS = math.ceil(
+    REPLICAS * RATE_PER_REPLICA * (REGISTRY_REFRESH_S + 2 * LEDGER_FLUSH_S + 1.0) + REPLICAS
+)  # 30 requests
+PROPAGATION_MARGIN_S = 5.0  # beyond registry_refresh_s, for a busy machine
+PRICE_USD_PER_GPU_HOUR = 5.0
+WAIT_S = 60.0
+PINNED_PLAIN = {"mode": "pinned", "method": "plain"}
+
+
+@dataclass
+class Replicas:
+    """Two gateways on one schema, and the schema's URL for direct reads."""
+
+    a: Server
+    b: Server
+    database_url: str
+    started_at: dt.datetime
+
+    def admin(self, server: Server) -> httpx.Client:
+        """An admin client for one replica."""
+        return server.client(ADMIN_TOKEN)
+
+
+def schema_url(schema: str) -> str:
+    """The URL of the test PostgreSQL that selects `schema`."""
+    return f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """A plain and a p-eagle sim, and two gateways on a fresh PostgreSQL schema."""
+    schema = f"t_replicas_{int(time.time())}"  # one schema for the whole module
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    log_dir = tmp_path_factory.mktemp("replicas")
+    servers: list[Server] = []
+    try:
+        servers += [
+            spawn_server(
+                sim_args("--time-scale", "5", "--method", method), draftgate_env(), log_dir
+            )
+            for method in ("plain", "p-eagle")
+        ]
+        for sim in servers:
+            sim.wait_healthy()
+        fleet = _write_fleet(log_dir / "fleet.yaml", servers[0], servers[1])
+        env = gateway_env(
+            schema_url(schema),
+            fleet,
+            REQUIRE_API_KEY="true",
+            LIMITS_SYNC_S=str(LIMITS_SYNC_S),
+            REGISTRY_REFRESH_S=str(REGISTRY_REFRESH_S),
+            LEDGER_FLUSH_INTERVAL_S=str(LEDGER_FLUSH_S),
+            COLLECT_INTERVAL_S=str(COLLECT_INTERVAL_S),
+            MEASUREMENT_WINDOW_S=str(MEASUREMENT_WINDOW_S),
+        )
+        started_at = dt.datetime.now(dt.UTC)
+        gateways = []
+        for _ in range(REPLICAS):  # one after the other: the first migrates the schema
+            gateways.append(spawn_server(("gateway",), env, log_dir))
+            servers.append(gateways[-1])
+            gateways[-1].wait_healthy()
+        yield Replicas(gateways[0], gateways[1], schema_url(schema), started_at)
+    finally:
+        for server in servers:
+            server.close()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _write_fleet(path: Path, plain: Server, speculative: Server) -> Path:
+    document = {
+        "backends": [
+            fleet_backend("plain-1", plain.base_url),
+            fleet_backend("peagle-1", speculative.base_url, "p-eagle"),
+        ],
+        "models": [{"name": SIM_MODEL, "policy": PINNED_PLAIN}],
+        "prices": [
+            {
+                "gpu_type": "B200",
+                "kind": "on-demand",
+                "usd_per_gpu_hour": PRICE_USD_PER_GPU_HOUR,
+                "source": "test",
+                "date": "2026-01-01",
+            }
+        ],
+    }
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def create_key(replicas: Replicas, name: str, **limits: Any) -> tuple[int, str]:
+    """Create a key through replica A and wait until replica B knows it; (id, secret)."""
+    with replicas.admin(replicas.a) as http:
+        response = http.post("/admin/v1/keys", json={"name": name} | limits)
+        assert response.status_code == 201, response.text
+        created = response.json()
+    headers = {"Authorization": f"Bearer {created['key']}"}
+    deadline = time.monotonic() + WAIT_S
+    while httpx.get(f"{replicas.b.base_url}/v1/models", headers=headers).status_code != 200:
+        assert time.monotonic() < deadline, "replica B never learnt the new key"
+        time.sleep(0.2)
+    return created["id"], created["key"]
+
+
+def paced_load(replicas: Replicas, key: str, seconds: float) -> list[Outcome]:
+    """One paced client per replica for `seconds`; every outcome."""
+    urls = [replicas.a.base_url, replicas.b.base_url]
+    loads = [StreamingLoad([url], SIM_MODEL, 1, api_key=key, pause_s=PAUSE_S) for url in urls]
+    for load in loads:
+        load.start()
+    time.sleep(seconds)
+    return [o for load in loads for o in load.stop()]
+
+
+def wait_for_minute_room(seconds: float) -> None:
+    """Sleep into the next minute unless `seconds` fit in the current one (limits are per
+    clock minute)."""
+    left = 60 - time.time() % 60
+    if left < seconds:
+        time.sleep(left + 0.5)
+
+
+def key_totals(replicas: Replicas, key_id: int) -> dict[str, Any]:
+    """Requests, tokens and cost of one key from the admin savings rollups (via B)."""
+    with replicas.admin(replicas.b) as http:
+        response = http.get("/admin/v1/savings", params={"group_by": "key"})
+    assert response.status_code == 200, response.text
+    rows = [r for r in response.json()["data"] if r["key"] == key_id]
+    assert len(rows) <= 1
+    return rows[0] if rows else {"requests": 0, "completion_tokens": 0, "cost_usd": 0.0}
+
+
+def wait_for_key_requests(replicas: Replicas, key_id: int, requests: int) -> dict[str, Any]:
+    """Poll the rollups until they hold `requests` of the key (or time out); the totals."""
+    deadline = time.monotonic() + WAIT_S
+    while (totals := key_totals(replicas, key_id))["requests"] < requests:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return totals
+
+
+def test_requests_per_minute_hold_across_replicas(replicas: Replicas) -> None:
+    """Both replicas together admit at most the limit plus RPM_TOLERANCE in a minute."""
+    _, key = create_key(replicas, "rpm", requests_per_minute=RPM_LIMIT)
+    wait_for_minute_room(20.0)
+    outcomes = paced_load(replicas, key, 14.0)
+    admitted = Counter(int(o.started_s // 60) for o in outcomes if o.status == 200)
+    refused = [o for o in outcomes if o.status == 429]
+    by_replica = Counter(o.base_url for o in outcomes if o.status == 200)
+    print(
+        f"\nrpm limit {RPM_LIMIT} across {REPLICAS} replicas (sync {LIMITS_SYNC_S} s): "
+        f"sent {len(outcomes)}, admitted per minute {dict(admitted)}, by replica "
+        f"{sorted(by_replica.values())}, refused {len(refused)}, tolerance {RPM_TOLERANCE}"
+    )
+    assert refused, "the limit never refused anything"
+    assert {o.status for o in outcomes} <= {200, 429}
+    assert max(admitted.values()) >= RPM_LIMIT
+    assert max(admitted.values()) <= RPM_LIMIT + RPM_TOLERANCE
+    assert len(by_replica) == REPLICAS
+
+
+def test_budget_holds_across_replicas(replicas: Replicas) -> None:
+    """Spend stops within BUDGET_TOLERANCE_REQUESTS requests' cost of the budget."""
+    probe_id, probe_key = create_key(replicas, "price-probe")
+    with httpx.Client(timeout=60.0) as http:
+        probe = stream_once(http, replicas.a.base_url, SIM_MODEL, 16, probe_key)
+    assert probe.completed, probe
+    per_request_usd = wait_for_key_requests(replicas, probe_id, 1)["cost_usd"]
+    assert per_request_usd > 0, "requests are not priced: the budget test would prove nothing"
+    budget_usd = BUDGET_REQUESTS * per_request_usd
+    key_id, key = create_key(replicas, "budget", budget_usd=budget_usd, budget_period="total")
+    outcomes = paced_load(replicas, key, 20.0)
+    served = [o for o in outcomes if o.status == 200]
+    totals = wait_for_key_requests(replicas, key_id, len(outcomes))
+    print(
+        f"\nbudget ${budget_usd:.6f} (~{BUDGET_REQUESTS} requests) across {REPLICAS} replicas: "
+        f"sent {len(outcomes)}, served {len(served)}, refused "
+        f"{sum(o.status == 429 for o in outcomes)}, spent ${totals['cost_usd']:.6f} "
+        f"({totals['cost_usd'] / per_request_usd:.1f} requests' worth), "
+        f"tolerance {BUDGET_TOLERANCE_REQUESTS} requests"
+    )
+    assert {o.status for o in outcomes} <= {200, 429}
+    assert len(served) < len(outcomes), "the budget never refused anything"
+    assert totals["cost_usd"] >= budget_usd
+    assert totals["cost_usd"] <= budget_usd + BUDGET_TOLERANCE_REQUESTS * per_request_usd
+
+
+def test_policy_change_through_one_replica_reaches_the_other(replicas: Replicas) -> None:
+    """Pinning p-eagle through A: A routes by it at once, B within its registry refresh."""
+    _, key = create_key(replicas, "policy")
+    policy = {"mode": "pinned", "method": "p-eagle"}
+    http = httpx.Client(timeout=60.0)
+    try:
+        assert stream_once(http, replicas.b.base_url, SIM_MODEL, 4, key).method == "plain"
+        with replicas.admin(replicas.a) as admin:
+            response = admin.put(f"/admin/v1/models/{SIM_MODEL}/policy", json=policy)
+        assert response.status_code == 200, response.text
+        changed = time.monotonic()
+        on_a = stream_once(http, replicas.a.base_url, SIM_MODEL, 4, key)
+        seen_on_b = []
+        while (o := stream_once(http, replicas.b.base_url, SIM_MODEL, 4, key)).method != "p-eagle":
+            seen_on_b.append(o.method)
+            assert time.monotonic() - changed < WAIT_S, "replica B never applied the policy"
+        applied_s = time.monotonic() - changed
+        after = [stream_once(http, replicas.b.base_url, SIM_MODEL, 4, key) for _ in range(5)]
+    finally:
+        http.close()
+        with replicas.admin(replicas.a) as admin:
+            admin.put(f"/admin/v1/models/{SIM_MODEL}/policy", json=PINNED_PLAIN)
+    print(
+        f"\npolicy change through A: A routed {on_a.method} at once, B applied it after "
+        f"{applied_s:.2f} s ({len(seen_on_b)} requests before; registry_refresh_s "
+        f"{REGISTRY_REFRESH_S})"
+    )
+    assert on_a.method == "p-eagle"
+    assert set(seen_on_b) <= {"plain"}
+    assert applied_s <= REGISTRY_REFRESH_S + PROPAGATION_MARGIN_S
+    assert {o.method for o in after} == {"p-eagle"}
+
+
+def test_rollups_count_each_request_once(replicas: Replicas) -> None:
+    """Usage through both replicas: the savings rollups equal what the clients counted."""
+    key_id, key = create_key(replicas, "rollups")
+    load = StreamingLoad([replicas.a.base_url, replicas.b.base_url], SIM_MODEL, 8, api_key=key)
+    load.start()
+    time.sleep(8.0)
+    outcomes = load.stop()
+    totals = wait_for_key_requests(replicas, key_id, len(outcomes))
+    time.sleep(2 * LEDGER_FLUSH_S + 1.0)  # anything counted twice would land by now
+    totals = key_totals(replicas, key_id)
+    client_completion = sum(o.completion_tokens for o in outcomes)
+    client_prompt = sum(o.prompt_tokens for o in outcomes)
+    records = query_rows(replicas.database_url,
+                         "SELECT count(*) AS n, count(DISTINCT client_request_id) AS ids "
+                         "FROM usage_records WHERE api_key_id = :k", k=key_id)[0]  # fmt: skip
+    print(
+        f"\nrollups across {REPLICAS} replicas: client requests {len(outcomes)} "
+        f"(failed {len(failures(outcomes))}), completion tokens {client_completion}; "
+        f"rollups {totals['requests']} requests, {totals['completion_tokens']} completion "
+        f"tokens; records {records['n']} ({records['ids']} distinct ids)"
+    )
+    assert failures(outcomes) == []
+    assert totals["requests"] == len(outcomes) == records["n"] == records["ids"]
+    assert totals["completion_tokens"] == client_completion
+    assert totals["prompt_tokens"] == client_prompt
+
+
+def test_collectors_store_each_window_once(replicas: Replicas) -> None:
+    """Both replicas scrape the same backends; each backend's windows are stored once."""
+    load = StreamingLoad([replicas.a.base_url], SIM_MODEL, 4, api_key=create_key(
+        replicas, "collector")[1])  # fmt: skip
+    load.start()
+    since = dt.datetime.now(dt.UTC)
+    time.sleep(6 * MEASUREMENT_WINDOW_S)
+    load.stop()
+    rows = query_rows(replicas.database_url,
+                      "SELECT backend_name, measured_at FROM measurements "
+                      "WHERE source = 'scrape' AND measured_at >= :t", t=since)  # fmt: skip
+    by_backend = Counter(str(r["backend_name"]) for r in rows)
+    most = 6 + 1  # one per window, and one window that straddles the start
+    print(
+        f"\ncollectors of {REPLICAS} replicas, {6 * MEASUREMENT_WINDOW_S:.0f} s of "
+        f"{MEASUREMENT_WINDOW_S:.0f} s windows: scrape measurements per backend "
+        f"{dict(by_backend)} (one collector alone would store at most {most})"
+    )
+    assert by_backend, "no scrape measurement stored: the test proves nothing"
+    assert max(by_backend.values()) <= most
