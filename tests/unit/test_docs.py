@@ -123,8 +123,9 @@ def _shell_commands(text: str) -> list[list[str]]:
         except ValueError:  # a quoted string goes on on the next line
             pending += " "
             continue
-        if "draftgate" in argv:
-            commands.append(argv[argv.index("draftgate") + 1 :])
+        if "draftgate" in argv:  # the last one: `kubectl -n draftgate exec ... -- draftgate ...`
+            start = len(argv) - argv[::-1].index("draftgate")
+            commands.append(argv[start:])
     return commands
 
 
