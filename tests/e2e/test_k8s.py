@@ -1,0 +1,192 @@
+"""The sim overlay of deploy/k8s run as local processes: its migrate Job, its five simulated
+backends and its gateway, each with the command and environment its manifest gives it, on
+loopback ports in place of pod IPs and Service names, on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import yaml
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    CLI_TIMEOUT_S,
+    DRAFTGATE,
+    POLL_INTERVAL_S,
+    Server,
+    draftgate_env,
+    free_port,
+)
+from tests.unit.kustomize_build import Build, Manifest, build
+
+SIM = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "sim"
+READY_TIMEOUT_S = 90.0  # five simulators and a gateway starting on a busy machine
+
+pytestmark = pytest.mark.postgres
+
+
+def _one(stack: Build, kind: str, name: str) -> Manifest:
+    [obj] = [o for o in stack.objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return obj
+
+
+def _container(obj: Manifest) -> Manifest:
+    found: list[Manifest] = obj["spec"]["template"]["spec"]["containers"]
+    return found[0]
+
+
+def _on_loopback(argv: list[str], port: int) -> list[str]:
+    """`argv` with its --host and --port values swapped for 127.0.0.1 and `port`."""
+    swapped = list(argv)
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+        swapped[swapped.index(flag) + 1] = value
+    return swapped
+
+
+def _spawn(argv: list[str], port: int, env: dict[str, str], log_dir: Path, name: str) -> Server:
+    """Run a manifest's `draftgate ...` command with this virtualenv's draftgate."""
+    assert argv[0] == "draftgate"
+    log_path = log_dir / f"{name}.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [str(DRAFTGATE), *argv[1:]], env=env, cwd=log_dir, stdin=subprocess.DEVNULL,
+        stdout=log_file, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return Server(process=process, port=port, log_path=log_path, log_file=log_file)
+
+
+def _pod_env(container: Manifest, secrets: dict[str, str]) -> dict[str, str]:
+    """The container's environment; secret references take their value from `secrets`."""
+    env: dict[str, str] = {}
+    for entry in container.get("env", []):
+        ref = entry.get("valueFrom", {}).get("secretKeyRef")
+        env[entry["name"]] = secrets[ref["key"]] if ref else entry["value"]
+    return env
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
+    try:
+        yield started
+    finally:
+        for server in started:
+            server.close()
+
+
+def _start_backends(stack: Build, log_dir: Path, servers: list[Server]) -> dict[str, str]:
+    """Each simulated backend on a loopback port; its Service URL -> its loopback URL."""
+    urls = {}
+    for deployment in stack.objects:
+        labels = deployment["metadata"].get("labels", {})
+        if deployment["kind"] != "Deployment" or labels.get("app.kubernetes.io/name") != "vllm":
+            continue
+        name, port = deployment["metadata"]["name"], free_port()
+        container = _container(deployment)
+        argv = _on_loopback(container["command"], port)
+        servers.append(_spawn(argv, port, draftgate_env(), log_dir, name))
+        service_port = _one(stack, "Service", name)["spec"]["ports"][0]["port"]
+        urls[f"http://{name}:{service_port}"] = servers[-1].base_url
+    return urls
+
+
+def _loopback_fleet(stack: Build, urls: dict[str, str], path: Path) -> Path:
+    """The ConfigMap's fleet.yaml with each backend's Service URL replaced by its process's."""
+    fleet: dict[str, Any] = yaml.safe_load(
+        _one(stack, "ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"]
+    )
+    for backend in fleet["backends"]:
+        backend["url"] = urls[backend["url"]]
+    path.write_text(yaml.safe_dump(fleet, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _wait_ready(server: Server, path: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(base_url=server.base_url, timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            assert server.process.poll() is None, server.output()
+            try:
+                if http.get(path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(POLL_INTERVAL_S * 10)
+    pytest.fail(f"{path} not ready within {READY_TIMEOUT_S} s:\n{server.output()}")
+
+
+def test_sim_overlay_runs_as_its_manifests_say(
+    postgres_schema: str, tmp_path: Path, servers: list[Server]
+) -> None:
+    stack = build(SIM)
+    secrets = {"admin-token": ADMIN_TOKEN, "database-url": postgres_schema}
+
+    job = _container(_one(stack, "Job", "draftgate-migrate"))
+    migrate = subprocess.run(
+        [str(DRAFTGATE), *job["command"][1:]], env=draftgate_env(**_pod_env(job, secrets)),
+        cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert migrate.returncode == 0, migrate.stderr
+    assert "upgraded from empty to revision" in migrate.stdout
+
+    urls = _start_backends(stack, tmp_path, servers)
+    assert len(urls) == 5
+    for server in servers:
+        server.wait_healthy(timeout_s=READY_TIMEOUT_S)
+
+    gateway = _container(_one(stack, "Deployment", "draftgate-gateway"))
+    env = _pod_env(gateway, secrets)
+    port = free_port()
+    fleet = _loopback_fleet(stack, urls, tmp_path / "fleet.yaml")
+    env |= {"DRAFTGATE_HOST": "127.0.0.1", "DRAFTGATE_PORT": str(port),
+            "DRAFTGATE_FLEET": str(fleet)}  # fmt: skip
+    servers.append(_spawn(gateway["command"], port, draftgate_env(**env), tmp_path, "gateway"))
+    _wait_ready(servers[-1], gateway["readinessProbe"]["httpGet"]["path"])
+
+    # API keys are required, as in the manifest: create one the way the README says.
+    created = subprocess.run(
+        [str(DRAFTGATE), "keys", "create", "k8s-e2e"], env=draftgate_env(**env), cwd=tmp_path,
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+
+    with servers[-1].client(key) as client:
+        reply = client.post(
+            "/v1/chat/completions",
+            json={"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "hi"}],
+                  "max_tokens": 8},
+        )  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] > 0
+        served_by = reply.headers["x-draftgate-backend"]
+        refused = client.post("/v1/chat/completions", headers={"Authorization": "Bearer nope"},
+                              json={"model": "Qwen/Qwen3-8B", "messages": []})  # fmt: skip
+        assert refused.status_code == 401
+    # The dashboard answers its probe's path, reading this gateway's admin API.
+    dashboard = _container(_one(stack, "Deployment", "draftgate-dashboard"))
+    dashboard_env = _pod_env(dashboard, secrets)
+    dashboard_env["DRAFTGATE_DASHBOARD_GATEWAY_URL"] = servers[-1].base_url
+    dashboard_port = free_port()
+    argv = _on_loopback(dashboard["command"], dashboard_port)
+    servers.append(_spawn(argv, dashboard_port, draftgate_env(**dashboard_env), tmp_path, "ui"))
+    probe_path = dashboard["readinessProbe"]["httpGet"]["path"]
+    _wait_ready(servers[-1], probe_path)
+    # Streamlit answers any path with its page; only its health endpoint says "ok".
+    assert httpx.get(servers[-1].base_url + probe_path, timeout=10.0).text == "ok"
+    with servers[-2].client(ADMIN_TOKEN) as admin:
+        backends = admin.get("/admin/v1/backends").json()["data"]
+    by_url = {b["url"]: b for b in backends}
+    assert set(by_url) == set(urls.values())
+    assert served_by in {b["name"] for b in backends}
+    assert {urlsplit(u).hostname for u in urls} == {
+        o["metadata"]["name"] for o in stack.objects
+        if o["kind"] == "Service" and o["metadata"]["name"].startswith("vllm-")
+    }  # fmt: skip
