@@ -226,6 +226,16 @@ def test_the_parser_refuses_an_unknown_flag_or_sub_command() -> None:
         parse_draftgate(["draftgate", "db", "downgrade"])
 
 
+def test_commands_in_the_compose_file_s_comments_are_real(compose: dict[str, Any]) -> None:
+    """`docker compose run --rm SERVICE draftgate ...` in the header runs in a service that has
+    the database, and parses."""
+    runs = re.findall(r"`docker compose run --rm ([\w-]+) (draftgate [^`]+)`", COMPOSE.read_text())
+    assert runs
+    for service, command in runs:
+        assert "DRAFTGATE_DATABASE_URL" in compose["services"][service]["environment"]
+        parse_draftgate(command.replace("NAME", "demo").split())
+
+
 def test_migrate_runs_once_before_the_gateway(compose: dict[str, Any]) -> None:
     services = compose["services"]
     migrate, gateway = services["migrate"], services["gateway"]

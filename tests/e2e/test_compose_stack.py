@@ -160,7 +160,10 @@ def sim_stack(
     for replica in replicas:
         replica.wait_healthy(READY_TIMEOUT_S)
 
-    created = run_cli("keys", "create", "compose-e2e", env=draftgate_env(**database))
+    # As the compose file's header says: `docker compose run --rm migrate draftgate keys create`.
+    created = run_cli(
+        "keys", "create", "compose-e2e", env=local_env(migrate, variables, **database)
+    )
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip().splitlines()[-1]
     return replicas, sims, key, postgres_schema
