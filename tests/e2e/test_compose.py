@@ -179,6 +179,25 @@ def test_secrets_come_from_variables(compose: dict[str, Any]) -> None:
         assert service["environment"]["HF_TOKEN"].startswith("${HF_TOKEN")
 
 
+def test_services_without_a_profile_depend_only_on_services_without_one(
+    compose: dict[str, Any],
+) -> None:
+    """`docker compose up` with no profile (or either one) starts a coherent set: nothing
+    waits on a service its profile set leaves out, and each profile runs every method."""
+    services = compose["services"]
+    for name, service in services.items():
+        own = set(service.get("profiles", []))
+        for needed in service.get("depends_on", {}):
+            theirs = set(services[needed].get("profiles", []))
+            assert not theirs or theirs & own, f"{name} depends on {needed} of profile {theirs}"
+    assert sorted(services_in(compose, None)) == sorted(
+        ["postgres", "migrate", "gateway", "lb", "dashboard", "prometheus", "grafana"]
+    )
+    for profile in PROFILES:
+        methods = {b.method for b in fleet_of(profile).backends}
+        assert methods == set(GPU_DRAFTERS), profile
+
+
 def test_every_bind_mount_exists_in_the_repository(compose: dict[str, Any]) -> None:
     mounts = [
         volume.split(":")[0]
