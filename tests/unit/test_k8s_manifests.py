@@ -476,3 +476,15 @@ def test_sim_overlay_asks_for_no_gpu_and_no_model_cache(base: Build, sim: Build)
     assert GPU not in json.dumps(sim.objects)
     assert of_kind(sim, "PersistentVolumeClaim") == []
     assert fleet(sim) == fleet(base)
+
+
+COMPOSE_GPU_FLEET = K8S.parent / "compose" / "fleet-gpu.yaml"
+
+
+@pytest.mark.skipif(not COMPOSE_GPU_FLEET.exists(), reason="no compose gpu profile fleet")
+def test_kubernetes_and_compose_serve_the_same_gpu_fleet(base: Build) -> None:
+    def methods(loaded: Fleet) -> set[tuple[object, ...]]:
+        return {(b.model, b.method, b.k, b.drafter, b.gpu_type, b.gpu_count)
+                for b in loaded.backends}  # fmt: skip
+
+    assert methods(fleet(base)) == methods(load_fleet(COMPOSE_GPU_FLEET))
