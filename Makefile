@@ -52,7 +52,7 @@ chromium:
 accuracy: $(VENV)/.installed
 	$(BIN)/python -m planner.accuracy > planner/ACCURACY.md
 
-# Regenerate docs/settings.md and docs/admin-api.md (tests fail when the committed ones are stale).
+# Regenerate the reference pages docs/settings.md, admin-api.md and cli.md (tests fail when stale).
 docs: $(VENV)/.installed
 	$(BIN)/draftgate dev docs docs
 
