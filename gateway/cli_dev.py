@@ -31,7 +31,7 @@ def docs(
         Path, typer.Argument(help="Where to write the generated reference pages.")
     ] = Path("docs"),
 ) -> None:
-    """Regenerate the reference pages: settings and the admin API (docs/*.md)."""
+    """Regenerate the reference pages: settings, the admin API and the CLI (docs/*.md)."""
     from gateway.docs import write_docs
 
     for path in write_docs(directory):

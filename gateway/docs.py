@@ -294,9 +294,52 @@ ADMIN_INTRO = [
     "",
 ]
 
+# ---- command line --------------------------------------------------------------------------
+
+
+def cli_commands(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(path, command) of every command, groups with options of their own included, in order.
+
+    Typer's command classes are its own (not click's), so groups are told by `commands`.
+    """
+    subcommands = getattr(command, "commands", None)
+    if subcommands is None or command.params:
+        yield path, command
+    for name, sub in (subcommands or {}).items():
+        yield from cli_commands(sub, (*path, name))
+
+
+def _cli_section(path: tuple[str, ...], command: Any) -> list[str]:
+    context = command.make_context(path[-1], [], resilient_parsing=True)
+    lines = [f"## `{' '.join(path)}`", "", (command.help or "").strip(), ""]
+    records = [p.get_help_record(context) for p in command.params]
+    records = [r for r in records if r is not None]
+    if records:
+        lines += ["| argument or option | meaning |", "|---|---|"]
+        lines += [f"| `{cell(name)}` | {cell(text)} |" for name, text in records]
+        lines.append("")
+    return lines
+
+
+def cli_page() -> str:
+    """docs/cli.md: every `draftgate` command with its arguments and options, from the CLI."""
+    import typer
+
+    from gateway.cli import app
+
+    lines = [GENERATED.format(source="the `draftgate` command's own definitions (gateway/cli*.py)"),
+             "", "# Command reference", "",
+             "Every `draftgate` command, as `draftgate COMMAND --help` shows it.", ""]  # fmt: skip
+    for path, command in cli_commands(typer.main.get_command(app), ("draftgate",)):
+        if len(path) > 1:  # the root's only options are shell completion
+            lines += _cli_section(path, command)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "settings.md": settings_page,
     "admin-api.md": admin_api_page,
+    "cli.md": cli_page,
 }
 
 

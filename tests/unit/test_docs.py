@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from backends.methods import make_spec, render_vllm_command
 from dashboard.settings import DashboardSettings
 from gateway.cli import app
-from gateway.docs import PAGES, openapi_document, operations, settings_table
+from gateway.docs import PAGES, cli_commands, openapi_document, operations, settings_table
 from gateway.fleet import Fleet
 from gateway.settings import Settings
 
@@ -142,3 +142,13 @@ def test_every_draftgate_command_in_the_docs_parses_with_the_real_cli() -> None:
             command = command.commands[rest.pop(0)]
         assert not hasattr(command, "commands"), f"draftgate {shlex.join(argv)}: no such command"
         command.make_context(command.name or "draftgate", rest)  # raises on a bad flag
+
+
+def test_cli_page_has_every_command_and_option() -> None:
+    page = (DOCS / "cli.md").read_text()
+    commands = list(cli_commands(typer.main.get_command(app), ("draftgate",)))[1:]
+    assert len(commands) >= 15
+    for path, command in commands:
+        assert f"## `{' '.join(path)}`" in page
+        for option in (o for p in command.params for o in p.opts if o.startswith("--")):
+            assert f"`{option}" in page or f"/ {option}" in page or f" {option} " in page
