@@ -9,22 +9,26 @@ are summed per backend and written as one `scrape` measurement per window, at th
 mean concurrency (Little's law over the whole window: the latency of a request lands in the
 interval it finished in, its tokens in every interval it ran, so only window totals pair
 up; the planner's curves bin the stored concurrencies). A backend whose declared method
-disagrees with its counters is flagged.
+disagrees with its counters is flagged. Several replicas scrape the same backends; a window
+another replica already stored is not stored again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
 
 import httpx
+from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from backends.vllm_metrics import Observation, VllmSnapshot, difference, parse_metrics
+from gateway.db.base import utcnow
 from gateway.db.session import transaction
 from gateway.db.tables import Measurement
 from gateway.metrics import GatewayMetrics
@@ -33,6 +37,7 @@ from gateway.registry import BackendView, Registry
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 2.0
 MIN_BUSY_FRACTION = 0.05  # below this a window says too little about the busy rate
+MEASUREMENTS_LOCK = 0x6D656173  # PostgreSQL advisory lock key of scrape measurement writes
 
 
 def method_mismatch(backend: BackendView, snapshot: VllmSnapshot) -> str | None:
@@ -126,6 +131,7 @@ class Collector:
         self._last: dict[str, tuple[float, VllmSnapshot]] = {}
         self._tallies: dict[str, tuple[BackendView, Tally]] = {}
         self._window_start = time.monotonic()
+        self._own_rows: dict[str, int] = {}  # the last measurement this collector stored
 
     async def run(self, stop: asyncio.Event) -> None:
         """Collect until `stop`, then write what the current window holds."""
@@ -184,11 +190,43 @@ class Collector:
         if not rows:
             return
         try:
-            await asyncio.to_thread(_insert, self.sessions, rows)
+            stored = await asyncio.to_thread(
+                store_unless_covered, self.sessions, rows, self._own_rows, self.window_s / 2
+            )
         except SQLAlchemyError as exc:
             logger.warning("could not store %d scrape measurements: %s", len(rows), exc)
+            return
+        self._own_rows.update(stored)
 
 
-def _insert(sessions: sessionmaker[Session], rows: list[Measurement]) -> None:
+def store_unless_covered(
+    sessions: sessionmaker[Session],
+    rows: list[Measurement],
+    own_rows: dict[str, int],
+    recent_s: float,
+) -> dict[str, int]:
+    """Store the rows of backends no other replica stored a window for in the last
+    `recent_s`; the stored rows' ids by backend.
+
+    Every replica's collector scrapes the same backends, so without this each window would
+    be stored once per replica. `own_rows` (the id of this collector's last row per backend)
+    tells its own rows from the others'. On PostgreSQL the check and the insert hold a
+    transaction lock, so two replicas flushing at the same moment cannot both insert.
+    """
+    names = [r.backend_name for r in rows]
+    since = utcnow() - dt.timedelta(seconds=recent_s)
     with transaction(sessions) as session:
-        session.add_all(rows)
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(select(func.pg_advisory_xact_lock(MEASUREMENTS_LOCK)))
+        recent = session.execute(
+            select(Measurement.id, Measurement.backend_name).where(
+                Measurement.source == "scrape",
+                Measurement.backend_name.in_(names),
+                Measurement.measured_at >= since,
+            )
+        )
+        covered = {name for row_id, name in recent if name and own_rows.get(name) != row_id}
+        fresh = [r for r in rows if r.backend_name not in covered]
+        session.add_all(fresh)
+        session.flush()
+        return {r.backend_name: r.id for r in fresh if r.backend_name}

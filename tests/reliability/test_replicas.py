@@ -9,6 +9,7 @@ backend's window twice.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import time
 from collections import Counter
@@ -305,22 +306,34 @@ def test_rollups_count_each_request_once(replicas: Replicas) -> None:
 
 
 def test_collectors_store_each_window_once(replicas: Replicas) -> None:
-    """Both replicas scrape the same backends; each backend's windows are stored once."""
-    load = StreamingLoad([replicas.a.base_url], SIM_MODEL, 4, api_key=create_key(
-        replicas, "collector")[1])  # fmt: skip
-    load.start()
+    """Both replicas scrape the same backends; each backend's windows are stored once.
+
+    Two collectors storing every window would leave about two rows per window, with one of
+    the two gaps between them shorter than half a window; one store per window leaves at
+    most one row per window, at least half a window apart.
+    """
+    _, key = create_key(replicas, "collector")
+    load = StreamingLoad([replicas.a.base_url], SIM_MODEL, 4, api_key=key).start()
     since = dt.datetime.now(dt.UTC)
     time.sleep(6 * MEASUREMENT_WINDOW_S)
     load.stop()
-    rows = query_rows(replicas.database_url,
-                      "SELECT backend_name, measured_at FROM measurements "
-                      "WHERE source = 'scrape' AND measured_at >= :t", t=since)  # fmt: skip
-    by_backend = Counter(str(r["backend_name"]) for r in rows)
-    most = 6 + 1  # one per window, and one window that straddles the start
-    print(
-        f"\ncollectors of {REPLICAS} replicas, {6 * MEASUREMENT_WINDOW_S:.0f} s of "
-        f"{MEASUREMENT_WINDOW_S:.0f} s windows: scrape measurements per backend "
-        f"{dict(by_backend)} (one collector alone would store at most {most})"
+    sql = (
+        "SELECT backend_name, measured_at FROM measurements "
+        "WHERE source = 'scrape' AND measured_at >= :t ORDER BY measured_at"
     )
-    assert by_backend, "no scrape measurement stored: the test proves nothing"
-    assert max(by_backend.values()) <= most
+    rows = query_rows(replicas.database_url, sql, t=since)
+    elapsed_s = (dt.datetime.now(dt.UTC) - since).total_seconds()
+    times: dict[str, list[dt.datetime]] = {}
+    for row in rows:
+        times.setdefault(str(row["backend_name"]), []).append(row["measured_at"])
+    gaps = [(b - a).total_seconds() for ts in times.values() for a, b in itertools.pairwise(ts)]
+    most = math.floor(elapsed_s / MEASUREMENT_WINDOW_S) + 2  # the straddling windows
+    print(
+        f"\ncollectors of {REPLICAS} replicas over {elapsed_s:.0f} s of "
+        f"{MEASUREMENT_WINDOW_S:.0f} s windows: scrape measurements per backend "
+        f"{ {name: len(ts) for name, ts in times.items()} } (at most {most} allowed), "
+        f"gaps {[round(g, 1) for g in gaps]} s"
+    )
+    assert gaps, "too few scrape measurements stored: the test proves nothing"
+    assert max(len(ts) for ts in times.values()) <= most
+    assert min(gaps) >= MEASUREMENT_WINDOW_S / 2 - COLLECT_INTERVAL_S
