@@ -290,6 +290,19 @@ def test_gateway_replicas_listen_where_the_load_balancer_and_health_check_look(
     assert re.search(r"^\s*proxy_buffering off;", nginx, re.MULTILINE)  # streams pass through
 
 
+def test_nginx_config_is_well_formed() -> None:
+    """Braces balance and every directive ends with `;` (no nginx binary here to ask)."""
+    depth = 0
+    for number, raw in enumerate((DEPLOY / "nginx.conf").read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        depth += line.count("{") - line.count("}")
+        assert depth >= 0, f"line {number}: unbalanced '}}'"
+        assert line.endswith((";", "{", "}")), f"line {number}: {line!r} does not end a directive"
+    assert depth == 0
+
+
 def test_gateway_applies_the_fleet_file_of_the_chosen_profile(compose: dict[str, Any]) -> None:
     gateway = compose["services"]["gateway"]
     fleet = gateway["environment"]["DRAFTGATE_FLEET"]
@@ -446,7 +459,11 @@ def test_grafana_is_provisioned_with_the_dashboard_and_data_source(compose: dict
     assert (
         "./deploy/compose/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
     )
-    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "draftgate.json").read_text())
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith(path + "/")
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / Path(home).name).read_text())
+    assert dashboard["uid"] == "draftgate"
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     targets = [t for p in dashboard["panels"] for t in p.get("targets", [])]
     assert targets
     assert {t["datasource"]["uid"] for t in targets} == {datasource["uid"]}
