@@ -8,6 +8,7 @@ from gateway.admin import (
     benchmarks,
     gpus,
     keys,
+    measurements,
     models,
     plan,
     prices,
@@ -37,6 +38,7 @@ def admin_router() -> APIRouter:
         benchmarks,
         spend,
         gpus,
+        measurements,
     ):
         router.include_router(module.router)
     router.include_router(plan.accuracy_router)

@@ -318,3 +318,23 @@ class GpuPublic(BaseModel):
     estimated: bool  # some datasheet figures are estimates
     source: str
     default_prices: list[GpuDefaultPrice]
+
+
+class MeasurementPublic(Public):
+    """One stored performance point (from the collector, a sweep or an import)."""
+
+    id: int
+    model: str
+    method: str
+    k: int
+    gpu_type: str
+    gpu_count: int
+    concurrency: float
+    output_tokens_per_s: float
+    mean_acceptance_length: float | None
+    acceptance_per_position: list[float] | None
+    ttft_ms: float | None
+    itl_ms: float | None
+    source: str
+    backend_name: str | None
+    measured_at: dt.datetime
