@@ -32,11 +32,6 @@ READY_TIMEOUT_S = 90.0  # five simulators and a gateway starting on a busy machi
 pytestmark = pytest.mark.postgres
 
 
-def _one(stack: Build, kind: str, name: str) -> Manifest:
-    [obj] = [o for o in stack.objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    return obj
-
-
 def _container(obj: Manifest) -> Manifest:
     found: list[Manifest] = obj["spec"]["template"]["spec"]["containers"]
     return found[0]
@@ -92,7 +87,7 @@ def _start_backends(stack: Build, log_dir: Path, servers: list[Server]) -> dict[
         container = _container(deployment)
         argv = _on_loopback(container["command"], port)
         servers.append(_spawn(argv, port, draftgate_env(), log_dir, name))
-        service_port = _one(stack, "Service", name)["spec"]["ports"][0]["port"]
+        service_port = stack.named("Service", name)["spec"]["ports"][0]["port"]
         urls[f"http://{name}:{service_port}"] = servers[-1].base_url
     return urls
 
@@ -100,7 +95,7 @@ def _start_backends(stack: Build, log_dir: Path, servers: list[Server]) -> dict[
 def _loopback_fleet(stack: Build, urls: dict[str, str], path: Path) -> Path:
     """The ConfigMap's fleet.yaml with each backend's Service URL replaced by its process's."""
     fleet: dict[str, Any] = yaml.safe_load(
-        _one(stack, "ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"]
+        stack.named("ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"]
     )
     for backend in fleet["backends"]:
         backend["url"] = urls[backend["url"]]
@@ -128,7 +123,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
     stack = build(SIM)
     secrets = {"admin-token": ADMIN_TOKEN, "database-url": postgres_schema}
 
-    job = _container(_one(stack, "Job", "draftgate-migrate"))
+    job = _container(stack.named("Job", "draftgate-migrate"))
     migrate = subprocess.run(
         [str(DRAFTGATE), *job["command"][1:]], env=draftgate_env(**_pod_env(job, secrets)),
         cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
@@ -141,7 +136,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
     for server in servers:
         server.wait_healthy(timeout_s=READY_TIMEOUT_S)
 
-    gateway = _container(_one(stack, "Deployment", "draftgate-gateway"))
+    gateway = _container(stack.named("Deployment", "draftgate-gateway"))
     env = _pod_env(gateway, secrets)
     port = free_port()
     fleet = _loopback_fleet(stack, urls, tmp_path / "fleet.yaml")
@@ -171,7 +166,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
                               json={"model": "Qwen/Qwen3-8B", "messages": []})  # fmt: skip
         assert refused.status_code == 401
     # The dashboard answers its probe's path, reading this gateway's admin API.
-    dashboard = _container(_one(stack, "Deployment", "draftgate-dashboard"))
+    dashboard = _container(stack.named("Deployment", "draftgate-dashboard"))
     dashboard_env = _pod_env(dashboard, secrets)
     dashboard_env["DRAFTGATE_DASHBOARD_GATEWAY_URL"] = servers[-1].base_url
     dashboard_port = free_port()

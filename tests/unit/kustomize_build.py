@@ -48,6 +48,16 @@ class Build:
         self.files |= other.files
         self.generated |= other.generated
 
+    def of_kind(self, kind: str) -> list[Manifest]:
+        """The objects of one kind, in build order."""
+        return [obj for obj in self.objects if obj["kind"] == kind]
+
+    def named(self, kind: str, name: str) -> Manifest:
+        """The one object of `kind` called `name` (AssertionError when absent)."""
+        found = [obj for obj in self.of_kind(kind) if obj["metadata"]["name"] == name]
+        assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+        return found[0]
+
 
 def build(directory: Path) -> Build:
     """Resolve `directory/kustomization.yaml` like `kustomize build directory`."""

@@ -64,19 +64,9 @@ def any_build(request: pytest.FixtureRequest) -> Build:
     return build(request.param)
 
 
-def of_kind(result: Build, kind: str) -> list[Manifest]:
-    return [obj for obj in result.objects if obj["kind"] == kind]
-
-
-def named(result: Build, kind: str, name: str) -> Manifest:
-    matches = [obj for obj in of_kind(result, kind) if obj["metadata"]["name"] == name]
-    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
-    return matches[0]
-
-
 def pod_specs(result: Build) -> Iterator[tuple[str, Manifest]]:
     for kind in WORKLOAD_KINDS:
-        for obj in of_kind(result, kind):
+        for obj in result.of_kind(kind):
             yield f"{kind}/{obj['metadata']['name']}", obj["spec"]["template"]["spec"]
 
 
@@ -111,7 +101,7 @@ def probes(container: Manifest) -> dict[str, Manifest]:
 
 
 def secret_value(result: Build, name: str, key: str) -> str:
-    encoded = named(result, "Secret", name)["data"][key]
+    encoded = result.named("Secret", name)["data"][key]
     return base64.b64decode(encoded).decode()
 
 
@@ -147,24 +137,24 @@ def draftgate_commands(result: Build) -> list[tuple[str, list[str]]]:
 
 def fleet(result: Build) -> Fleet:
     """The fleet.yaml every gateway pod reads: the ConfigMap's copy, loaded by the gateway."""
-    deployment = named(result, "Deployment", "draftgate-gateway")
+    deployment = result.named("Deployment", "draftgate-gateway")
     container = only_container(deployment)
     path = Path(env_value(container, "DRAFTGATE_FLEET")["value"])
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(path.parent)]
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     [volume] = [v for v in volumes if v["name"] == mount["name"]]
-    text = named(result, "ConfigMap", volume["configMap"]["name"])["data"][path.name]
+    text = result.named("ConfigMap", volume["configMap"]["name"])["data"][path.name]
     return Fleet.model_validate(yaml.safe_load(text))
 
 
 def backend_deployment(result: Build, url: str) -> tuple[Manifest, Manifest]:
     """The Service a backend URL names (`http://service:port`) and the Deployment behind it."""
     parts = urlsplit(url)
-    service = named(result, "Service", str(parts.hostname))
+    service = result.named("Service", str(parts.hostname))
     assert [p["port"] for p in service["spec"]["ports"]] == [parts.port], url
     selector = service["spec"]["selector"]
     [deployment] = [
-        d for d in of_kind(result, "Deployment")
+        d for d in result.of_kind("Deployment")
         if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
     ]  # fmt: skip
     return service, deployment
@@ -183,7 +173,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(
 
 
 def test_the_schema_check_rejects_broken_manifests(base: Build) -> None:
-    gateway = named(base, "Deployment", "draftgate-gateway")
+    gateway = base.named("Deployment", "draftgate-gateway")
     version = K8S_VERSIONS[-1]
     kubernetes_validate.validate(gateway, version, strict=True)
     wrong_type = copy.deepcopy(gateway)
@@ -253,12 +243,12 @@ def test_resolution_matches_kubectl_kustomize(directory: Path) -> None:
 
 
 def test_each_service_selects_one_workload_and_targets_its_port(any_build: Build) -> None:
-    services = of_kind(any_build, "Service")
+    services = any_build.of_kind("Service")
     assert len(services) == 8  # gateway, dashboard, postgres, five backends
     for service in services:
         selector = service["spec"]["selector"]
         workloads = [
-            w for kind in ("Deployment", "StatefulSet") for w in of_kind(any_build, kind)
+            w for kind in ("Deployment", "StatefulSet") for w in any_build.of_kind(kind)
             if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
         ]  # fmt: skip
         assert len(workloads) == 1, f"Service {service['metadata']['name']} selects {workloads}"
@@ -269,11 +259,11 @@ def test_each_service_selects_one_workload_and_targets_its_port(any_build: Build
 
 def test_workload_and_budget_selectors_match_their_pods(any_build: Build) -> None:
     for kind in ("Deployment", "StatefulSet"):
-        for obj in of_kind(any_build, kind):
+        for obj in any_build.of_kind(kind):
             labels = obj["spec"]["template"]["metadata"]["labels"]
             assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    [budget] = of_kind(any_build, "PodDisruptionBudget")
-    gateway = named(any_build, "Deployment", "draftgate-gateway")
+    [budget] = any_build.of_kind("PodDisruptionBudget")
+    gateway = any_build.named("Deployment", "draftgate-gateway")
     assert budget["spec"]["minAvailable"] < gateway["spec"]["replicas"]
     pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
@@ -291,12 +281,12 @@ def test_every_probe_uses_a_declared_port(any_build: Build) -> None:
 
 
 def test_every_secret_configmap_claim_and_volume_reference_resolves(any_build: Build) -> None:
-    secrets = {s["metadata"]["name"]: s["data"] for s in of_kind(any_build, "Secret")}
-    maps = {c["metadata"]["name"] for c in of_kind(any_build, "ConfigMap")}
-    claims = {c["metadata"]["name"] for c in of_kind(any_build, "PersistentVolumeClaim")}
+    secrets = {s["metadata"]["name"]: s["data"] for s in any_build.of_kind("Secret")}
+    maps = {c["metadata"]["name"] for c in any_build.of_kind("ConfigMap")}
+    claims = {c["metadata"]["name"] for c in any_build.of_kind("PersistentVolumeClaim")}
     for where, pod in pod_specs(any_build):
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
-        templates = {t["metadata"]["name"] for w in of_kind(any_build, "StatefulSet")
+        templates = {t["metadata"]["name"] for w in any_build.of_kind("StatefulSet")
                      for t in w["spec"].get("volumeClaimTemplates", [])}  # fmt: skip
         for volume in volumes.values():
             if "configMap" in volume:
@@ -310,8 +300,8 @@ def test_every_secret_configmap_claim_and_volume_reference_resolves(any_build: B
                 ref = entry.get("valueFrom", {}).get("secretKeyRef")
                 if ref and not ref.get("optional"):
                     assert ref["key"] in secrets.get(ref["name"], {}), f"{where}: {ref}"
-    for statefulset in of_kind(any_build, "StatefulSet"):
-        named(any_build, "Service", statefulset["spec"]["serviceName"])
+    for statefulset in any_build.of_kind("StatefulSet"):
+        any_build.named("Service", statefulset["spec"]["serviceName"])
 
 
 # --- draftgate commands and settings ------------------------------------------------------
@@ -348,7 +338,7 @@ def test_the_command_check_rejects_what_draftgate_would(argv: list[str]) -> None
 def test_gateway_runs_replicated_and_ready_on_its_settings_port(
     base: Build, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    deployment = named(base, "Deployment", "draftgate-gateway")
+    deployment = base.named("Deployment", "draftgate-gateway")
     container = only_container(deployment)
     assert deployment["spec"]["replicas"] > 1
     checks = {kind: probe["httpGet"] for kind, probe in probes(container).items()}
@@ -356,7 +346,7 @@ def test_gateway_runs_replicated_and_ready_on_its_settings_port(
     assert checks["livenessProbe"]["path"] == "/health"
     port = port_number(container, checks["readinessProbe"]["port"])
     assert port == Settings.model_fields["port"].default == 8080
-    service = named(base, "Service", "draftgate-gateway")
+    service = base.named("Service", "draftgate-gateway")
     assert [port_number(container, p["targetPort"]) for p in service["spec"]["ports"]] == [port]
 
     for name in [n for n in os.environ if n.startswith("DRAFTGATE_")]:
@@ -391,8 +381,8 @@ def test_secret_placeholders_are_refused_and_agree_with_postgres(base: Build) ->
     with pytest.raises(ValidationError, match="placeholder or shorter"):
         Settings(admin_token=token)
     url = urlsplit(secret_value(base, "draftgate-secrets", "database-url"))
-    postgres = only_container(named(base, "StatefulSet", "postgres"))
-    service = named(base, "Service", "postgres")
+    postgres = only_container(base.named("StatefulSet", "postgres"))
+    service = base.named("Service", "postgres")
     assert (url.hostname, url.port) == (service["metadata"]["name"],
                                         service["spec"]["ports"][0]["port"])  # fmt: skip
     assert url.username == env_value(postgres, "POSTGRES_USER")["value"]
@@ -402,14 +392,14 @@ def test_secret_placeholders_are_refused_and_agree_with_postgres(base: Build) ->
 
 
 def test_dashboard_reads_the_gateway_service_on_its_default_port(base: Build) -> None:
-    container = only_container(named(base, "Deployment", "draftgate-dashboard"))
+    container = only_container(base.named("Deployment", "draftgate-dashboard"))
     params = parse_draftgate(container["command"])
     default_port = parse_draftgate(["draftgate", "dashboard"])["port"]
     assert params["port"] == default_port == 8501
     assert params["host"] == ALL_INTERFACES
     assert port_number(container, container["readinessProbe"]["httpGet"]["port"]) == 8501
     url = urlsplit(env_value(container, "DRAFTGATE_DASHBOARD_GATEWAY_URL")["value"])
-    gateway = named(base, "Service", str(url.hostname))
+    gateway = base.named("Service", str(url.hostname))
     assert [p["port"] for p in gateway["spec"]["ports"]] == [url.port]
     assert gateway["spec"]["selector"]["app.kubernetes.io/component"] == "gateway"
     token = env_value(container, "DRAFTGATE_ADMIN_TOKEN")["valueFrom"]["secretKeyRef"]
@@ -421,7 +411,7 @@ def test_dashboard_reads_the_gateway_service_on_its_default_port(base: Build) ->
 
 def test_fleet_loads_with_the_gateways_loader(base: Build, tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
-    path.write_text(named(base, "ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"])
+    path.write_text(base.named("ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"])
     loaded = load_fleet(path)
     assert loaded == fleet(base)
     assert {b.method: b.drafter for b in loaded.backends} == DRAFTERS
@@ -474,7 +464,7 @@ def test_sim_overlay_simulates_each_fleet_entry_without_gpus(sim: Build, method:
 def test_sim_overlay_asks_for_no_gpu_and_no_model_cache(base: Build, sim: Build) -> None:
     assert GPU in json.dumps(base.objects)
     assert GPU not in json.dumps(sim.objects)
-    assert of_kind(sim, "PersistentVolumeClaim") == []
+    assert sim.of_kind("PersistentVolumeClaim") == []
     assert fleet(sim) == fleet(base)
 
 
