@@ -7,6 +7,7 @@ import base64
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -29,7 +30,9 @@ from gateway.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from tests.unit.kustomize_build import Build, KustomizeError, Manifest, build
 
-K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+DOCKERFILE = ROOT / "Dockerfile"
 BASE = K8S / "base"
 SIM = K8S / "overlays" / "sim"
 MODEL = "Qwen/Qwen3-8B"
@@ -366,14 +369,21 @@ def test_gateway_runs_replicated_and_ready_on_its_settings_port(
 
 
 def test_every_draftgate_pod_runs_as_non_root_with_resources(any_build: Build) -> None:
+    # The image's user (Dockerfile: useradd ... --home-dir HOME --uid UID).
+    useradd = re.search(r"--home-dir (\S+) --uid (\d+)", DOCKERFILE.read_text(encoding="utf-8"))
+    assert useradd is not None
+    home, uid = useradd[1], int(useradd[2])
     for where, pod in pod_specs(any_build):
         for container in containers(pod):
             assert {"requests", "limits"} <= container["resources"].keys(), where
             assert container["securityContext"]["allowPrivilegeEscalation"] is False, where
             if container["image"].startswith("draftgate:"):
                 assert pod["securityContext"]["runAsNonRoot"] is True, where
-                assert pod["securityContext"]["runAsUser"] != 0, where
+                assert pod["securityContext"]["runAsUser"] == uid != 0, where
                 assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+    # Streamlit writes under $HOME: the dashboard gets a writable volume there.
+    dashboard = only_container(any_build.named("Deployment", "draftgate-dashboard"))
+    assert home in {m["mountPath"] for m in dashboard["volumeMounts"]}
 
 
 def test_secret_placeholders_are_refused_and_agree_with_postgres(base: Build) -> None:
