@@ -54,6 +54,7 @@ class Outcome:
     error_event: bool = False  # saw an SSE `data: {"error": ...}` event
     exception: str | None = None
     latency_s: float = 0.0
+    started_at: float = 0.0  # time.monotonic() when sent
 
     @property
     def kind(self) -> str:
@@ -108,7 +109,7 @@ async def stream_once(
 ) -> Outcome:
     """Send one streaming chat request and read it to its end, never raising."""
     outcome = Outcome(request_id=f"{prefix}-{uuid.uuid4().hex[:16]}")
-    started = time.perf_counter()
+    started, outcome.started_at = time.perf_counter(), time.monotonic()
     headers = {"x-request-id": outcome.request_id}
     try:
         async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
