@@ -26,7 +26,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from backends.compose import vllm_command, vllm_service
-from backends.methods import make_spec
+from backends.methods import make_spec, render_speculative_config
 from backends.sim.config import DEFAULT_K
 from gateway import stack
 from gateway.cli import app
@@ -370,6 +370,9 @@ def test_gpu_services_serve_every_method_with_the_rendered_speculative_config(
             GPU_MODEL, GPU_DRAFTERS[entry.method], GPU_K.get(entry.method))  # fmt: skip
         spec = make_spec(entry.method, entry.k, entry.drafter)
         assert service["command"] == vllm_command(entry.model, spec), name
+        argv, flag = service["command"], "--speculative-config"
+        config = json.loads(argv[argv.index(flag) + 1]) if flag in argv else None
+        assert config == render_speculative_config(spec), name
 
 
 def test_gpu_speculative_configs_are_the_design_s(compose: dict[str, Any]) -> None:
