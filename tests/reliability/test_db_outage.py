@@ -15,10 +15,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from tests.conftest import POSTGRES_URL
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     SIM_MODEL,
@@ -40,7 +42,6 @@ __all__ = ["start_server"]  # the fixture, imported for this module's tests
 
 pytestmark = pytest.mark.postgres
 
-POSTGRES_HOST, POSTGRES_PORT = "127.0.0.1", 5432
 OUTAGE_S = 15.0
 CLIENTS = 16
 RECOVERY_TIMEOUT_S = 60.0
@@ -76,7 +77,8 @@ class OutageLog:
 @pytest.fixture
 def relay() -> Iterator[TcpRelay]:
     """A relay to the shared PostgreSQL server."""
-    relay = TcpRelay(POSTGRES_HOST, POSTGRES_PORT).start()
+    server = urlsplit(POSTGRES_URL)
+    relay = TcpRelay(server.hostname or "127.0.0.1", server.port or 5432).start()
     try:
         yield relay
     finally:

@@ -12,6 +12,7 @@ import datetime as dt
 import itertools
 import math
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ def schema_url(schema: str) -> str:
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     """A plain and a p-eagle sim, and two gateways on a fresh PostgreSQL schema."""
-    schema = f"t_replicas_{int(time.time())}"  # one schema for the whole module
+    schema = f"t_replicas_{uuid.uuid4().hex[:12]}"  # one schema for the whole module
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     log_dir = tmp_path_factory.mktemp("replicas")
