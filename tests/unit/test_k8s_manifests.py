@@ -368,6 +368,18 @@ def test_gateway_runs_replicated_and_ready_on_its_settings_port(
     assert fleet(base).backends, "DRAFTGATE_FLEET names the mounted ConfigMap's fleet.yaml"
 
 
+@pytest.mark.skipif("shutdown_grace_s" not in Settings.model_fields, reason="no shutdown grace")
+def test_gateway_pods_get_time_to_finish_streams_before_they_are_killed(base: Build) -> None:
+    deployment = base.named("Deployment", "draftgate-gateway")
+    container = only_container(deployment)
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    grace_s = int(env_value(container, "DRAFTGATE_SHUTDOWN_GRACE_S")["value"])
+    flush_s = 10  # the ledger's last write after the streams end
+    budget_s = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert int(pre_stop[1]) + grace_s + flush_s <= budget_s
+
+
 def test_every_draftgate_pod_runs_as_non_root_with_resources(any_build: Build) -> None:
     # The image's user (Dockerfile: useradd ... --home-dir HOME --uid UID).
     useradd = re.search(r"--home-dir (\S+) --uid (\d+)", DOCKERFILE.read_text(encoding="utf-8"))
