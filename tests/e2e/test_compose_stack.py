@@ -171,6 +171,8 @@ def sim_stack(
 
 def test_sim_profile_serves_openai_clients_through_every_replica(
     sim_stack: tuple[list[Server], dict[str, Server], str, str],
+    compose: dict[str, Any],
+    start_server: ServerStarter,
 ) -> None:
     replicas, sims, key, database_url = sim_stack
     assert len(replicas) == 2
@@ -223,3 +225,26 @@ def test_sim_profile_serves_openai_clients_through_every_replica(
     assert any(n.startswith("vllm:spec_decode_") for n in used)
     assert any(n.startswith("draftgate_") for n in used)
     assert used <= exposed, f"not exposed by anything: {sorted(used - exposed)}"
+
+    # The dashboard's command serves Streamlit where its healthcheck looks.
+    dashboard = compose["services"]["dashboard"]
+    env = local_env(dashboard, {"DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN},
+                    DRAFTGATE_DASHBOARD_GATEWAY_URL=replicas[0].base_url)  # fmt: skip
+    streamlit = start_server(*local_args(dashboard["command"]), env=env, wait=False)
+    assert wait_for_body(streamlit, "/_stcore/health") == "ok"
+
+
+def wait_for_body(server: Server, path: str, timeout_s: float = READY_TIMEOUT_S) -> str:
+    """Poll GET `path` until it answers 200; its body."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=server.base_url, timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                response = http.get(path)
+                if response.status_code == 200:
+                    return response.text
+            except httpx.TransportError:
+                pass
+            assert server.process.poll() is None, server.output()
+            time.sleep(0.5)
+    pytest.fail(f"{server.base_url}{path} did not answer within {timeout_s} s: {server.output()}")
