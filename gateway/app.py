@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from httpx_aiohttp import AiohttpTransport
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
@@ -25,7 +25,7 @@ from gateway.collector import Collector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.deps import Services
-from gateway.errors import ServiceUnavailable, install_error_handlers
+from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
 from gateway.fleet import apply_fleet, load_fleet
 from gateway.limits import Limiter
 from gateway.managed import ManagedBackends
@@ -113,6 +113,7 @@ def create_app(settings: Settings, managed: ManagedBackends | None = None) -> Ga
     app = GatewayApp(title="draftgate", version=VERSION, lifespan=lifespan)
     install_error_handlers(app)
     app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(DataError, on_out_of_range)  # PostgreSQL's, on a huge integer
     app.include_router(health.router)
     app.include_router(openai_routes.router)
     app.include_router(admin_router())

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,37 @@ class ServiceUnavailable(GatewayError):
     code = "service_unavailable"
 
 
+class ErrorDetail(BaseModel):
+    """The inside of the OpenAI error envelope."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(BaseModel):
+    """`{"error": {...}}`: every error the gateway answers with."""
+
+    error: ErrorDetail
+
+
+def _documented(description: str) -> dict[str, Any]:
+    return {"model": ErrorEnvelope, "description": description}
+
+
+# The errors any admin route may answer with, documented in the OpenAPI (422 replaces
+# FastAPI's own validation schema: ours is the envelope too).
+ADMIN_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _documented("Invalid request"),
+    401: _documented("Missing or wrong admin token"),
+    404: _documented("No such resource"),
+    409: _documented("The resource already exists or is in use"),
+    422: _documented("A field fails validation (its name in `param`)"),
+    503: _documented("The database is unavailable; retry shortly"),
+}
+
+
 def error_body(
     message: str, error_type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
@@ -128,6 +160,13 @@ async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
+async def on_out_of_range(_: Request, exc: Exception) -> JSONResponse:
+    """A number too large for the database's column: the client's error, not ours."""
+    logger.info("refused a value out of range: %s", type(exc).__name__)
+    error = ValidationFailed("a number is out of the accepted range", code="invalid_value")
+    return JSONResponse(error.envelope(), status_code=error.status_code)
+
+
 async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error", exc_info=exc)
     body = error_body("internal error", "server_error", None, "internal_error")
@@ -139,4 +178,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _on_gateway_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(OverflowError, on_out_of_range)  # SQLite's, on a huge integer
     app.add_exception_handler(Exception, _on_unexpected)

@@ -17,6 +17,7 @@ from gateway.admin import (
     switches,
 )
 from gateway.deps import refresh_registry_after_changes, require_admin
+from gateway.errors import ADMIN_ERROR_RESPONSES
 
 
 def admin_router() -> APIRouter:
@@ -25,7 +26,9 @@ def admin_router() -> APIRouter:
         Depends(refresh_registry_after_changes, scope="function"),
         Depends(require_admin),
     ]
-    router = APIRouter(prefix="/admin/v1", dependencies=dependencies)
+    router = APIRouter(
+        prefix="/admin/v1", dependencies=dependencies, responses=ADMIN_ERROR_RESPONSES
+    )
     for module in (
         backends,
         switches,

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from gateway.admin.schemas import ListOf, ModelCreate, ModelPublic, Policy
 from gateway.db import queries
 from gateway.db.tables import ModelPolicy
 from gateway.deps import SessionDep
-from gateway.errors import Conflict
+from gateway.errors import Conflict, validation_failed
 
 router = APIRouter(prefix="/models", tags=["models"])
 ACTOR = "admin-api"
@@ -70,7 +71,11 @@ def set_policy(session: Session, name: str, policy: Policy, actor: str) -> Model
     """Replace a model's policy, creating the model if it is new."""
     row = queries.find_model(session, name)
     if row is None:
-        return create_model(session, ModelCreate(name=name, policy=policy), actor)
+        try:
+            model = ModelCreate(name=name, policy=policy)
+        except ValidationError as exc:  # the name comes from the path, unchecked so far
+            raise validation_failed(exc.errors()) from None
+        return create_model(session, model, actor)
     before = _snapshot(row)
     _assign(row, policy)
     session.flush()
