@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import secrets
+import signal
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +24,13 @@ import gateway
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.conftest import ADMIN_TOKEN
-from tests.e2e.conftest import ServerStarter, draftgate_env, fleet_backend, write_fleet
+from tests.e2e.conftest import (
+    ServerStarter,
+    draftgate_env,
+    fleet_backend,
+    sim_args,
+    write_fleet,
+)
 
 # Routes anyone may call; every other route must be under /admin and refuse a bad token.
 PUBLIC = {
@@ -253,3 +261,48 @@ def test_a_backend_redirect_is_not_followed(
     assert "location" not in response.headers
     assert any(h.startswith("/v1/") for h in redirecting.hits)
     assert target.hits == []
+
+
+# --- No secret in logs. ---
+
+
+def test_no_secret_appears_in_the_logs(start_server: ServerStarter, tmp_path: Path) -> None:
+    token = secrets.token_urlsafe(32)
+    sim = start_server(*sim_args("--time-scale", "50"), env=draftgate_env())
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("sim", sim.base_url)])
+    env = draftgate_env(
+        DRAFTGATE_ADMIN_TOKEN=token,
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite",
+        DRAFTGATE_FLEET=str(fleet),
+        DRAFTGATE_REQUIRE_API_KEY="true",
+        DRAFTGATE_LOG_LEVEL="debug",
+        DRAFTGATE_REGISTRY_REFRESH_S="0.2",
+    )
+    gateway = start_server("gateway", env=env)
+    with gateway.client(token) as admin:
+        created = admin.post("/admin/v1/keys", json={"name": "logged?"})
+        assert created.status_code == 201, created.text
+        key: str = created.json()["key"]
+        assert admin.get("/admin/v1/keys").status_code == 200
+        assert admin.patch(f"/admin/v1/keys/{created.json()['id']}", json={"name": "x"}).is_success
+    near_misses = [token[:-1] + ("A" if token[-1] != "A" else "B"), key[:-1] + "0", token + key]
+    chat = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4}  # fmt: skip
+    with gateway.client(key) as client:
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        assert client.post("/v1/chat/completions", json=chat | {"stream": True}).status_code == 200
+        assert client.get("/v1/models").status_code == 200
+        assert client.get("/admin/v1/keys").status_code == 401  # a key is no admin token
+    for wrong in near_misses:
+        with gateway.client(wrong) as client:
+            assert client.get("/admin/v1/keys").status_code == 401
+            assert client.post("/v1/chat/completions", json=chat).status_code == 401
+    with gateway.client(token) as admin:  # an admin call that fails inside, with the token
+        assert admin.post("/admin/v1/keys", json={"name": 5}).status_code == 422
+    assert gateway.stop(signal.SIGTERM) == 0
+    logs = gateway.output() + "".join(
+        p.read_text(errors="replace") for p in tmp_path.rglob("*.log") if p != gateway.log_path
+    )
+    assert "DEBUG" in logs  # debug logging was on: the most a deployment could log
+    for secret in (token, key, token[:16], key[:20]):
+        assert secret not in logs
