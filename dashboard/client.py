@@ -24,6 +24,8 @@ from dashboard.schemas import (
     Backend,
     Benchmark,
     CreatedKey,
+    Gpu,
+    Measurement,
     ModelInfo,
     Plan,
     Policy,
@@ -122,6 +124,10 @@ class AdminClient:
     def prices(self) -> list[Price]:
         return self._list(Price, "/prices")
 
+    def gpus(self) -> list[Gpu]:
+        """The GPU types the planner knows (its catalog), in catalog order."""
+        return self._list(Gpu, "/gpus")
+
     def keys(self) -> list[ApiKey]:
         return self._list(ApiKey, "/keys")
 
@@ -147,6 +153,10 @@ class AdminClient:
     def plan(self, model: str, gpu: str, **options: object) -> Plan:
         """The planner for `model` on `gpu` (options: gpu_count, price_kind, workload, ...)."""
         return _parse(Plan, self._get("/plan", model=model, gpu=gpu, **options))
+
+    def measurements(self, limit: int = 20) -> list[Measurement]:
+        """The newest stored measurements, newest first."""
+        return self._list(Measurement, "/measurements", limit=limit)
 
     def accuracy(self) -> Accuracy:
         return _parse(Accuracy, self._get("/accuracy"))

@@ -24,6 +24,9 @@ class BackendRuntime(Record):
     waiting: float
     kv_cache_usage: float
     method_mismatch: str | None = None
+    acceptance_length: float | None = None  # None: plain, or no data yet
+    acceptance_per_position: list[float] | None = None
+    acceptance_source: Literal["scrape", "measurement"] | None = None
 
 
 class Backend(Record):
@@ -61,6 +64,21 @@ class Price(Record):
     kind: str
     source: str
     date: dt.date
+
+
+class GpuPrice(Record):
+    kind: str
+    usd_per_gpu_hour: float
+    source: str
+    date: dt.date
+
+
+class Gpu(Record):
+    """One GPU type of the planner's catalog, with the prices shipped with it."""
+
+    name: str
+    memory_gb: float
+    default_prices: list[GpuPrice] = Field(default_factory=list)
 
 
 class ApiKey(Record):
@@ -217,6 +235,24 @@ class Accuracy(Record):
     points: list[AccuracyPoint]
     mean_absolute_error: float | None
     predicted: int
+
+
+class Measurement(Record):
+    """One stored performance point: from the collector, a sweep or an import."""
+
+    id: int
+    model: str
+    method: str
+    k: int
+    gpu_type: str
+    gpu_count: int
+    concurrency: float
+    output_tokens_per_s: float
+    mean_acceptance_length: float | None
+    itl_ms: float | None
+    source: str
+    backend_name: str | None
+    measured_at: dt.datetime
 
 
 class Benchmark(Record):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import streamlit as st
 
 from backends.methods import METHODS as CATALOG
+from dashboard.app_pages.live import live_panel
 from dashboard.client import AdminClient, admin_client, shows_api_errors
 from dashboard.schemas import Backend
 
 METHODS = tuple(CATALOG)  # the method catalog, as the admin API validates it
-GPU_TYPES = ("B200", "H100", "H200", "A100", "L40S")
+NO_DATA = "—"  # plain decoding, or nothing measured yet: never a made-up figure
+ACCEPTANCE_SOURCES = {"scrape": "live scrape", "measurement": "last measurement"}
 
 
 def _health(b: Backend) -> str:
@@ -20,6 +22,20 @@ def _health(b: Backend) -> str:
     if not b.runtime.healthy:
         return "down"
     return "circuit open" if b.runtime.circuit_open else "healthy"
+
+
+def _acceptance(b: Backend) -> dict[str, str]:
+    """Mean acceptance length and per-position acceptance, or NO_DATA."""
+    runtime = b.runtime
+    if runtime is None or runtime.acceptance_length is None or b.method == "plain":
+        return {"acceptance length": NO_DATA, "accepted per position": NO_DATA,
+                "acceptance from": NO_DATA}  # fmt: skip
+    positions = runtime.acceptance_per_position or []
+    return {
+        "acceptance length": f"{runtime.acceptance_length:.2f}",
+        "accepted per position": " ".join(f"{rate:.0%}" for rate in positions) or NO_DATA,
+        "acceptance from": ACCEPTANCE_SOURCES.get(runtime.acceptance_source or "", NO_DATA),
+    }
 
 
 def _table(backends: list[Backend]) -> None:
@@ -34,6 +50,7 @@ def _table(backends: list[Backend]) -> None:
                 "in flight": b.runtime.in_flight if b.runtime else None,
                 "waiting": b.runtime.waiting if b.runtime else None,
                 "KV cache": f"{b.runtime.kv_cache_usage:.0%}" if b.runtime else None,
+                **_acceptance(b),
                 "drafter": b.drafter,
                 "GPU": f"{b.gpu_count} x {b.gpu_type}",
                 "managed": b.managed,
@@ -48,6 +65,23 @@ def _table(backends: list[Backend]) -> None:
             st.warning(f"{b.name}: {b.runtime.method_mismatch}")
 
 
+def _runtime() -> None:
+    """The backends now: health, load and acceptance (a live panel)."""
+    backends = admin_client().backends()
+    if not backends:
+        st.info("No backends yet. Add one below (a vLLM server's base URL, its model and "
+                "decoding method), or declare them in fleet.yaml.")  # fmt: skip
+        return
+    _table(backends)
+    st.caption(
+        "Health and load as this gateway replica sees them now: its requests in flight, and "
+        "each server's own queue and KV-cache use from its last /metrics scrape. Acceptance: "
+        "mean accepted length per draft and the share accepted at each draft position, from "
+        "the last scrape in which the server drafted, else its latest stored measurement; "
+        f"{NO_DATA} for plain decoding or before any data."
+    )
+
+
 def _add_form(api: AdminClient) -> None:
     """A new backend, registered through the admin API."""
     with st.form("add-backend", clear_on_submit=True):
@@ -59,7 +93,7 @@ def _add_form(api: AdminClient) -> None:
         method = right.selectbox("Method", METHODS, key="add-method")
         k = left.number_input("K (0: the method's default)", 0, 64, 0, key="add-k")
         drafter = right.text_input("Drafter (if the method needs one)", key="add-drafter")
-        gpu_type = left.selectbox("GPU", GPU_TYPES, key="add-gpu")
+        gpu_type = left.selectbox("GPU", [g.name for g in api.gpus()], key="add-gpu")
         gpu_count = right.number_input("GPUs", 1, 1024, 1, key="add-gpu-count")
         if not st.form_submit_button("Add backend", key="add-save"):
             return
@@ -98,17 +132,8 @@ def render() -> None:
     """The Backends page."""
     st.title("Backends")
     api = admin_client()
+    live_panel(_runtime, "backends-live")
     backends = api.backends()
     if backends:
-        _table(backends)
-        st.caption(
-            "Health and load as this gateway replica sees them now: its requests in flight, "
-            "and each server's own queue and KV-cache use from its last /metrics scrape."
-        )
         _change_form(api, backends)
-    else:
-        st.info(
-            "No backends yet. Add one below (a vLLM server's base URL, its model and "
-            "decoding method), or declare them in fleet.yaml."
-        )
     _add_form(api)

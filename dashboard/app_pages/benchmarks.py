@@ -6,15 +6,13 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard.client import (
-    CACHE_TTL_S,
-    AdminClient,
-    admin_client,
-    refresh_reads,
-    shows_api_errors,
-)
+from dashboard.app_pages.live import live_panel
+from dashboard.client import AdminClient, admin_client, refresh_reads, shows_api_errors
 from dashboard.schemas import Backend, Benchmark
 
+LATEST = 20  # measurements listed
+SOURCES = {"scrape": "live traffic (collector)", "bench": "sweep",
+           "import": "imported"}  # fmt: skip
 LEVEL_COLUMNS = {
     "concurrency": "concurrency",
     "completed": "completed",
@@ -63,23 +61,45 @@ def _run(run: Benchmark) -> None:
 def render() -> None:
     """The Benchmarks page."""
     st.title("Benchmarks")
-    st.button("Refresh", key="bench-refresh", on_click=refresh_reads)
     api = admin_client()
     backends = api.backends()
     if not backends:
         st.info("No backends to benchmark yet: add one on the Backends page.")
         return
     _start_form(api, backends)
-    _runs()
+    st.subheader("Runs")
+    st.button("Refresh now", key="bench-refresh", on_click=refresh_reads)
+    live_panel(_runs, "bench-live")
+    _measurements(api)
 
 
-@st.fragment(run_every=CACHE_TTL_S)
-@shows_api_errors
+def _measurements(api: AdminClient) -> None:
+    """The measurements the planner fits to: sweeps' levels beside the collector's windows."""
+    st.subheader("Stored measurements")
+    latest = api.measurements(limit=LATEST)
+    if not latest:
+        st.info("No measurements yet: the collector stores one per backend as traffic flows, "
+                "and each finished sweep level is stored too.")  # fmt: skip
+        return
+    st.caption(f"The latest {len(latest)}, newest first. Each finished sweep level is stored as "
+               "one, and the collector stores one per backend and window of live traffic; the "
+               "planner fits to them all.")  # fmt: skip
+    st.dataframe(
+        [{"at": m.measured_at, "backend": m.backend_name, "model": m.model,
+          "GPU": f"{m.gpu_count} x {m.gpu_type}", "method": m.method, "K": m.k,
+          "concurrency": round(m.concurrency, 2), "output tokens/s": round(m.output_tokens_per_s),
+          "acceptance length": None if m.mean_acceptance_length is None
+          else round(m.mean_acceptance_length, 2),
+          "ITL (ms)": None if m.itl_ms is None else round(m.itl_ms, 2),
+          "source": SOURCES.get(m.source, m.source)} for m in latest],
+        hide_index=True,
+    )  # fmt: skip
+
+
 def _runs() -> None:
-    """Every run, newest first; redrawn every few seconds while the page is open."""
+    """Every run, newest first (a live panel: progress moves while the page is open)."""
     runs = sorted(admin_client().benchmarks(), key=lambda r: r.id, reverse=True)
     if not runs:
         st.info("No benchmark has run yet.")
     for run in runs:
         _run(run)
-    st.caption("Each finished level is stored as a measurement: the planner fits to it.")

@@ -8,6 +8,8 @@ from dashboard.app_pages.periods import period_start
 from dashboard.client import AdminClient, admin_client, shows_api_errors
 from dashboard.schemas import ApiKey, UsageRow
 
+KEYLESS = 0  # the ledger's rollups count requests sent without a key under key 0
+
 
 def _spent(key: ApiKey, usage: dict[int | None, UsageRow]) -> float:
     row = usage.get(key.id)
@@ -29,6 +31,20 @@ def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow]) -> None:
             "revoked": key.revoked_at is not None,
         })  # fmt: skip
     st.dataframe(rows, hide_index=True)
+
+
+def _keyless(row: UsageRow | None) -> None:
+    """Traffic that came without an API key (when the gateway does not require one)."""
+    if row is None or not row.requests:
+        return
+    st.subheader("Without an API key (30 days)")
+    cols = st.columns(3)
+    cols[0].metric("Requests", f"{row.requests:,}")
+    cols[1].metric("Output tokens", f"{row.completion_tokens:,}")
+    cols[2].metric("Capacity cost", f"${row.cost_usd:,.4f}")
+    st.caption("Requests sent with no key: the gateway accepts them when "
+               "DRAFTGATE_REQUIRE_API_KEY is off (as under draftgate up). A request with a key "
+               "counts against that key and its budget above.")  # fmt: skip
 
 
 def _create_form(api: AdminClient) -> None:
@@ -67,5 +83,6 @@ def render() -> None:
         _table(keys, usage)
     else:
         st.info("No API keys yet. Create one below; clients send it as a bearer token.")
+    _keyless(usage.get(KEYLESS))
     _revoke_form(api, keys)
     _create_form(api)

@@ -73,9 +73,11 @@ def _curves(api: AdminClient, model: str, plan: Plan) -> None:
 
 
 def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
-    """Measured acceptance and ITL per backend and load, from finished benchmark sweeps."""
+    """Acceptance per backend now (scrapes), then per load from finished benchmark sweeps."""
     st.subheader("Measured acceptance and ITL")
-    by_name = {b.name: b for b in backends}
+    mine = [b for b in backends if b.model == model]
+    _live_acceptance(mine)
+    by_name = {b.name: b for b in mine}
     rows, curves = [], {}
     for run in sorted(api.benchmarks(), key=lambda r: r.id):
         backend = by_name.get(run.backend_name or "")
@@ -86,12 +88,41 @@ def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
             if level.acceptance_per_position and level.concurrency == 1:
                 curves[backend.name] = level.acceptance_per_position
     if not rows:
-        st.info("No benchmark of this model's backends yet: start one on the Benchmarks page.")
+        st.info("No benchmark sweep of this model's backends yet: start one on the Benchmarks "
+                "page for acceptance and ITL at set loads.")  # fmt: skip
         return
+    st.markdown("**By load, from benchmark sweeps**")
     st.dataframe(rows, hide_index=True)
     if curves:
         st.altair_chart(charts.acceptance_by_position(curves))
         st.caption("Per-position acceptance at concurrency 1, the latest sweep of each backend.")
+
+
+def _live_acceptance(backends: list[Backend]) -> None:
+    """Each drafting backend's acceptance as the gateway sees it now."""
+    live = [
+        (b, b.runtime)
+        for b in backends
+        if b.method != "plain" and b.runtime and b.runtime.acceptance_length is not None
+    ]
+    if not live:
+        st.info("No acceptance seen yet: it shows once a drafting backend serves traffic.")
+        return
+    st.markdown("**Now: each backend's latest acceptance**")
+    rows = []
+    for b, runtime in live:
+        rows.append({
+            "backend": b.name, "method": b.method, "K": b.k,
+            "acceptance length": round(runtime.acceptance_length or 0.0, 2),
+            "accepted per position": " ".join(
+                f"{rate:.0%}" for rate in runtime.acceptance_per_position or []),
+            "from": "live scrape" if runtime.acceptance_source == "scrape"
+            else "last stored measurement",
+        })  # fmt: skip
+    st.dataframe(rows, hide_index=True)
+    curves = {b.name: r.acceptance_per_position for b, r in live if r.acceptance_per_position}
+    if curves:
+        st.altair_chart(charts.acceptance_by_position(curves))
 
 
 def _acceptance_row(backend: Backend, level: BenchmarkLevel) -> dict[str, object]:

@@ -7,9 +7,10 @@ import datetime as dt
 import streamlit as st
 
 from dashboard import charts
+from dashboard.app_pages.live import live_panel
 from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
 from dashboard.client import AdminClient, admin_client, shows_api_errors
-from dashboard.schemas import Spend, Usage, UsageRow
+from dashboard.schemas import PriceKind, Spend, Usage, UsageRow
 
 
 def _totals(usage: Usage) -> UsageRow:
@@ -40,7 +41,7 @@ def _ledger(usage: Usage, label: str) -> None:
     st.dataframe(
         [{"model": r.model, "method": r.method, "requests": r.requests,
           "input tokens": r.prompt_tokens, "output tokens": r.completion_tokens,
-          "cost (USD)": r.cost_usd, "plain would cost (USD)": r.baseline_cost_usd,
+          "capacity cost (USD)": r.cost_usd, "plain would cost (USD)": r.baseline_cost_usd,
           "saved (USD)": r.savings_usd, "USD per 1M output tokens": _usd_per_mtok(r)}
          for r in usage.data],
         hide_index=True,
@@ -70,13 +71,9 @@ def _spend(spend: Spend, label: str) -> None:
     )  # fmt: skip
 
 
-@shows_api_errors
-def render() -> None:
-    """The Overview page."""
-    st.title("Overview")
+def _totals_panel(label: str, start: dt.datetime, kind: PriceKind) -> None:
+    """Traffic, capacity cost and savings, then actual GPU spend: two views, never mixed."""
     api = admin_client()
-    label, start = choose_period("overview-period")
-    kind = choose_price_kind("overview-price")
     prices, gpu_types = api.prices(), {b.gpu_type for b in api.backends()}
     usage = api.usage(start)
     st.subheader("Traffic, capacity cost and savings")
@@ -90,10 +87,22 @@ def render() -> None:
                 "endpoint; the ledger rolls it up here within seconds.")  # fmt: skip
     else:
         _ledger(usage, label)
-        if label != "today":
-            _trend(api, start)
     st.subheader("GPU spend")
     st.caption(
         "GPU-hours each backend was held, idle included, at " + price_note(prices, kind, gpu_types)
     )
     _spend(api.spend(start, kind), label)
+
+
+@shows_api_errors
+def render() -> None:
+    """The Overview page."""
+    st.title("Overview")
+    api = admin_client()
+    label, start = choose_period("overview-period")
+    kind = choose_price_kind("overview-price")
+    live_panel(lambda: _totals_panel(label, start, kind), "overview-live")
+    if label != "today":
+        st.subheader("Day by day")
+        _trend(api, start)
+        st.caption("Capacity cost and savings vs plain per UTC day, from the hourly rollups.")

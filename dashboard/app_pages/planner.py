@@ -14,7 +14,6 @@ from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import admin_client, shows_api_errors
 from dashboard.schemas import Backend, Capacity, MethodCapacity, Plan
 
-GPUS = ("B200", "H100", "H200", "B300", "A100-80GB", "L40S")
 WORKLOADS = ("chat", "code", "math", "mixed")
 
 
@@ -78,7 +77,7 @@ def render() -> None:
         return
     left, right = st.columns(2)
     model = left.selectbox("Model", models, key="plan-model")
-    gpu = right.selectbox("GPU", GPUS, key="plan-gpu")
+    gpu = right.selectbox("GPU", [g.name for g in api.gpus()], key="plan-gpu")
     gpu_count = left.number_input("GPUs per replica", 1, 64, 1, key="plan-gpu-count")
     kind = choose_price_kind("plan-price")
     requests_per_s = left.number_input("Requests per second", 0.01, 10_000.0, 100.0,

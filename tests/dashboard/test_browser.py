@@ -6,6 +6,7 @@ method on the Methods page, confirmed through the admin API.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,15 +22,17 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 # Each page's title and a text drawn at its end: the run is over once both show.
 PAGES = {
-    "": ("Overview", "Actual GPU spend"),  # the default page is served at the root
+    "": ("Overview", "per UTC day"),  # the default page is served at the root
     "methods": ("Methods", "Traffic by method, last hour"),
     "planner": ("Planner / what-if", "Deploy "),
     "backends": ("Backends", "Add backend"),
-    "benchmarks": ("Benchmarks", "Each finished level is stored"),
+    "benchmarks": ("Benchmarks", "Stored measurements"),
     "keys": ("Keys and usage", "Create key"),
     "accuracy": ("Accuracy", "predicted from the other measurements"),
 }
 RENDER_TIMEOUT_MS = 60_000  # generous: CI machines are busy
+UPDATED = re.compile(r"^updated \d\d:\d\d:\d\d UTC")  # a live panel's stamp
+LIVE_REFRESH_MS = 5_000
 OPTION_TIMEOUT_MS = 5_000
 OPEN_ATTEMPTS = 4
 SETTLED = """() => !document.querySelector('[data-testid="stSkeleton"]')
@@ -108,3 +111,28 @@ def test_pinning_a_method_on_the_methods_page_changes_the_policy(page: Page, sta
     assert policy["method"] == "eagle3"
     assert policy["k"] == 3
     assert policy["itl_objective_ms"] == 45.0
+
+
+def _updated(page: Page) -> str:
+    text: str = page.get_by_text(UPDATED).first.inner_text()
+    return text
+
+
+def test_live_panels_refresh_on_their_own_and_pause(page: Page, stack: Stack) -> None:
+    _open(page, stack, "backends")
+    first = _updated(page)
+    assert "refreshes every" in first
+    # No click, no reload: the panel redraws itself with a newer time.
+    page.wait_for_function(
+        """(first) => [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
+            .some(e => e.innerText.startsWith('updated ') && e.innerText !== first)""",
+        arg=first,
+        timeout=RENDER_TIMEOUT_MS,
+    )
+    assert page.get_by_text("acceptance length").count() >= 1  # the live table's column
+    page.get_by_text("Pause auto-refresh").click()
+    page.get_by_text("auto-refresh paused").wait_for(timeout=RENDER_TIMEOUT_MS)
+    paused = _updated(page)
+    page.wait_for_timeout(3 * LIVE_REFRESH_MS)  # a running timer would have redrawn by now
+    assert _updated(page) == paused
+    page.screenshot(path=str(ARTEFACTS / "09-backends-live-paused.png"))

@@ -42,10 +42,11 @@ def test_methods_shows_costs_on_b200_and_h100_and_the_recommendation(
 
 def test_methods_shows_measured_acceptance_from_the_sweeps(dashboard_env: Stack) -> None:
     at = AppTest.from_function(_methods, default_timeout=TIMEOUT_S).run()
-    table = next(d.value for d in at.dataframe if "acceptance length" in d.value.columns)
+    by_load = {"acceptance length", "concurrency"}  # the sweeps' table, not the live one
+    table = next(d.value for d in at.dataframe if by_load <= set(d.value.columns))
     swept = table[table["backend"].isin(SWEPT)]
     assert set(swept["backend"]) == set(SWEPT)
-    assert set(swept["concurrency"]) == {1, 4, 16}
+    assert {1, 4, 16} <= set(swept["concurrency"])  # other tests may sweep more levels
     eagle3 = swept[swept["backend"] == "demo-eagle3"]
     assert (eagle3["acceptance length"] > 1).all()
     assert (eagle3["accepted per position"].str.count("%") == 3).all()  # K=3

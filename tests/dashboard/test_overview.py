@@ -51,8 +51,8 @@ def test_overview_trend_adds_up_to_the_period_totals(dashboard_env: Stack) -> No
     days = _chart_values(at, "day")
     assert len({d["day"] for d in days}) == 8  # seven days back to midnight, and today
     table = at.dataframe[0].value
-    cost = sum(d["usd"] for d in days if d["figure"] == "cost")
+    cost = sum(d["usd"] for d in days if d["figure"] == "capacity cost")
     saved = sum(d["usd"] for d in days if d["figure"] == "savings vs plain")
-    assert abs(cost - table["cost (USD)"].sum()) < 1e-9
+    assert abs(cost - table["capacity cost (USD)"].sum()) < 1e-9
     assert abs(saved - table["saved (USD)"].sum()) < 1e-9
     assert saved > 0

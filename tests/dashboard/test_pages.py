@@ -159,6 +159,6 @@ def test_accuracy_lists_every_measured_point_with_the_mean_error(dashboard_env: 
     assert set(rows["method"]) <= {p["method"] for p in after["points"]}
     assert set(rows["model"]) == {MODEL}
     shown = at.metric[0].value
-    expected = {f"{d['mean_absolute_error']:.1%}" if d["mean_absolute_error"] is not None else "-"
+    expected = {f"{d['mean_absolute_error']:.1%}" if d["mean_absolute_error"] is not None else "—"
                 for d in (before, after)}  # fmt: skip
     assert shown in expected
