@@ -63,6 +63,8 @@ BUDGET_TOLERANCE_REQUESTS = math.ceil(
 PROPAGATION_MARGIN_S = 5.0  # beyond registry_refresh_s, for a busy machine
 PRICE_USD_PER_GPU_HOUR = 5.0
 WAIT_S = 60.0
+RPM_RUN_S = 45.0  # the longest a rate-limit run may take: it must fit in one clock minute
+REFUSED_FOR_S = 4 * LIMITS_SYNC_S
 PINNED_PLAIN = {"mode": "pinned", "method": "plain"}
 
 
@@ -162,13 +164,24 @@ def create_key(replicas: Replicas, name: str, **limits: Any) -> tuple[int, str]:
     return created["id"], created["key"]
 
 
-def paced_load(replicas: Replicas, key: str, seconds: float) -> list[Outcome]:
-    """One paced client per replica for `seconds`; every outcome."""
+def paced_load_until_refused(replicas: Replicas, key: str, most_s: float) -> list[Outcome]:
+    """One paced client per replica until REFUSED_FOR_S after the first 429 (or `most_s`).
+
+    Going on after the first refusal shows whether the replicas keep refusing once their
+    counts are shared; stopping on it keeps the run short on a fast machine and long enough
+    on a slow one.
+    """
     urls = [replicas.a.base_url, replicas.b.base_url]
     loads = [StreamingLoad([url], SIM_MODEL, 1, api_key=key, pause_s=PAUSE_S) for url in urls]
     for load in loads:
         load.start()
-    time.sleep(seconds)
+    started, refused_at = time.monotonic(), None
+    while time.monotonic() - started < most_s:
+        if refused_at is None and any(load.count(lambda o: o.status == 429) for load in loads):
+            refused_at = time.monotonic()
+        if refused_at is not None and time.monotonic() - refused_at >= REFUSED_FOR_S:
+            break
+        time.sleep(0.1)
     return [o for load in loads for o in load.stop()]
 
 
@@ -203,8 +216,8 @@ def wait_for_key_requests(replicas: Replicas, key_id: int, requests: int) -> dic
 def test_requests_per_minute_hold_across_replicas(replicas: Replicas) -> None:
     """Both replicas together admit at most the limit plus RPM_TOLERANCE in a minute."""
     _, key = create_key(replicas, "rpm", requests_per_minute=RPM_LIMIT)
-    wait_for_minute_room(20.0)
-    outcomes = paced_load(replicas, key, 14.0)
+    wait_for_minute_room(RPM_RUN_S)
+    outcomes = paced_load_until_refused(replicas, key, RPM_RUN_S - 5)
     admitted = Counter(int(o.started_s // 60) for o in outcomes if o.status == 200)
     refused = [o for o in outcomes if o.status == 429]
     by_replica = Counter(o.base_url for o in outcomes if o.status == 200)
@@ -230,7 +243,7 @@ def test_budget_holds_across_replicas(replicas: Replicas) -> None:
     assert per_request_usd > 0, "requests are not priced: the budget test would prove nothing"
     budget_usd = BUDGET_REQUESTS * per_request_usd
     key_id, key = create_key(replicas, "budget", budget_usd=budget_usd, budget_period="total")
-    outcomes = paced_load(replicas, key, 20.0)
+    outcomes = paced_load_until_refused(replicas, key, WAIT_S)
     served = [o for o in outcomes if o.status == 200]
     totals = wait_for_key_requests(replicas, key_id, len(outcomes))
     print(
