@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from httpx_aiohttp import AiohttpTransport
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
@@ -77,6 +78,7 @@ class GatewayApp(FastAPI):
     """FastAPI for everything but `POST /v1/*`, which goes straight to the relay."""
 
     relay: Relay | None = None
+    max_body_bytes: int | None = None  # the relay checks /v1 bodies; this bounds the others
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (
@@ -87,7 +89,24 @@ class GatewayApp(FastAPI):
         ):
             await self.relay(scope, receive, send)
             return
+        if scope["type"] == "http" and self.max_body_bytes is not None:
+            receive = _limited(receive, self.max_body_bytes)
         await super().__call__(scope, receive, send)
+
+
+def _limited(receive: Any, limit: int) -> Any:
+    """`receive` refusing (413, rendered as the envelope) a body beyond `limit` bytes."""
+    size = 0
+
+    async def limited() -> Any:
+        nonlocal size
+        message = await receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise StarletteHTTPException(413, f"Request body larger than {limit} bytes")
+        return message
+
+    return limited
 
 
 def create_app(settings: Settings, managed: ManagedBackends | None = None) -> GatewayApp:
@@ -111,6 +130,7 @@ def create_app(settings: Settings, managed: ManagedBackends | None = None) -> Ga
             engine.dispose()
 
     app = GatewayApp(title="draftgate", version=VERSION, lifespan=lifespan)
+    app.max_body_bytes = settings.max_body_bytes
     install_error_handlers(app)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DataError, on_out_of_range)  # PostgreSQL's, on a huge integer

@@ -105,6 +105,7 @@ ADMIN_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _documented("Missing or wrong admin token"),
     404: _documented("No such resource"),
     409: _documented("The resource already exists or is in use"),
+    413: _documented("The request body is larger than `max_body_bytes`"),
     422: _documented("A field fails validation (its name in `param`)"),
     503: _documented("The database is unavailable; retry shortly"),
 }

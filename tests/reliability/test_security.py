@@ -306,3 +306,31 @@ def test_no_secret_appears_in_the_logs(start_server: ServerStarter, tmp_path: Pa
     assert "DEBUG" in logs  # debug logging was on: the most a deployment could log
     for secret in (token, key, token[:16], key[:20]):
         assert secret not in logs
+
+
+# --- Request size limits beyond /v1 (the relay's own are in test_hostile_requests). ---
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_an_admin_body_beyond_max_body_bytes_is_413(database_url: str, chunked: bool) -> None:
+    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN, max_body_bytes=4096)
+    application = create_app(settings)
+    oversized = b'{"name": "' + b"a" * 8192 + b'"}'
+
+    async def in_pieces() -> Any:
+        for start in range(0, len(oversized), 1000):
+            yield oversized[start : start + 1000]
+
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gw", headers=headers
+        ) as c:
+            content = in_pieces() if chunked else oversized
+            response = await c.post("/admin/v1/keys", content=content)
+            assert response.status_code == 413, response.text
+            assert set(response.json()["error"]) == ENVELOPE_KEYS
+            assert (await c.get("/admin/v1/keys")).json()["data"] == []  # nothing was created
+            fitting = await c.post("/admin/v1/keys", json={"name": "a" * 100})
+            assert fitting.status_code == 201
