@@ -234,6 +234,7 @@ class Relay:
         except asyncio.CancelledError as exc:
             if watcher.done() and not watcher.cancelled():  # the watcher cancelled us
                 raise ClientGone from exc
+            await _end_cut_stream(x, stream, send)  # the server's shutdown grace ran out
             raise
         finally:
             watcher.cancel()
@@ -368,6 +369,20 @@ def _sse_error(message: str, request_id: str) -> bytes:
     body = error_body(message, SSE_ERROR_TYPE, None, "stream_interrupted")
     body["error"]["request_id"] = request_id
     return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
+
+
+async def _end_cut_stream(x: Exchange, stream: bool, send: Send) -> None:
+    """End a stream cancelled by the server (shutdown) with an SSE error event, if started."""
+    started = stream and x.status != 0 and not x.responded  # the response head went out
+    x.status, x.outcome = 503, "shutdown"
+    if not started:
+        return
+    x.responded = True
+    event = _sse_error("gateway shutting down; the stream was cut", x.request_id)
+    try:
+        await send({"type": "http.response.body", "body": event, "more_body": False})
+    except OSError:  # the connection is already gone
+        logger.debug("client left before the shutdown event")
 
 
 async def _send_error(send: Send, error: RelayError, request_id: str) -> None:

@@ -72,6 +72,17 @@ class Settings(BaseSettings):
         description="Python logging level name for draftgate's loggers. Default `info`.",
     )
 
+    shutdown_grace_s: int = Field(
+        default=30,
+        ge=1,
+        description=(
+            "Seconds in-flight requests may run after SIGTERM or Ctrl-C: the gateway stops "
+            "accepting connections at once, lets running streams finish, then ends the rest "
+            "with an SSE error event and flushes the ledger. Default 30 s, Kubernetes' default "
+            "termination grace period."
+        ),
+    )
+
     require_api_key: bool = Field(
         default=True,
         description=(

@@ -105,10 +105,16 @@ def stream_body(model: str, max_tokens: int = 32) -> dict[str, object]:
 
 
 async def stream_once(
-    http: httpx.AsyncClient, body: dict[str, object], prefix: str = "rel"
+    http: httpx.AsyncClient,
+    body: dict[str, object],
+    prefix: str = "rel",
+    outcome: Outcome | None = None,
 ) -> Outcome:
-    """Send one streaming chat request and read it to its end, never raising."""
-    outcome = Outcome(request_id=f"{prefix}-{uuid.uuid4().hex[:16]}")
+    """Send one streaming chat request and read it to its end, never raising.
+
+    A given `outcome` is filled in as the stream goes, so a caller can watch its progress.
+    """
+    outcome = outcome or Outcome(request_id=f"{prefix}-{uuid.uuid4().hex[:16]}")
     started, outcome.started_at = time.perf_counter(), time.monotonic()
     headers = {"x-request-id": outcome.request_id}
     try:
