@@ -28,6 +28,7 @@ from tests.unit.kustomize_build import Build, Manifest, build
 
 SIM = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "sim"
 READY_TIMEOUT_S = 90.0  # five simulators and a gateway starting on a busy machine
+KEY_VISIBLE_TIMEOUT_S = 30.0  # registry reloads every 2 s (DRAFTGATE_REGISTRY_REFRESH_S)
 
 pytestmark = pytest.mark.postgres
 
@@ -154,11 +155,17 @@ def test_sim_overlay_runs_as_its_manifests_say(
     key = created.stdout.strip().splitlines()[-1]
 
     with servers[-1].client(key) as client:
-        reply = client.post(
-            "/v1/chat/completions",
-            json={"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "hi"}],
-                  "max_tokens": 8},
-        )  # fmt: skip
+        # A key written by the CLI reaches the gateway's registry on its next reload.
+        deadline = time.monotonic() + KEY_VISIBLE_TIMEOUT_S
+        while True:
+            reply = client.post(
+                "/v1/chat/completions",
+                json={"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 8},
+            )  # fmt: skip
+            if reply.status_code != 401 or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_INTERVAL_S * 10)
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] > 0
         served_by = reply.headers["x-draftgate-backend"]
