@@ -334,3 +334,54 @@ async def test_an_admin_body_beyond_max_body_bytes_is_413(database_url: str, chu
             assert (await c.get("/admin/v1/keys")).json()["data"] == []  # nothing was created
             fitting = await c.post("/admin/v1/keys", json={"name": "a" * 100})
             assert fitting.status_code == 201
+
+
+# --- The dashboard never shows the admin token. ---
+
+
+def _dashboard_page(module_name: str) -> None:
+    import importlib
+
+    importlib.import_module(f"dashboard.app_pages.{module_name}").render()  # type: ignore[attr-defined]
+
+
+def dashboard_pages() -> list[str]:
+    """Every module of dashboard/app_pages with a `render` (so a new page cannot escape)."""
+    import importlib
+    import pkgutil
+
+    from dashboard import app_pages
+
+    names = [m.name for m in pkgutil.iter_modules(app_pages.__path__)]
+    return [n for n in names if hasattr(importlib.import_module(f"{app_pages.__name__}.{n}"),
+                                        "render")]  # fmt: skip
+
+
+def test_no_dashboard_page_shows_the_admin_token(
+    start_server: ServerStarter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    token = secrets.token_urlsafe(32)
+    sim = start_server(*sim_args("--time-scale", "50"), env=draftgate_env())
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("sim", sim.base_url)])
+    env = draftgate_env(
+        DRAFTGATE_ADMIN_TOKEN=token,
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite",
+        DRAFTGATE_FLEET=str(fleet),
+        DRAFTGATE_REQUIRE_API_KEY="false",
+    )
+    gateway = start_server("gateway", env=env)
+    with gateway.client(token) as admin:
+        assert admin.post("/admin/v1/keys", json={"name": "shown once"}).status_code == 201
+    monkeypatch.setenv("DRAFTGATE_DASHBOARD_GATEWAY_URL", gateway.base_url)
+    monkeypatch.setenv("DRAFTGATE_ADMIN_TOKEN", token)
+    pages = dashboard_pages()
+    assert {"overview", "keys", "backends"} <= set(pages)
+    for name in pages:
+        at = AppTest.from_function(_dashboard_page, args=(name,), default_timeout=60).run()
+        assert not at.exception, (name, at.exception)
+        rendered = repr(at.main) + repr(at.sidebar) + repr(at.get("text_input"))
+        assert at.main.children, name  # the page drew something
+        assert token not in rendered, name
+        assert token[:12] not in rendered, name
