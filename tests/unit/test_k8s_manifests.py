@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -500,3 +501,20 @@ def test_kubernetes_and_compose_serve_the_same_gpu_fleet(base: Build) -> None:
                 for b in loaded.backends}  # fmt: skip
 
     assert methods(fleet(base)) == methods(load_fleet(COMPOSE_GPU_FLEET))
+
+
+KINDS_IN_KUBECTL = {"deploy": "Deployment", "svc": "Service", "job": "Job"}
+
+
+def test_readme_commands_name_real_objects_and_commands(base: Build) -> None:
+    text = (K8S / "README.md").read_text(encoding="utf-8")
+    references = re.findall(r"\b(deploy|svc|job)[/ ](draftgate-[\w-]+)", text)
+    assert len(references) >= 4
+    for short, name in references:
+        base.named(KINDS_IN_KUBECTL[short], name)
+    for path in re.findall(r"-k (deploy/k8s/\S+)", text):
+        assert (ROOT / path / "kustomization.yaml").is_file(), path
+    commands = [line.split(" -- ", 1)[1] for line in text.splitlines() if " -- draftgate " in line]
+    assert commands
+    for command in commands:
+        parse_draftgate(shlex.split(command))
