@@ -4,10 +4,12 @@ documented and matches its declared schema."""
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import psycopg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -15,16 +17,18 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import APIOperation, GenerationMode, checks
 from schemathesis.generation.case import Case
 
+from tests.conftest import DATABASES, POSTGRES_URL
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
-    ModuleGatewayStarter,
     Server,
     closed_url,
     fleet_backend,
-    start_module_gateway,  # noqa: F401  (a fixture, found by its import here)
+    gateway_env,
+    spawn_server,
+    write_fleet,
 )
 
-EXAMPLES = 15  # per operation and mode (valid, invalid): about 1200 requests in all
+EXAMPLES = 10  # per operation, mode (valid, invalid) and database: about 500 requests each
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CHECKS = [
     checks.not_a_server_error,
@@ -42,15 +46,33 @@ class Admin:
     database_url: str
 
 
-@pytest.fixture(scope="module")
-def admin(start_module_gateway: ModuleGatewayStarter) -> Iterator[Admin]:  # noqa: F811
-    """A gateway whose only backend is down: benchmark runs fail fast, nothing is proxied."""
-    gateway, database_url = start_module_gateway(
-        [fleet_backend("seed", closed_url())], LOG_LEVEL="warning"
-    )
-    yield Admin(gateway, database_url)
-    assert gateway.process.poll() is None
-    assert "Traceback" not in gateway.output(), gateway.output()[-3000:]
+@pytest.fixture(scope="module", params=DATABASES)
+def admin(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Admin]:
+    """A gateway whose only backend is down (benchmark runs fail fast, nothing is proxied), on
+    a SQLite file or a fresh schema of the real PostgreSQL."""
+    log_dir = tmp_path_factory.mktemp("fuzzed")
+    schema = f"fuzz_{uuid.uuid4().hex[:12]}"
+    if request.param == "sqlite":
+        database_url = f"sqlite:///{log_dir}/draftgate.db"
+    else:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        database_url = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    fleet = write_fleet(log_dir / "fleet.yaml", [fleet_backend("seed", closed_url())])
+    env = gateway_env(database_url, fleet, LOG_LEVEL="warning")
+    gateway = spawn_server(("gateway",), env, log_dir)
+    try:
+        gateway.wait_healthy()
+        yield Admin(gateway, database_url)
+        assert gateway.process.poll() is None
+        assert "Traceback" not in gateway.output(), gateway.output()[-3000:]
+    finally:
+        gateway.close()
+        if request.param != "sqlite":
+            with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def admin_operations(base_url: str) -> list[APIOperation]:
