@@ -283,9 +283,10 @@ ADMIN_INTRO = [
     "The control plane at `/admin/v1` on the gateway's port. Every route needs "
     "`Authorization: Bearer <admin token>` (`DRAFTGATE_ADMIN_TOKEN`). Every error, whatever "
     'the status, is the OpenAI envelope `{"error": {"message", "type", "param", '
-    '"code"}}`: 401 for a missing or wrong token, 404 for an unknown name or id, 409 for a '
-    "duplicate or a conflicting change, 422 for an invalid field (named in `param`), 503 "
-    'when the database is unreachable. Lists are `{"object": "list", "data": [...]}`. '
+    '"code"}}`: 400 for a malformed request, 401 for a missing or wrong token, 404 for an '
+    "unknown name or id, 409 for a duplicate or a conflicting change, 413 for a body over "
+    "`DRAFTGATE_MAX_BODY_BYTES`, 422 for an invalid field (named in `param`), 503 when the "
+    'database is unreachable. Lists are `{"object": "list", "data": [...]}`. '
     "Changes are written to the audit log and applied by this replica at once (other "
     "replicas within `DRAFTGATE_REGISTRY_REFRESH_S`). The live document is served at "
     "`/openapi.json`, interactive at `/docs`.",
