@@ -24,18 +24,13 @@ from tests.e2e.conftest import (
     draftgate_env,
     free_port,
 )
+from tests.unit.k8s_queries import SIM, only_container
 from tests.unit.kustomize_build import Build, Manifest, build
 
-SIM = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "sim"
 READY_TIMEOUT_S = 90.0  # five simulators and a gateway starting on a busy machine
 KEY_VISIBLE_TIMEOUT_S = 30.0  # registry reloads every 2 s (DRAFTGATE_REGISTRY_REFRESH_S)
 
 pytestmark = pytest.mark.postgres
-
-
-def _container(obj: Manifest) -> Manifest:
-    found: list[Manifest] = obj["spec"]["template"]["spec"]["containers"]
-    return found[0]
 
 
 def _on_loopback(argv: list[str], port: int) -> list[str]:
@@ -85,7 +80,7 @@ def _start_backends(stack: Build, log_dir: Path, servers: list[Server]) -> dict[
         if deployment["kind"] != "Deployment" or labels.get("app.kubernetes.io/name") != "vllm":
             continue
         name, port = deployment["metadata"]["name"], free_port()
-        container = _container(deployment)
+        container = only_container(deployment)
         argv = _on_loopback(container["command"], port)
         servers.append(_spawn(argv, port, draftgate_env(), log_dir, name))
         service_port = stack.named("Service", name)["spec"]["ports"][0]["port"]
@@ -124,7 +119,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
     stack = build(SIM)
     secrets = {"admin-token": ADMIN_TOKEN, "database-url": postgres_schema}
 
-    job = _container(stack.named("Job", "draftgate-migrate"))
+    job = only_container(stack.named("Job", "draftgate-migrate"))
     migrate = subprocess.run(
         [str(DRAFTGATE), *job["command"][1:]], env=draftgate_env(**_pod_env(job, secrets)),
         cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
@@ -137,7 +132,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
     for server in servers:
         server.wait_healthy(timeout_s=READY_TIMEOUT_S)
 
-    gateway = _container(stack.named("Deployment", "draftgate-gateway"))
+    gateway = only_container(stack.named("Deployment", "draftgate-gateway"))
     env = _pod_env(gateway, secrets)
     port = free_port()
     fleet = _loopback_fleet(stack, urls, tmp_path / "fleet.yaml")
@@ -173,7 +168,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
                               json={"model": "Qwen/Qwen3-8B", "messages": []})  # fmt: skip
         assert refused.status_code == 401
     # The dashboard answers its probe's path, reading this gateway's admin API.
-    dashboard = _container(stack.named("Deployment", "draftgate-dashboard"))
+    dashboard = only_container(stack.named("Deployment", "draftgate-dashboard"))
     dashboard_env = _pod_env(dashboard, secrets)
     dashboard_env["DRAFTGATE_DASHBOARD_GATEWAY_URL"] = servers[-1].base_url
     dashboard_port = free_port()

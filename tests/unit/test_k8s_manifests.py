@@ -1,56 +1,43 @@
-"""deploy/k8s, checked offline: Kubernetes schemas, kustomize resolution, names and ports,
-draftgate commands, and vLLM arguments rendered exactly as backends/methods.py does."""
+"""deploy/k8s, checked offline: every object against the Kubernetes schemas, kustomize
+resolution, Services, probes and references, draftgate commands, and the README's commands."""
 
 from __future__ import annotations
 
 import base64
 import copy
-import json
-import os
 import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
-import typer.main
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError  # type: ignore[import-untyped]
-from pydantic import ValidationError
-from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from backends.methods import make_spec, render_speculative_config, render_vllm_args
-from gateway import cli
-from gateway.fleet import Fleet, load_fleet
-from gateway.settings import Settings
+from tests.unit.k8s_queries import (
+    ALL_INTERFACES,
+    BASE,
+    DOCKERFILE,
+    K8S,
+    MODEL,
+    ROOT,
+    SIM,
+    containers,
+    draftgate_commands,
+    only_container,
+    parse_draftgate,
+    pod_specs,
+    port_number,
+    probes,
+)
 from tests.unit.kustomize_build import Build, KustomizeError, Manifest, build
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "k8s"
-DOCKERFILE = ROOT / "Dockerfile"
-BASE = K8S / "base"
-SIM = K8S / "overlays" / "sim"
-MODEL = "Qwen/Qwen3-8B"
-# The published Qwen3-8B drafter of each method the GPU fleet serves.
-DRAFTERS = {
-    "plain": None,
-    "eagle3": "RedHatAI/Qwen3-8B-speculator.eagle3",
-    "p-eagle": "RedHatAI/Qwen3-8B-speculator.peagle",
-    "dflash": "z-lab/Qwen3-8B-DFlash-b16",
-    "dspark": "deepseek-ai/dspark_qwen3_8b_block7",
-}
 # The oldest Kubernetes release still commonly run, and the newest the validator knows.
 K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())
-WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
-GPU = "nvidia.com/gpu"
-# Pods are reached on their pod IP, so every server in them listens on all interfaces.
-ALL_INTERFACES = "0.0.0.0"  # noqa: S104
 
 
 @pytest.fixture(scope="module")
@@ -66,105 +53,6 @@ def sim() -> Build:
 @pytest.fixture(scope="module", params=[BASE, SIM], ids=["base", "sim"])
 def any_build(request: pytest.FixtureRequest) -> Build:
     return build(request.param)
-
-
-def pod_specs(result: Build) -> Iterator[tuple[str, Manifest]]:
-    for kind in WORKLOAD_KINDS:
-        for obj in result.of_kind(kind):
-            yield f"{kind}/{obj['metadata']['name']}", obj["spec"]["template"]["spec"]
-
-
-def containers(pod: Manifest) -> list[Manifest]:
-    return [*pod.get("initContainers", []), *pod["containers"]]
-
-
-def only_container(obj: Manifest) -> Manifest:
-    found: list[Manifest] = obj["spec"]["template"]["spec"]["containers"]
-    assert len(found) == 1, obj["metadata"]["name"]
-    return found[0]
-
-
-def port_number(container: Manifest, port: int | str) -> int:
-    """A container port given by number or by name; fails when the container lacks it."""
-    for declared in container.get("ports", []):
-        if port in (declared["containerPort"], declared.get("name")):
-            number: int = declared["containerPort"]
-            return number
-    raise AssertionError(f"container {container['name']} declares no port {port!r}")
-
-
-def env_value(container: Manifest, name: str) -> Manifest:
-    found: list[Manifest] = [e for e in container.get("env", []) if e["name"] == name]
-    assert len(found) == 1, f"{container['name']}: {name} set {len(found)} times"
-    return found[0]
-
-
-def probes(container: Manifest) -> dict[str, Manifest]:
-    return {kind: container[kind] for kind in ("startupProbe", "livenessProbe",
-            "readinessProbe") if kind in container}  # fmt: skip
-
-
-def secret_value(result: Build, name: str, key: str) -> str:
-    encoded = result.named("Secret", name)["data"][key]
-    return base64.b64decode(encoded).decode()
-
-
-def parse_draftgate(argv: list[str]) -> dict[str, Any]:
-    """The parameters a `draftgate ...` argv gives its command, parsed by the real command
-    tree without running it; TyperException (click's errors) when draftgate would refuse it."""
-    assert argv[0] == "draftgate", argv
-    command = typer.main.get_command(cli.app)
-    name, args, parent = "draftgate", argv[1:], None
-    while isinstance(command, TyperGroup) and args and not args[0].startswith("-"):
-        parent = command.make_context(name, [], parent=parent, resilient_parsing=True)
-        word = args[0]
-        resolved, sub, args = command.resolve_command(parent, args)
-        if resolved is None or sub is None:
-            raise typer.BadParameter(f"no such command {word!r}")
-        name, command = resolved, sub
-    ctx = command.make_context(name, list(args), parent=parent)
-    # A group that also runs without a sub-command keeps unparsed words for one.
-    left = [*getattr(ctx, "_protected_args", []), *ctx.args]
-    if left:
-        raise typer.BadParameter(f"unexpected arguments {left}")
-    return dict(ctx.params)
-
-
-def draftgate_commands(result: Build) -> list[tuple[str, list[str]]]:
-    return [
-        (where, container["command"] + container.get("args", []))
-        for where, pod in pod_specs(result)
-        for container in containers(pod)
-        if container.get("command", [""])[0] == "draftgate"
-    ]
-
-
-def fleet(result: Build) -> Fleet:
-    """The fleet.yaml every gateway pod reads: the ConfigMap's copy, loaded by the gateway."""
-    deployment = result.named("Deployment", "draftgate-gateway")
-    container = only_container(deployment)
-    path = Path(env_value(container, "DRAFTGATE_FLEET")["value"])
-    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(path.parent)]
-    volumes = deployment["spec"]["template"]["spec"]["volumes"]
-    [volume] = [v for v in volumes if v["name"] == mount["name"]]
-    text = result.named("ConfigMap", volume["configMap"]["name"])["data"][path.name]
-    return Fleet.model_validate(yaml.safe_load(text))
-
-
-def backend_deployment(result: Build, url: str) -> tuple[Manifest, Manifest]:
-    """The Service a backend URL names (`http://service:port`) and the Deployment behind it."""
-    parts = urlsplit(url)
-    service = result.named("Service", str(parts.hostname))
-    assert [p["port"] for p in service["spec"]["ports"]] == [parts.port], url
-    selector = service["spec"]["selector"]
-    [deployment] = [
-        d for d in result.of_kind("Deployment")
-        if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
-    ]  # fmt: skip
-    return service, deployment
-
-
-# --- schemas and resolution --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -184,9 +72,9 @@ def test_the_schema_check_rejects_broken_manifests(base: Build) -> None:
     wrong_type["spec"]["replicas"] = "two"
     unknown_field = copy.deepcopy(gateway)
     unknown_field["spec"]["template"]["spec"]["containers"][0]["healthcheck"] = {"test": "x"}
-    no_image_name = copy.deepcopy(gateway)
-    del no_image_name["spec"]["template"]["spec"]["containers"][0]["name"]
-    for broken in (wrong_type, unknown_field, no_image_name):
+    no_container_name = copy.deepcopy(gateway)
+    del no_container_name["spec"]["template"]["spec"]["containers"][0]["name"]
+    for broken in (wrong_type, unknown_field, no_container_name):
         with pytest.raises(kubernetes_validate.ValidationError):
             kubernetes_validate.validate(broken, version, strict=True)
     with pytest.raises(SchemaNotFoundError):
@@ -339,48 +227,6 @@ def test_the_command_check_rejects_what_draftgate_would(argv: list[str]) -> None
         parse_draftgate(argv)
 
 
-def test_gateway_runs_replicated_and_ready_on_its_settings_port(
-    base: Build, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deployment = base.named("Deployment", "draftgate-gateway")
-    container = only_container(deployment)
-    assert deployment["spec"]["replicas"] > 1
-    checks = {kind: probe["httpGet"] for kind, probe in probes(container).items()}
-    assert checks["readinessProbe"]["path"] == "/ready"
-    assert checks["livenessProbe"]["path"] == "/health"
-    port = port_number(container, checks["readinessProbe"]["port"])
-    assert port == Settings.model_fields["port"].default == 8080
-    service = base.named("Service", "draftgate-gateway")
-    assert [port_number(container, p["targetPort"]) for p in service["spec"]["ports"]] == [port]
-
-    for name in [n for n in os.environ if n.startswith("DRAFTGATE_")]:
-        monkeypatch.delenv(name)
-    for entry in container["env"]:
-        ref = entry.get("valueFrom", {}).get("secretKeyRef")
-        value = secret_value(base, ref["name"], ref["key"]) if ref else entry["value"]
-        monkeypatch.setenv(entry["name"], value)
-    monkeypatch.setenv("DRAFTGATE_ADMIN_TOKEN", "a-real-token-of-32-characters-xx")
-    # What `draftgate gateway` would run with: its flags over the pod's environment.
-    params = parse_draftgate(container["command"])
-    settings = Settings(**{k: v for k, v in params.items() if v is not None})
-    assert (settings.host, settings.port) == (ALL_INTERFACES, port)
-    assert settings.database_url.startswith("postgresql+psycopg://")
-    assert settings.fleet is not None
-    assert fleet(base).backends, "DRAFTGATE_FLEET names the mounted ConfigMap's fleet.yaml"
-
-
-@pytest.mark.skipif("shutdown_grace_s" not in Settings.model_fields, reason="no shutdown grace")
-def test_gateway_pods_get_time_to_finish_streams_before_they_are_killed(base: Build) -> None:
-    deployment = base.named("Deployment", "draftgate-gateway")
-    container = only_container(deployment)
-    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep"
-    grace_s = int(env_value(container, "DRAFTGATE_SHUTDOWN_GRACE_S")["value"])
-    flush_s = 10  # the ledger's last write after the streams end
-    budget_s = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert int(pre_stop[1]) + grace_s + flush_s <= budget_s
-
-
 def test_every_draftgate_pod_runs_as_non_root_with_resources(any_build: Build) -> None:
     # The image's user (Dockerfile: useradd ... --home-dir HOME --uid UID).
     useradd = re.search(r"--home-dir (\S+) --uid (\d+)", DOCKERFILE.read_text(encoding="utf-8"))
@@ -397,110 +243,6 @@ def test_every_draftgate_pod_runs_as_non_root_with_resources(any_build: Build) -
     # Streamlit writes under $HOME: the dashboard gets a writable volume there.
     dashboard = only_container(any_build.named("Deployment", "draftgate-dashboard"))
     assert home in {m["mountPath"] for m in dashboard["volumeMounts"]}
-
-
-def test_secret_placeholders_are_refused_and_agree_with_postgres(base: Build) -> None:
-    token = secret_value(base, "draftgate-secrets", "admin-token")
-    with pytest.raises(ValidationError, match="placeholder or shorter"):
-        Settings(admin_token=token)
-    url = urlsplit(secret_value(base, "draftgate-secrets", "database-url"))
-    postgres = only_container(base.named("StatefulSet", "postgres"))
-    service = base.named("Service", "postgres")
-    assert (url.hostname, url.port) == (service["metadata"]["name"],
-                                        service["spec"]["ports"][0]["port"])  # fmt: skip
-    assert url.username == env_value(postgres, "POSTGRES_USER")["value"]
-    assert url.path == "/" + env_value(postgres, "POSTGRES_DB")["value"]
-    ref = env_value(postgres, "POSTGRES_PASSWORD")["valueFrom"]["secretKeyRef"]
-    assert url.password == secret_value(base, ref["name"], ref["key"])
-
-
-def test_dashboard_reads_the_gateway_service_on_its_default_port(base: Build) -> None:
-    container = only_container(base.named("Deployment", "draftgate-dashboard"))
-    params = parse_draftgate(container["command"])
-    default_port = parse_draftgate(["draftgate", "dashboard"])["port"]
-    assert params["port"] == default_port == 8501
-    assert params["host"] == ALL_INTERFACES
-    assert port_number(container, container["readinessProbe"]["httpGet"]["port"]) == 8501
-    url = urlsplit(env_value(container, "DRAFTGATE_DASHBOARD_GATEWAY_URL")["value"])
-    gateway = base.named("Service", str(url.hostname))
-    assert [p["port"] for p in gateway["spec"]["ports"]] == [url.port]
-    assert gateway["spec"]["selector"]["app.kubernetes.io/component"] == "gateway"
-    token = env_value(container, "DRAFTGATE_ADMIN_TOKEN")["valueFrom"]["secretKeyRef"]
-    assert token == {"name": "draftgate-secrets", "key": "admin-token"}
-
-
-# --- the fleet and its backends -----------------------------------------------------------
-
-
-def test_fleet_loads_with_the_gateways_loader(base: Build, tmp_path: Path) -> None:
-    path = tmp_path / "fleet.yaml"
-    path.write_text(base.named("ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"])
-    loaded = load_fleet(path)
-    assert loaded == fleet(base)
-    assert {b.method: b.drafter for b in loaded.backends} == DRAFTERS
-    assert {b.model for b in loaded.backends} == {m.name for m in loaded.models} == {MODEL}
-    assert {p.gpu_type for p in loaded.prices} == {b.gpu_type for b in loaded.backends}
-
-
-@pytest.mark.parametrize("method", list(DRAFTERS))
-def test_each_vllm_backend_serves_its_fleet_entry(base: Build, method: str) -> None:
-    [backend] = [b for b in fleet(base).backends if b.method == method]
-    service, deployment = backend_deployment(base, backend.normalised_url())
-    container = only_container(deployment)
-    port = port_number(container, service["spec"]["ports"][0]["targetPort"])
-    spec = make_spec(method, backend.k, DRAFTERS[method])
-    assert backend.method_spec() == spec
-    assert container["command"] == render_vllm_args(MODEL, spec, host=ALL_INTERFACES, port=port)
-    rendered = render_speculative_config(spec)
-    if rendered is None:
-        assert "--speculative-config" not in container["command"]
-    else:
-        flag = container["command"].index("--speculative-config")
-        assert json.loads(container["command"][flag + 1]) == rendered
-        assert rendered["model"] == DRAFTERS[method]
-        assert rendered["num_speculative_tokens"] == backend.k
-    assert container["image"].startswith("vllm/vllm-openai:")
-    resources = container["resources"]
-    assert resources["requests"][GPU] == resources["limits"][GPU] == backend.gpu_count
-    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert env_value(container, "HF_TOKEN")["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
-    cache = env_value(container, "HF_HOME")["value"]
-    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == cache]
-    pod = deployment["spec"]["template"]["spec"]
-    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert "persistentVolumeClaim" in volume
-
-
-@pytest.mark.parametrize("method", list(DRAFTERS))
-def test_sim_overlay_simulates_each_fleet_entry_without_gpus(sim: Build, method: str) -> None:
-    [backend] = [b for b in fleet(sim).backends if b.method == method]
-    service, deployment = backend_deployment(sim, backend.normalised_url())
-    container = only_container(deployment)
-    params = parse_draftgate(container["command"])
-    assert (params["model"], params["method"], params["k"]) == (MODEL, method, backend.k)
-    assert (params["gpu"], params["gpu_count"]) == (backend.gpu_type, backend.gpu_count)
-    assert params["host"] == ALL_INTERFACES
-    assert params["port"] == port_number(container, service["spec"]["ports"][0]["targetPort"])
-    assert params["port"] == port_number(container, container["readinessProbe"]["httpGet"]["port"])
-
-
-def test_sim_overlay_asks_for_no_gpu_and_no_model_cache(base: Build, sim: Build) -> None:
-    assert GPU in json.dumps(base.objects)
-    assert GPU not in json.dumps(sim.objects)
-    assert sim.of_kind("PersistentVolumeClaim") == []
-    assert fleet(sim) == fleet(base)
-
-
-COMPOSE_GPU_FLEET = K8S.parent / "compose" / "fleet-gpu.yaml"
-
-
-@pytest.mark.skipif(not COMPOSE_GPU_FLEET.exists(), reason="no compose gpu profile fleet")
-def test_kubernetes_and_compose_serve_the_same_gpu_fleet(base: Build) -> None:
-    def methods(loaded: Fleet) -> set[tuple[object, ...]]:
-        return {(b.model, b.method, b.k, b.drafter, b.gpu_type, b.gpu_count)
-                for b in loaded.backends}  # fmt: skip
-
-    assert methods(fleet(base)) == methods(load_fleet(COMPOSE_GPU_FLEET))
 
 
 KINDS_IN_KUBECTL = {"deploy": "Deployment", "svc": "Service", "job": "Job"}
