@@ -172,6 +172,18 @@ def test_every_probe_uses_a_declared_port(any_build: Build) -> None:
     assert checked >= 3 + 7  # gateway and dashboard probes, then one or more per backend
 
 
+def test_every_scrape_annotation_names_a_declared_port(any_build: Build) -> None:
+    scraped = [
+        d for d in any_build.of_kind("Deployment")
+        if d["spec"]["template"]["metadata"].get("annotations", {}).get("prometheus.io/scrape")
+    ]  # fmt: skip
+    assert len(scraped) == 1 + 5  # the gateway and every backend
+    for deployment in scraped:
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        port_number(only_container(deployment), int(annotations["prometheus.io/port"]))
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
 def test_every_secret_configmap_claim_and_volume_reference_resolves(any_build: Build) -> None:
     secrets = {s["metadata"]["name"]: s["data"] for s in any_build.of_kind("Secret")}
     maps = {c["metadata"]["name"] for c in any_build.of_kind("ConfigMap")}
