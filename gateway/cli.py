@@ -324,6 +324,9 @@ def sim(
     drop_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.0,
     crash_after_s: Annotated[float | None, typer.Option(min=0)] = None,
     startup_delay_s: Annotated[float, typer.Option(min=0)] = 0.0,
+    delay_s: Annotated[
+        float, typer.Option(min=0, help="Seconds every completion waits before answering.")
+    ] = 0.0,
 ) -> None:
     """Run one simulated vLLM server (vLLM's API and /metrics over a modelled engine)."""
     if ctx.invoked_subcommand is not None:
@@ -333,7 +336,7 @@ def sim(
     from backends.sim.config import Faults, SimConfig
     from backends.sim.server import SimServer
 
-    faults = Faults(error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s)
+    faults = Faults(error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s, delay_s)
     config = SimConfig(
         model=model, method=method, k=k, gpu=gpu, gpu_count=gpu_count, workload=workload,
         served_model_name=served_model_name, time_scale=time_scale, max_num_seqs=max_num_seqs,

@@ -230,7 +230,8 @@ class Relay:
                     await self._relay_whole(response, headers, x, send)
             finally:
                 await response.aclose()
-            _record_success(state)
+            if x.outcome != "upstream_error":  # a stream that broke counted as a failure
+                _record_success(state)
         except asyncio.CancelledError as exc:
             if watcher.done() and not watcher.cancelled():  # the watcher cancelled us
                 raise ClientGone from exc

@@ -33,6 +33,7 @@ class Faults:
     drop_rate: float = 0.0  # fraction of streams whose connection is cut mid-way
     crash_after_s: float | None = None  # the process exits (code 1) this long after start
     startup_delay_s: float = 0.0  # time before the server accepts connections
+    delay_s: float = 0.0  # time every completion waits before its response starts (slow)
 
     def updated(self, changes: dict[str, object]) -> Faults:
         """These switches with `changes` applied; ValueError names a bad key or value."""

@@ -126,6 +126,8 @@ class SimServer:
         if self._rng.random() < self.faults.error_rate:
             message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
             raise ApiError(500, message)
+        if self.faults.delay_s:
+            await asyncio.sleep(self.faults.delay_s)
         request, stream = self._submit(generation)
         watcher = asyncio.create_task(_until_disconnect(receive, stream))
         try:
