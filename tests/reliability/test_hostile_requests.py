@@ -13,10 +13,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.e2e.conftest import (
     SIM_MODEL,
@@ -329,3 +332,48 @@ def test_slowloris_is_cut_off_while_others_are_served(target: Target) -> None:
     assert results["body"][1] < len(payload)  # cut off before its body was complete
     for answer, _ in results.values():
         expect_refused(tally, answer)
+
+
+# --- Generated bodies: whatever JSON arrives, the answer is a 200 or a 4xx envelope. ---
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                  max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]) | JSON,
+     "content": st.text(max_size=40) | JSON},
+)  # fmt: skip
+FIELDS = {
+    "model": st.just(SIM_MODEL) | JSON,
+    "messages": st.lists(MESSAGE, min_size=1, max_size=3) | JSON,
+    "max_tokens": st.integers(-5, 40) | JSON,
+    "stream": st.booleans() | JSON,
+    "n": st.integers(-1, 3) | JSON,
+    "temperature": st.floats(-1, 3, allow_nan=False) | JSON,
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | JSON}) | JSON,
+    "stop": st.text(max_size=5) | JSON,
+}
+BODIES = st.fixed_dictionaries(
+    {"model": FIELDS["model"], "messages": FIELDS["messages"]},
+    optional={k: v for k, v in FIELDS.items() if k not in ("model", "messages")},
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(payload=BODIES)
+def test_generated_bodies_get_a_200_or_a_4xx_envelope(
+    target: Target, payload: dict[str, Any]
+) -> None:
+    tally = target.tallies.setdefault("generated bodies (hypothesis)", Tally())
+    tally.sent += 1
+    response = post(target, orjson.dumps(payload))
+    if response.status_code >= 500:
+        tally.server_errors += 1
+    assert response.status_code < 500, (payload, response.text[:300])
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == ENVELOPE_KEYS
+        tally.refused += 1
