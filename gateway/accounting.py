@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 
 from sqlalchemy import case, func, select
@@ -195,6 +195,18 @@ class Ledger:
     def wake(self) -> None:
         """Wake the writer (to flush now, or to notice a stop)."""
         self._wake.set()
+
+    def unwritten_usd_by_key(self) -> dict[int, float]:
+        """The cost of the records not yet written, per API key (safe from any thread).
+
+        A record stays queued until its batch is committed, so one being written right now
+        counts here too: budgets err on the side of refusing.
+        """
+        spend: dict[int, float] = defaultdict(float)
+        for entry in self._pending.copy():  # one C call: no append can interleave
+            if entry.api_key_id is not None and entry.cost_usd:
+                spend[entry.api_key_id] += entry.cost_usd
+        return spend
 
     @property
     def pending(self) -> int:

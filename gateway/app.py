@@ -157,6 +157,7 @@ async def _running(
         max_pending=settings.ledger_max_pending,
     )
     limiter = Limiter(sessions, settings.limits_sync_s)
+    registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
     registry.on_load.append(limiter.snapshot_loaded)
     client = upstream_client(settings)
     benchmarks = BenchmarkManager(sessions)

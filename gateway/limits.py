@@ -4,7 +4,8 @@ Checks read memory only. Each replica counts its own requests and tokens per key
 and every `limits_sync_s` adds its new counts to the shared `rate_windows` table and reads
 back the totals of all replicas. A limit therefore holds across replicas to within one sync
 interval of the other replicas' traffic. Budgets compare the key's spend in its period (from
-the registry's snapshot of the ledger) plus what this replica served since that snapshot.
+the registry's snapshot of the ledger) plus what this replica served that the snapshot does
+not include yet: records the ledger had not written when the snapshot was read, and later ones.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -71,6 +73,8 @@ class Limiter:
         self._sync_s = sync_s
         self._counts: dict[tuple[int, int], _Counts] = defaultdict(_Counts)
         self._spend_since_snapshot: dict[int, float] = defaultdict(float)
+        self._unwritten_at_start: dict[int, float] = {}  # as of the registry read under way
+        self._spend_at_start: dict[int, float] | None = None
 
     def check(self, key: KeyView, spent_usd: float, now_s: float | None = None) -> Refusal | None:
         """Refuse a request over the key's rate limits or budget."""
@@ -102,9 +106,23 @@ class Limiter:
         if cost_usd:
             self._spend_since_snapshot[key_id] += cost_usd
 
+    def snapshot_starting(self, unwritten_usd: Mapping[int, float]) -> None:
+        """A registry read begins; `unwritten_usd` is the spend of records not yet written.
+
+        The read's totals cannot include those records (the ledger may be holding them
+        through a database outage), nor what is served while it runs: both stay counted.
+        """
+        self._unwritten_at_start = dict(unwritten_usd)
+        self._spend_at_start = dict(self._spend_since_snapshot)
+
     def snapshot_loaded(self) -> None:
         """The registry read fresh spend totals: forget what they now include."""
-        self._spend_since_snapshot.clear()
+        spend = defaultdict(float, self._unwritten_at_start)
+        if self._spend_at_start is not None:  # else: the read began after all we counted
+            for key_id, usd in self._spend_since_snapshot.items():
+                spend[key_id] += max(0.0, usd - self._spend_at_start.get(key_id, 0.0))
+        self._spend_since_snapshot = spend
+        self._unwritten_at_start, self._spend_at_start = {}, None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Exchange counts with the other replicas until `stop`."""

@@ -206,6 +206,7 @@ class Registry:
         self._wake = asyncio.Event()
         self._load_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_load_start: list[Callable[[], None]] = []  # told before each read
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
 
@@ -220,6 +221,8 @@ class Registry:
         the snapshot of a read that began after it.
         """
         with self._load_lock:
+            for callback in self.on_load_start:
+                callback()
             with self._sessions() as session:
                 snapshot = load_snapshot(session)
             self.snapshot = snapshot

@@ -13,12 +13,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import yaml
 
 from tests.conftest import POSTGRES_URL
 from tests.e2e.conftest import (
@@ -33,9 +34,8 @@ from tests.e2e.conftest import (
     query_rows,
     sim_args,
     start_server,
-    write_fleet,
 )
-from tests.reliability.streaming_load import StreamingLoad, failures
+from tests.reliability.streaming_load import Outcome, StreamingLoad, failures, stream_once
 from tests.reliability.tcp_relay import TcpRelay
 
 __all__ = ["start_server"]  # the fixture, imported for this module's tests
@@ -48,6 +48,13 @@ RECOVERY_TIMEOUT_S = 60.0
 LEDGER_TIMEOUT_S = 90.0
 ADMIN_PATHS = ("/admin/v1/backends", "/admin/v1/keys", "/admin/v1/savings")
 POLL_S = 0.5
+PRICE = {"gpu_type": "B200", "kind": "on-demand", "usd_per_gpu_hour": 5.0, "source": "test",
+         "date": "2026-01-01"}  # fmt: skip
+BUDGET_REQUESTS = 10
+# Long enough for the ledger's retries to back off to their longest interval (5 s), so the
+# registry reloads from the returned database before the held records are written.
+BUDGET_OUTAGE_S = 14.0
+AFTER_OUTAGE_S = 10.0
 
 
 @dataclass
@@ -74,6 +81,10 @@ class OutageLog:
         return max(self.pending, default=0.0)
 
 
+# Tests take postgres_schema first: fixtures are torn down in reverse, so the gateway stops
+# before its schema is dropped.
+
+
 @pytest.fixture
 def relay() -> Iterator[TcpRelay]:
     """A relay to the shared PostgreSQL server."""
@@ -93,11 +104,10 @@ def start_stack(
         start_server(*sim_args("--time-scale", "5", "--seed", str(i)), env=draftgate_env())
         for i in range(2)
     ]
-    fleet_dir = sims[0].log_path.parent
-    fleet = write_fleet(
-        fleet_dir / f"fleet-{relay.port}.yaml",
-        [fleet_backend(f"sim-{i}", sim.base_url) for i, sim in enumerate(sims)],
-    )
+    fleet = sims[0].log_path.parent / f"fleet-{relay.port}.yaml"
+    backends = [fleet_backend(f"sim-{i}", sim.base_url) for i, sim in enumerate(sims)]
+    document = {"backends": backends, "prices": [PRICE]}
+    fleet.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     env = gateway_env(relay.url_for(postgres_schema), fleet, **settings)
     gateway = start_server("gateway", env=env)
     return Stack(gateway, relay, postgres_schema)
@@ -148,7 +158,7 @@ def wait_for_rows(database_url: str, expected: int, timeout_s: float) -> list[di
 
 
 def test_outage_under_streaming_load_loses_no_record(
-    start_server: ServerStarter, relay: TcpRelay, postgres_schema: str
+    postgres_schema: str, relay: TcpRelay, start_server: ServerStarter
 ) -> None:
     """15 s without the database: no client failure, 503s meanwhile, every record once."""
     stack = start_stack(start_server, relay, postgres_schema)
@@ -200,7 +210,7 @@ def test_outage_under_streaming_load_loses_no_record(
 
 
 def test_held_records_are_bounded_and_the_excess_counted(
-    start_server: ServerStarter, relay: TcpRelay, postgres_schema: str
+    postgres_schema: str, relay: TcpRelay, start_server: ServerStarter
 ) -> None:
     """With room for 20 pending records, an outage holds at most 20 and counts the rest."""
     max_pending = 20
@@ -223,3 +233,55 @@ def test_held_records_are_bounded_and_the_excess_counted(
     assert 0 < log.pending_max <= max_pending
     assert dropped > 0
     assert len(rows) + dropped == len(outcomes)
+
+
+def send_until(http: httpx.Client, url: str, key: str, stop: Callable[[Outcome], bool],
+               seconds: float) -> list[Outcome]:  # fmt: skip
+    """Send streamed requests one after another until `stop(outcome)` or `seconds` pass."""
+    outcomes: list[Outcome] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        outcomes.append(stream_once(http, url, SIM_MODEL, 16, key))
+        if stop(outcomes[-1]):
+            break
+    return outcomes
+
+
+def test_budget_holds_through_an_outage_and_the_recovery(
+    postgres_schema: str, relay: TcpRelay, start_server: ServerStarter
+) -> None:
+    """A key that spends its budget while the database is away stays refused afterwards.
+
+    During the outage only this replica's own count of the spend enforces the budget; after
+    it, the registry reloads spend from the rollups, which do not hold the records the
+    ledger is still holding: those must still count.
+    """
+    stack = start_stack(start_server, relay, postgres_schema, REQUIRE_API_KEY="true",
+                        REGISTRY_REFRESH_S="1")  # fmt: skip
+    url = stack.gateway.base_url
+    with stack.gateway.client(ADMIN_TOKEN) as admin, httpx.Client(timeout=60.0) as http:
+        probe_key = admin.post("/admin/v1/keys", json={"name": "probe"}).json()["key"]
+        probe = stream_once(http, url, SIM_MODEL, 16, probe_key)
+        assert probe.completed, probe
+        wait_for_rows(stack.database_url, 1, LEDGER_TIMEOUT_S)
+        costs = query_rows(stack.database_url, "SELECT cost_usd FROM usage_records")
+        per_request_usd = float(costs[0]["cost_usd"])
+        assert per_request_usd > 0
+        budget = {"name": "budget", "budget_usd": BUDGET_REQUESTS * per_request_usd,
+                  "budget_period": "total"}  # fmt: skip
+        key = admin.post("/admin/v1/keys", json=budget).json()["key"]
+        relay.cut()
+        cut_at = time.monotonic()
+        during = send_until(http, url, key, lambda o: o.status == 429, BUDGET_OUTAGE_S)
+        time.sleep(max(0.0, BUDGET_OUTAGE_S - (time.monotonic() - cut_at)))
+        relay.restore()
+        after = send_until(http, url, key, lambda o: False, AFTER_OUTAGE_S)
+    admitted_after = [o for o in after if o.status == 200]
+    print(
+        f"\nbudget of {BUDGET_REQUESTS} requests through a {BUDGET_OUTAGE_S:.0f} s outage: "
+        f"served {sum(o.status == 200 for o in during)} during it before the first refusal, "
+        f"then {len(admitted_after)} of {len(after)} admitted in the {AFTER_OUTAGE_S:.0f} s "
+        f"after the database returned"
+    )
+    assert during[-1].status == 429, "the budget never refused during the outage"
+    assert {o.status for o in after} == {429}, f"{len(admitted_after)} admitted over budget"
