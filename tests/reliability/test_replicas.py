@@ -75,7 +75,6 @@ class Replicas:
     a: Server
     b: Server
     database_url: str
-    started_at: dt.datetime
 
     def admin(self, server: Server) -> httpx.Client:
         """An admin client for one replica."""
@@ -115,13 +114,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             COLLECT_INTERVAL_S=str(COLLECT_INTERVAL_S),
             MEASUREMENT_WINDOW_S=str(MEASUREMENT_WINDOW_S),
         )
-        started_at = dt.datetime.now(dt.UTC)
         gateways = []
         for _ in range(REPLICAS):  # one after the other: the first migrates the schema
             gateways.append(spawn_server(("gateway",), env, log_dir))
             servers.append(gateways[-1])
             gateways[-1].wait_healthy()
-        yield Replicas(gateways[0], gateways[1], schema_url(schema), started_at)
+        yield Replicas(gateways[0], gateways[1], schema_url(schema))
     finally:
         for server in servers:
             server.close()
