@@ -73,7 +73,8 @@ def running_error(points: list[AccuracyPoint]) -> alt.Chart:
     errors = [abs(p.error) for p in points if p.error is not None]
     values = [{"point": i + 1, "error": sum(errors[: i + 1]) / (i + 1)} for i in range(len(errors))]
     y = alt.Y("error:Q", title="running mean |error|", axis=alt.Axis(format="%"))
-    chart: alt.Chart = _chart(values).mark_line(point=True).encode(x="point:Q", y=y)
+    x = alt.X("point:Q", title="measured point", axis=alt.Axis(tickMinStep=1, format="d"))
+    chart: alt.Chart = _chart(values).mark_line(point=True).encode(x=x, y=y)
     return chart
 
 

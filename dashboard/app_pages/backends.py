@@ -38,19 +38,26 @@ def _acceptance(b: Backend) -> dict[str, str]:
     }
 
 
+def _share(fraction: float) -> str:
+    """A share such as KV-cache use: small but nonzero ones are not rounded to 0%."""
+    if fraction <= 0:
+        return "0%"
+    return "<0.01%" if fraction < 1e-4 else f"{fraction:.2%}"
+
+
 def _table(backends: list[Backend]) -> None:
     st.dataframe(
         [
             {
                 "name": b.name,
                 "health": _health(b),
-                "model": b.model,
                 "method": b.method,
                 "K": b.k,
                 "in flight": b.runtime.in_flight if b.runtime else None,
                 "waiting": b.runtime.waiting if b.runtime else None,
-                "KV cache": f"{b.runtime.kv_cache_usage:.0%}" if b.runtime else None,
+                "KV cache": _share(b.runtime.kv_cache_usage) if b.runtime else None,
                 **_acceptance(b),
+                "model": b.model,
                 "drafter": b.drafter,
                 "GPU": f"{b.gpu_count} x {b.gpu_type}",
                 "managed": b.managed,

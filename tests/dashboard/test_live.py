@@ -175,3 +175,28 @@ def test_benchmarks_lists_the_stored_measurements(dashboard_env: Stack) -> None:
     assert len(shown) > 0  # the fixture's sweeps and traffic were stored
     assert set(table["model"]) == {MODEL}
     assert any(c.value.startswith(f"The latest {len(shown)}, newest first") for c in at.caption)
+
+
+def test_overview_keeps_capacity_cost_and_gpu_spend_apart(dashboard_env: Stack) -> None:
+    def read() -> tuple[list[dict[str, Any]], float]:
+        with dashboard_env.admin() as admin:
+            rows = admin.get("/admin/v1/savings").json()["data"]
+            start = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+            spend = admin.get("/admin/v1/spend", params={
+                "from": (start - dt.timedelta(days=7)).isoformat()}).json()  # fmt: skip
+        return rows, float(spend["total_usd"])
+
+    rows, spend_before = read()
+    at = _run(_overview)
+    _, spend_after = read()
+    metrics = {m.label: m for m in at.metric}
+    cost = sum(r["cost_usd"] for r in rows)
+    saved = sum(r["savings_usd"] for r in rows)
+    baseline = sum(r["baseline_cost_usd"] for r in rows)
+    assert metrics["Capacity cost"].value == f"${cost:,.4f}"
+    assert metrics["Saved vs plain"].value == f"${saved:,.4f}"
+    assert metrics["Saved vs plain"].delta == f"{saved / baseline:.0%} less than plain"
+    spent = float(metrics["Actual GPU spend (7 days, on-demand)"].value.lstrip("$"))
+    assert round(spend_before, 2) <= spent <= round(spend_after, 2)
+    table = at.dataframe[0].value
+    assert "capacity cost (USD)" in table.columns
