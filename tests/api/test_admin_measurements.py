@@ -54,3 +54,14 @@ async def test_measurements_reject_a_bad_limit(client: httpx.AsyncClient) -> Non
     for limit in ("0", "1001", "many"):
         response = await client.get("/admin/v1/measurements", params={"limit": limit})
         assert_envelope(response, 422, "limit")
+
+
+async def test_measurements_filters_with_odd_text_are_answered(client: httpx.AsyncClient) -> None:
+    for value in ("\x00", "é/ü", "x" * 500):
+        for name in ("model", "backend", "source"):
+            response = await client.get("/admin/v1/measurements", params={name: value})
+            assert response.status_code in {200, 422}, (name, value, response.text)
+            if response.status_code == 200:
+                assert response.json()["data"] == []
+            else:
+                assert_envelope(response, 422)  # text the database cannot hold
