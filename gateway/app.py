@@ -103,7 +103,8 @@ def _limited(receive: Any, limit: int) -> Any:
         message = await receive()
         size += len(message.get("body", b""))
         if size > limit:
-            raise StarletteHTTPException(413, f"Request body larger than {limit} bytes")
+            message = f"Request body larger than {limit} bytes"
+            raise StarletteHTTPException(413, message, headers={"connection": "close"})
         return message
 
     return limited

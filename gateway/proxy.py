@@ -395,6 +395,8 @@ async def _send_error(send: Send, error: RelayError, request_id: str) -> None:
     ]
     if error.retry_after_s is not None:
         headers.append((b"retry-after", str(error.retry_after_s).encode()))
+    if error.status == 413:  # the rest of the body is never read: the connection must go
+        headers.append((b"connection", b"close"))
     try:
         await send({"type": "http.response.start", "status": error.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -228,6 +228,7 @@ def test_a_huge_body_is_413_without_being_read(target: Target) -> None:
             sock.sendall(head + b"{" + b" " * 4096)
             answer = read_all(sock)  # returns only once the server closed the connection
         assert status_of(answer) == 413
+        assert b"\r\nconnection: close\r\n" in answer.lower()  # type: ignore[union-attr]
         return answer
 
     def chunked() -> bytes | str:
@@ -235,11 +236,13 @@ def test_a_huge_body_is_413_without_being_read(target: Target) -> None:
         data = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunk * (MAX_BODY_BYTES // 8192 + 4)
         answer = raw(target, data)
         assert status_of(answer) == 413
+        assert b"\r\nconnection: close\r\n" in answer.lower()  # type: ignore[union-attr]
         return answer
 
     def streamed() -> httpx.Response:
         response = post(target, b"{" + b" " * (MAX_BODY_BYTES + 1) + b"}")
         assert response.status_code == 413
+        assert response.headers["connection"] == "close"
         return response
 
     run_scenario(target, "huge body (> max_body_bytes)", [announced, chunked, streamed])

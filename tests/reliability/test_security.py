@@ -331,6 +331,7 @@ async def test_an_admin_body_beyond_max_body_bytes_is_413(database_url: str, chu
             response = await c.post("/admin/v1/keys", content=content)
             assert response.status_code == 413, response.text
             assert set(response.json()["error"]) == ENVELOPE_KEYS
+            assert response.headers["connection"] == "close"  # the rest is never read
             assert (await c.get("/admin/v1/keys")).json()["data"] == []  # nothing was created
             fitting = await c.post("/admin/v1/keys", json={"name": "a" * 100})
             assert fitting.status_code == 201
