@@ -28,7 +28,7 @@ from tests.e2e.conftest import (
     write_fleet,
 )
 
-EXAMPLES = 10  # per operation, mode (valid, invalid) and database: about 500 requests each
+EXAMPLES = 8  # per operation, mode (valid, invalid) and database: about 420 requests each
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CHECKS = [
     checks.not_a_server_error,

@@ -83,24 +83,19 @@ BAD_AUTHORIZATIONS = {
 }
 
 
-@pytest.mark.parametrize("authorization", BAD_AUTHORIZATIONS.values(), ids=BAD_AUTHORIZATIONS)
-async def test_every_admin_route_refuses_a_missing_or_wrong_token(
-    app: FastAPI, authorization: str | None
-) -> None:
+async def test_every_admin_route_refuses_a_missing_or_wrong_token(app: FastAPI) -> None:
     transport = httpx.ASGITransport(app=app)
-    headers = {} if authorization is None else {"Authorization": authorization}
-    refused = []
+    admin_routes = [(m, p) for m, p in every_route(app) if p.startswith("/admin/")]
+    assert len(admin_routes) >= 30
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http:
-        for method, path in every_route(app):
-            if not path.startswith("/admin/"):
-                continue
-            response = await http.request(method, concrete(path), headers=headers, json={})
-            assert response.status_code == 401, (method, path, response.text)
-            error = response.json()["error"]
-            assert set(error) == ENVELOPE_KEYS
-            assert error["type"] == "authentication_error"
-            refused.append(path)
-    assert len(refused) >= 30
+        for case, authorization in BAD_AUTHORIZATIONS.items():
+            headers = {} if authorization is None else {"Authorization": authorization}
+            for method, path in admin_routes:
+                response = await http.request(method, concrete(path), headers=headers, json={})
+                assert response.status_code == 401, (case, method, path, response.text)
+                error = response.json()["error"]
+                assert set(error) == ENVELOPE_KEYS
+                assert error["type"] == "authentication_error"
 
 
 async def test_the_right_token_is_accepted(client: httpx.AsyncClient) -> None:
@@ -235,13 +230,11 @@ def redirecting(target: ThreadingHTTPServer) -> Iterator[ThreadingHTTPServer]:
     yield from _serve(answer)
 
 
-@pytest.mark.parametrize("stream", [False, True])
 def test_a_backend_redirect_is_not_followed(
     start_server: ServerStarter,
     tmp_path: Path,
     redirecting: ThreadingHTTPServer,
     target: ThreadingHTTPServer,
-    stream: bool,
 ) -> None:
     url = f"http://127.0.0.1:{redirecting.server_address[1]}"
     fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("redirecting", url)])
@@ -250,16 +243,18 @@ def test_a_backend_redirect_is_not_followed(
         DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite",
         DRAFTGATE_FLEET=str(fleet),
         DRAFTGATE_REQUIRE_API_KEY="false",
+        DRAFTGATE_BREAKER_FAILURES="100",  # both requests reach the backend
     )
     server = start_server("gateway", env=env)
-    body = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
-            "stream": stream, "max_tokens": 4}  # fmt: skip
-    with server.client() as http:
-        response = http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 502, response.text
-    assert response.json()["error"]["code"] == "upstream_error"
-    assert "location" not in response.headers
-    assert any(h.startswith("/v1/") for h in redirecting.hits)
+    for stream in (False, True):
+        body = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
+                "stream": stream, "max_tokens": 4}  # fmt: skip
+        with server.client() as http:
+            response = http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 502, response.text
+        assert response.json()["error"]["code"] == "upstream_error"
+        assert "location" not in response.headers
+    assert len([h for h in redirecting.hits if h.startswith("/v1/")]) >= 2
     assert target.hits == []
 
 
