@@ -83,7 +83,7 @@ def acceptance_by_position(curves: dict[str, list[float]]) -> alt.Chart:
     values = [{"backend": name, "position": i + 1, "accepted": rate}
               for name, rates in curves.items() for i, rate in enumerate(rates)]  # fmt: skip
     chart: alt.Chart = _chart(values).mark_line(point=True).encode(
-        x=alt.X("position:O", title="draft position"),
+        x=alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("accepted:Q", title="accepted", axis=alt.Axis(format="%")),
         color="backend:N", tooltip=["backend:N", "position:O", "accepted:Q"],
     )  # fmt: skip

@@ -11,7 +11,7 @@ from dashboard.schemas import Backend
 
 METHODS = tuple(CATALOG)  # the method catalog, as the admin API validates it
 NO_DATA = "—"  # plain decoding, or nothing measured yet: never a made-up figure
-ACCEPTANCE_SOURCES = {"scrape": "live scrape", "measurement": "last measurement"}
+ACCEPTANCE_SOURCES = {"scrape": "live scrape", "measurement": "last stored measurement"}
 
 
 def _health(b: Backend) -> str:

@@ -93,7 +93,7 @@ def test_backends_show_live_acceptance_from_the_admin_api(dashboard_env: Stack) 
         assert float(rows.loc[name, "acceptance length"]) > 1
     eagle3 = rows.loc["demo-eagle3", "accepted per position"]
     assert eagle3.count("%") == 3  # K=3: one share per draft position
-    assert rows.loc["demo-eagle3", "acceptance from"] in {"live scrape", "last measurement"}
+    assert rows.loc["demo-eagle3", "acceptance from"] in {"live scrape", "last stored measurement"}
 
 
 def test_methods_shows_the_live_acceptance_of_the_models_backends(dashboard_env: Stack) -> None:
