@@ -44,6 +44,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+RELAYED_PATH = re.compile(r"^/v1(/[A-Za-z0-9._~-]+)+$")  # no empty, encoded or odd segments
 REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # usage_records.request_id is 64 chars
 SSE_ERROR_TYPE = "upstream_error"
 
@@ -95,6 +96,10 @@ class Relay:
     async def _handle(
         self, path: str, headers: dict[bytes, bytes], x: Exchange, receive: Receive, send: Send
     ) -> None:
+        if not RELAYED_PATH.match(path) or any(s in (".", "..") for s in path.split("/")):
+            # Dot segments would be resolved on the way out and reach the backend's other
+            # endpoints (vLLM's /reset_prefix_cache, /sleep, ...), which no client may call.
+            raise RelayError(404, f"Unknown path {path[:100]!r}", code="unknown_url")
         body = await self._read_body(headers, receive)
         payload = parse_body(body)
         model = payload.get("model")

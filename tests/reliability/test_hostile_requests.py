@@ -380,3 +380,22 @@ def test_generated_bodies_get_a_200_or_a_4xx_envelope(
     if response.status_code >= 400:
         assert set(response.json()["error"]) == ENVELOPE_KEYS
         tally.refused += 1
+
+
+def test_dot_segments_never_reach_other_backend_endpoints(target: Target) -> None:
+    payload = body()
+
+    def request(path: bytes) -> bytes | str:
+        head = HEAD.replace(b"/v1/chat/completions", path)
+        answer = raw(target, head + b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(payload), payload))  # fmt: skip
+        assert status_of(answer) == 404, answer
+        error = orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]  # type: ignore[union-attr]
+        assert error["code"] == "unknown_url"  # the gateway's answer, not the backend's
+        return answer
+
+    paths = [
+        b"/v1/../metrics", b"/v1/%2e%2e/metrics", b"/v1/..%2fmetrics", b"/v1/./chat/completions",
+        b"/v1//chat/completions", b"/v1/chat/completions/..", b"/v1/%2E%2E/reset_prefix_cache",
+    ]  # fmt: skip
+    run_scenario(target, "path traversal (dot segments)", [lambda p=p: request(p) for p in paths])
