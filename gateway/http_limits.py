@@ -111,10 +111,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        if self.cycle is None or self.cycle.response_complete:  # still in the head: say so
+        if self._head_bytes and (self.cycle is None or self.cycle.response_complete):
             self._refuse(408, f"request not received within {self.limits.read_timeout_s} s")
-        else:  # the app is reading the body: it sees a disconnect
-            logger.debug("closing a connection whose request body stalled")
+        else:  # idle (an answer could race a new request), or the app sees a disconnect
+            logger.debug("closing an idle connection or one whose request body stalled")
             self.transport.close()
 
     def _refuse(self, status: int, message: str) -> None:

@@ -332,6 +332,8 @@ def test_slowloris_is_cut_off_while_others_are_served(target: Target) -> None:
         thread.join(CLOSE_WITHIN_S + 5)
         assert not thread.is_alive()
     assert results["headers"][1] < len(head)  # cut off before its headers were complete
+    assert status_of(results["headers"][0]) == 408
+    assert results["idle"][0] == CLOSED  # nothing asked, nothing answered: just closed
     assert results["body"][1] < len(payload)  # cut off before its body was complete
     for answer, _ in results.values():
         expect_refused(tally, answer)
