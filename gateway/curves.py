@@ -14,7 +14,7 @@ measurements: a live fleet often has measured one method only, and four overhead
 bandwidth parameters fitted to one method's points bend the other methods' predictions
 (a uniformly slower host reads as large drafter overheads and penalises sequential
 drafters). Anchoring each curve to measurements corrects the level; the planner supplies
-the shape. (`GET /admin/v1/plan` does fit, with its leave-one-out error band.)
+the shape. (`GET /admin/v1/plan` does fit, with its held-out error band.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from planner import calibration, catalog
 from planner.calibration import EngineCalibration
 from planner.catalog import UnknownCatalogEntry
 from planner.cost import ThroughputCurve
-from planner.fit_measurements import Hardware, MeasuredPoint, predict_point
+from planner.fit_measurements import Hardware, MeasuredPoint, concurrency_bin, predict_point
 from planner.recommend import CONCURRENCY
 
 WORKLOAD = "chat"  # the traffic the planner assumes for live requests
@@ -71,13 +71,8 @@ def measured(session: Session) -> list[Aggregate]:
     bins: dict[tuple[CurveKey, float], list[tuple[int, int, float, float | None]]]
     bins = defaultdict(list)
     for model, method, gpu, c, k, n, tps, al in session.execute(query):
-        bins[((model, method, gpu), _bin(float(c)))].append((int(k), n, float(tps), al))
+        bins[((model, method, gpu), concurrency_bin(float(c)))].append((int(k), n, float(tps), al))
     return [_aggregate(key, c, rows) for (key, c), rows in bins.items()]
-
-
-def _bin(concurrency: float) -> float:
-    """Concurrency rounded to a quarter octave, so scraped windows pool (pure)."""
-    return float(2 ** (round(math.log2(max(concurrency, 1.0)) * 4) / 4))
 
 
 def _aggregate(

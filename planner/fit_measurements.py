@@ -3,12 +3,18 @@
 The free parameters are the host overheads and the achieved bandwidth; the roofline terms
 come from the catalogs. Each measured point uses its measured acceptance length when it has
 one, else the calibration's profile. The error band is the mean absolute relative error of
-leave-one-out predictions: each point predicted by a fit that did not see it.
+held-out predictions: each point predicted by a fit that did not see it (leave-one-out up to
+`FOLDS` points, then that many folds).
+
+A collector stores a point per backend per window, so a busy fleet holds thousands. Fits
+run on points pooled per (method, K, quarter octave of concurrency), weighted by how many
+each pools: a fit's cost follows the configurations seen, not the hours they were watched.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,6 +27,7 @@ from planner.specdec import StepTimeModel, output_tokens_per_s
 
 FREE = ("step_overhead_s", "per_seq_overhead_s", "bandwidth_efficiency", "drafter_pass_overhead_s")
 MAX_EVALUATIONS = 600
+FOLDS = 5  # held-out fits: leave-one-out up to this many points, then this many folds
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,7 @@ class FittedModel:
 
     calibration: EngineCalibration
     points: int
-    error_band: float | None  # mean |prediction / measurement - 1| under leave-one-out
+    error_band: float | None  # mean |prediction / measurement - 1| on held-out points
 
 
 @dataclass(frozen=True)
@@ -89,16 +96,43 @@ def _encode(cal: EngineCalibration) -> list[float]:
     return out
 
 
+def concurrency_bin(concurrency: float) -> float:
+    """Concurrency rounded to a quarter octave, so nearby windows pool."""
+    return float(2 ** (round(math.log2(max(concurrency, 1.0)) * 4) / 4))
+
+
+def pooled(points: Sequence[MeasuredPoint]) -> list[tuple[MeasuredPoint, int]]:
+    """The points pooled per (method, K, concurrency bin), each with how many it holds.
+
+    A pool's concurrency is its points' mean, its throughput their geometric mean (the fit
+    is least squares in log throughput), its acceptance the mean of those that have one.
+    """
+    pools: dict[tuple[str, int, float], list[MeasuredPoint]] = defaultdict(list)
+    for p in points:
+        pools[(p.method, p.k, concurrency_bin(p.concurrency))].append(p)
+    return [(_pool(members), len(members)) for members in pools.values()]
+
+
+def _pool(members: list[MeasuredPoint]) -> MeasuredPoint:
+    n = len(members)
+    log_tps = sum(math.log(p.output_tokens_per_s) for p in members) / n
+    seen = [p.acceptance_length for p in members if p.acceptance_length is not None]
+    return MeasuredPoint(members[0].method, members[0].k,
+                         sum(p.concurrency for p in members) / n, math.exp(log_tps),
+                         sum(seen) / len(seen) if seen else None)  # fmt: skip
+
+
 def fit_calibration(
     hw: Hardware, base: EngineCalibration, points: Sequence[MeasuredPoint]
 ) -> EngineCalibration:
     """Least squares in log throughput, with a weak pull towards the base (few points)."""
     start = _encode(base)
+    pools = pooled(points)
 
     def loss(x: Sequence[float]) -> float:
         cal = _decode(x, base)
-        fit_error = sum(math.log(predict_point(hw, cal, p) / p.output_tokens_per_s) ** 2
-                        for p in points)  # fmt: skip
+        fit_error = sum(n * math.log(predict_point(hw, cal, p) / p.output_tokens_per_s) ** 2
+                        for p, n in pools)  # fmt: skip
         prior = 0.01 * sum((a - b) ** 2 for a, b in zip(x, start, strict=True))
         return fit_error + prior
 
@@ -127,12 +161,17 @@ def fit_measurements(
 def held_out_predictions(
     hw: Hardware, points: Sequence[MeasuredPoint], base: EngineCalibration | None = None
 ) -> list[float] | None:
-    """Each point's throughput as predicted by a fit to the others (None below 3 points)."""
+    """Each point's throughput as predicted by a fit that did not see it (None below 3
+    points): point i is held out in fold i mod `FOLDS`, so up to `FOLDS` points this is
+    leave-one-out."""
     if len(points) < 3:
         return None
     base = base or calibration.engine_calibration()
-    out = []
-    for i, held_out in enumerate(points):
-        cal = fit_calibration(hw, base, [p for j, p in enumerate(points) if j != i])
-        out.append(predict_point(hw, cal, held_out))
+    folds = min(len(points), FOLDS)
+    out: list[float] = [0.0] * len(points)
+    for fold in range(folds):
+        seen = [p for i, p in enumerate(points) if i % folds != fold]
+        cal = fit_calibration(hw, base, seen)
+        for i in range(fold, len(points), folds):
+            out[i] = predict_point(hw, cal, points[i])
     return out

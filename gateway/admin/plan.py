@@ -170,7 +170,7 @@ accuracy_router = APIRouter(prefix="/accuracy", tags=["plan"])
 
 @accuracy_router.get("")
 def get_accuracy(session: SessionDep, workload: str = "chat") -> dict[str, Any]:
-    """Every measured point beside the planner's prediction from the others (leave-one-out)."""
+    """Every measured point beside the planner's prediction from a fit that did not see it."""
     if workload not in calibration.workloads():
         known = ", ".join(calibration.workloads())
         raise ValidationFailed(f"unknown workload {workload!r}; known: {known}", param="workload")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.curves import Aggregate, Served, _bin, build_curves, extend
+from gateway.curves import Aggregate, Served, build_curves, extend
+from planner.fit_measurements import concurrency_bin
 
 MODEL, GPU = "openai/gpt-oss-20b", "B200"
 
@@ -36,7 +37,7 @@ def test_extend_without_measurements_is_the_prediction() -> None:
     [(0.4, 1.0), (1.0, 1.0), (1.08, 1.0), (2.0, 2.0), (3.0, 2 ** (6 / 4)), (64.0, 64.0)],
 )
 def test_concurrency_bins_are_quarter_octaves(concurrency: float, expected: float) -> None:
-    assert _bin(concurrency) == pytest.approx(expected)
+    assert concurrency_bin(concurrency) == pytest.approx(expected)
 
 
 def test_unmeasured_catalog_methods_get_the_planners_curve() -> None:
