@@ -54,7 +54,7 @@ def usage_by_model(rows: list[UsageRow]) -> alt.Chart:
 
 
 def predicted_vs_measured(points: list[AccuracyPoint]) -> alt.Chart:
-    """Each measured point against the planner's leave-one-out prediction."""
+    """Each measured point against the planner's held-out prediction."""
     values = [{"measured": p.measured_output_tokens_per_s,
                "predicted": p.predicted_output_tokens_per_s, "method": p.method,
                "model": p.model, "concurrency": p.concurrency}

@@ -18,7 +18,7 @@ def render() -> None:
                 "a sweep on the Benchmarks page adds more.")  # fmt: skip
         return
     mean = accuracy.mean_absolute_error
-    st.metric("Mean absolute error (leave-one-out)", "—" if mean is None else f"{mean:.1%}")
+    st.metric("Mean absolute error (held out)", "—" if mean is None else f"{mean:.1%}")
     if mean is None:
         st.caption("No error yet: a point is predicted from the other measurements of its "
                    "model and GPU once there are enough of them; more arrive as traffic flows "
