@@ -12,6 +12,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+# Seconds to open a PostgreSQL connection. libpq waits forever by default, so a database
+# host that stopped answering would hang admin calls and /ready instead of a quick 503.
+POSTGRES_CONNECT_TIMEOUT_S = 5
+
 
 def _ensure_sqlite_dir(url: str) -> None:
     """Create the directory of a SQLite file so a fresh checkout just works."""
@@ -29,8 +33,13 @@ def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine; SQLite gets foreign keys, WAL and a busy timeout."""
-    if make_url(url).get_backend_name() != "sqlite":
+    """Create an engine; PostgreSQL gets a connect timeout, SQLite foreign keys, WAL and a
+    busy timeout."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        connect_args = kwargs.setdefault("connect_args", {})  # a URL's own setting wins
+        connect_args.setdefault("connect_timeout", POSTGRES_CONNECT_TIMEOUT_S)
+    if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **kwargs)
     _ensure_sqlite_dir(url)
     engine = create_engine(url, **kwargs)

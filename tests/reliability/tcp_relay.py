@@ -2,7 +2,8 @@
 
 The PostgreSQL server is shared, so it is never stopped; the gateway reaches it through this
 relay instead, and `cut()` makes the database vanish for it: existing connections are reset
-and new ones are accepted and closed at once, until `restore()`.
+and new ones are accepted and closed at once (or, with `silent=True`, accepted and never
+answered), until `restore()`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class TcpRelay:
     _down: threading.Event = field(default_factory=threading.Event)
     _closed: threading.Event = field(default_factory=threading.Event)
     _open: set[socket.socket] = field(default_factory=set)
+    _held: list[socket.socket] = field(default_factory=list)  # silent outage: never answered
+    _silent: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> TcpRelay:
@@ -47,8 +50,13 @@ class TcpRelay:
             raise ValueError(f"{database_url} does not name {origin}")
         return database_url.replace(origin, f"127.0.0.1:{self.port}", 1)
 
-    def cut(self) -> None:
-        """Start an outage: reset every open connection and refuse new ones."""
+    def cut(self, *, silent: bool = False) -> None:
+        """Start an outage: reset every open connection and refuse new ones.
+
+        `silent`: accept new connections but never answer on them (a host that stopped
+        answering), until `restore()` closes them.
+        """
+        self._silent = silent
         self._down.set()
         with self._lock:
             sockets, self._open = list(self._open), set()
@@ -58,6 +66,10 @@ class TcpRelay:
     def restore(self) -> None:
         """End the outage."""
         self._down.clear()
+        with self._lock:
+            held, self._held = self._held, []
+        for sock in held:
+            _reset(sock)
 
     @property
     def connections(self) -> int:
@@ -80,7 +92,11 @@ class TcpRelay:
                 return
             if self._down.is_set():
                 self.refused += 1
-                _reset(client)
+                if self._silent:
+                    with self._lock:
+                        self._held.append(client)
+                else:
+                    _reset(client)
                 continue
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 

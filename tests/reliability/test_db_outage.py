@@ -14,6 +14,7 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -285,3 +286,37 @@ def test_budget_holds_through_an_outage_and_the_recovery(
     )
     assert during[-1].status == 429, "the budget never refused during the outage"
     assert {o.status for o in after} == {429}, f"{len(admitted_after)} admitted over budget"
+
+
+def test_silent_database_gets_503s_not_hangs(
+    postgres_schema: str, relay: TcpRelay, start_server: ServerStarter
+) -> None:
+    """A database host that accepts connections and never answers: proxying goes on, and
+    admin calls and /ready answer 503 (within the connect timeout) instead of hanging."""
+    stack = start_stack(start_server, relay, postgres_schema)
+    load = StreamingLoad([stack.gateway.base_url], SIM_MODEL, 4).start()
+    time.sleep(2.0)
+    relay.cut(silent=True)
+    started = time.monotonic()
+    paths = ["/ready", *ADMIN_PATHS * 4]  # more callers than the connection pool holds
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with (
+        httpx.Client(base_url=stack.gateway.base_url, headers=headers, timeout=90.0) as http,
+        ThreadPoolExecutor(len(paths)) as pool,
+    ):
+        responses = list(pool.map(http.get, paths))
+    answered_s = time.monotonic() - started
+    relay.restore()
+    wait_ready(stack.gateway.base_url, RECOVERY_TIMEOUT_S)
+    outcomes = load.stop()
+    rows = wait_for_rows(stack.database_url, len(outcomes), LEDGER_TIMEOUT_S)
+    statuses = Counter(r.status_code for r in responses)
+    print(
+        f"\nsilent database: {len(paths)} admin and /ready calls answered {dict(statuses)} "
+        f"within {answered_s:.1f} s; {len(outcomes)} requests meanwhile, "
+        f"failed {len(failures(outcomes))}, records written {len(rows)}"
+    )
+    assert set(statuses) == {503}, [r.text[:200] for r in responses if r.status_code != 503]
+    assert all(r.json()["error"]["type"] for r in responses)
+    assert failures(outcomes) == []
+    assert {r["client_request_id"] for r in rows} == {o.request_id for o in outcomes}
