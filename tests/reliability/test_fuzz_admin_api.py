@@ -4,6 +4,7 @@ documented and matches its declared schema."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -28,7 +29,9 @@ from tests.e2e.conftest import (
     write_fleet,
 )
 
-EXAMPLES = 8  # per operation, mode (valid, invalid) and database: about 420 requests each
+# Per operation, mode (valid, invalid) and database: about 420 requests each. A longer run:
+# FUZZ_SCALE=20 pytest tests/reliability/test_fuzz_admin_api.py
+EXAMPLES = 8 * int(os.environ.get("FUZZ_SCALE", "1"))
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CHECKS = [
     checks.not_a_server_error,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +16,10 @@ from backends import vllm_metrics as vm
 from backends.vllm_metrics import parse_metrics
 from gateway.sse import UsageTap
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SCALE = int(os.environ.get("FUZZ_SCALE", "1"))  # e.g. FUZZ_SCALE=100 for a long run
+FUZZ = settings(
+    max_examples=300 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 # --- The SSE usage tap (gateway/sse.py) ---
 

@@ -7,6 +7,7 @@ request between every two bad ones is served, and the ledger holds a record of e
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -341,13 +342,16 @@ def test_slowloris_is_cut_off_while_others_are_served(target: Target) -> None:
 
 # --- Generated bodies: whatever JSON arrives, the answer is a 200 or a 4xx envelope. ---
 
-JSON = st.recursive(
+
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+
+
+SCALARS = (
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
-    | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                  max_size=4),
-    max_leaves=12,
+    | st.text(max_size=20)
 )  # fmt: skip
+JSON = st.recursive(SCALARS, _containers, max_leaves=12)
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]) | JSON,
      "content": st.text(max_size=40) | JSON},
@@ -368,7 +372,12 @@ BODIES = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(
+    max_examples=60 * int(os.environ.get("FUZZ_SCALE", "1")),  # FUZZ_SCALE=20: a long run
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
 @given(payload=BODIES)
 def test_generated_bodies_get_a_200_or_a_4xx_envelope(
     target: Target, payload: dict[str, Any]
