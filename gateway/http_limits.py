@@ -88,12 +88,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        if self.cycle is None or self.cycle.response_complete:
+            self._await_next_head()
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        self._disarm()  # an early answer (a 413, say) ends the wait for the body
-        self._head_bytes = self._head_size = self._header_count = 0
+        self._disarm()
+        if self.cycle is not None and self.cycle.more_body:  # answered early (a 401, say):
+            self._arm()  # the unread rest of the body still has to arrive in time
+        else:
+            self._await_next_head()
         super().on_response_complete()
+
+    def _await_next_head(self) -> None:
+        self._head_bytes = self._head_size = self._header_count = 0
 
     def send_400_response(self, msg: str) -> None:
         status, message = self._refusal or (400, "malformed HTTP request")
@@ -111,7 +119,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        if self._head_bytes and (self.cycle is None or self.cycle.response_complete):
+        if self._header_count >= 0 and self._head_bytes:  # a head has begun: say why
             self._refuse(408, f"request not received within {self.limits.read_timeout_s} s")
         else:  # idle (an answer could race a new request), or the app sees a disconnect
             logger.debug("closing an idle connection or one whose request body stalled")
