@@ -410,3 +410,25 @@ def test_dot_segments_never_reach_other_backend_endpoints(target: Target) -> Non
         b"/v1//chat/completions", b"/v1/chat/completions/..", b"/v1/%2E%2E/reset_prefix_cache",
     ]  # fmt: skip
     run_scenario(target, "path traversal (dot segments)", [lambda p=p: request(p) for p in paths])
+
+
+def test_ambiguous_framing_is_400(target: Target) -> None:
+    """Content-Length and Transfer-Encoding that disagree (request smuggling) are refused."""
+    head = HEAD + b"Connection: close\r\n"
+    framings = [
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        b"GET /health HTTP/1.1\r\n\r\n",
+        b"Content-Length: 2\r\nContent-Length: 30\r\n\r\n{}",
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n0\r\n\r\n",
+        b"Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
+    ]
+
+    def request(framing: bytes) -> bytes | str:
+        answer = raw(target, head + framing)
+        assert status_of(answer) == 400, answer
+        assert answer.count(b"HTTP/1.1 ") == 1  # type: ignore[union-attr]  (nothing smuggled)
+        return answer
+
+    run_scenario(target, "ambiguous framing (CL/TE smuggling)", [
+        lambda f=f: request(f) for f in framings
+    ])  # fmt: skip
