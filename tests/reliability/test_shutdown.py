@@ -32,7 +32,7 @@ from tests.reliability.conftest import (
 MODEL = "reliability/shutdown"
 SIM_OPTIONS = ("--time-scale", "0.2")  # slower than real time: streams last seconds
 STREAMS = 32
-MAX_TOKENS = 64
+MAX_TOKENS = 128  # seconds per stream: all are still running when SIGTERM arrives
 GRACE_S = 30
 SHORT_GRACE_S = 1
 START_TIMEOUT_S = 30.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ STALL_MODEL = "reliability/stall"  # a stalling backend beside a healthy one
 SLOW_MODEL = "reliability/slow"  # a backend that answers after 30 s beside a healthy one
 HEALTHY_MODEL = "reliability/healthy"
 FAST = ("--time-scale", "10")
-READ_TIMEOUT_S = 1
+READ_TIMEOUT_S = 2  # short, yet a busy machine's healthy simulator answers well within it
 BREAKER_FAILURES = 3
 HOL_READ_TIMEOUT_S = 5  # a healthy request stuck behind a stall would take this long
 STALLED_REQUESTS = 300
@@ -78,6 +79,9 @@ def gateways(tmp_path: Any) -> Iterator[Any]:
 
     def start(backends: list[dict[str, object]], **settings: str) -> Server:
         fleet = write_fleet(tmp_path / f"fleet-{len(started)}.yaml", backends)
+        # Probes at the default pace: their timeout, min(interval, 2 s), must not expire just
+        # because the machine is busy; the breaker, not the prober, is under test here.
+        settings = {"PROBE_INTERVAL_S": "5"} | settings
         env = gateway_env(f"sqlite:///{tmp_path}/gw-{len(started)}.db", fleet, **settings)
         server = spawn_on_port(("gateway",), env, tmp_path, free_port())
         started.append(server)
@@ -113,6 +117,15 @@ async def streams(gateway: Server, model: str, count: int, concurrency: int) -> 
         return list(await asyncio.gather(*(one() for _ in range(count))))
 
 
+async def wait_connections(pid: int, port: int, count: int, timeout_s: float = 30.0) -> int:
+    """Until process `pid` holds `count` connections to `port` (stalls in flight); how many."""
+    deadline = time.monotonic() + timeout_s
+    while (held := connections_to(pid, [port])) < count:
+        assert time.monotonic() < deadline, f"only {held} connections to the stalled backend"
+        await asyncio.sleep(0.05)
+    return held
+
+
 def median_latency_s(outcomes: list[Outcome]) -> float:
     """The median latency of requests that all succeeded."""
     assert [o.kind for o in outcomes] == ["ok"] * len(outcomes)
@@ -135,15 +148,21 @@ async def test_a_stall_trips_the_read_timeout_then_the_breaker(sims: Sims, gatew
         outcomes += await streams(gateway, STALL_MODEL, 1, 1)
     broken = [o for o in outcomes if o.kind == "broken_with_error"]
     after = await streams(gateway, STALL_MODEL, 10, 2)
+    retried = metric_value(gateway.base_url, "draftgate_upstream_retries_total", model=STALL_MODEL)
     print(
         f"\nscenario 2 stall: {len(outcomes)} requests until the breaker opened, "
         f"broken with error event={len(broken)} (read timeout {READ_TIMEOUT_S}s), "
+        f"retried={retried:.0f}, "
         f"then {sum(o.kind == 'ok' for o in after)}/10 ok on {sorted({o.backend for o in after})}"
     )
-    assert len(broken) == BREAKER_FAILURES  # each stall counted, nothing reset the count
+    # Each stall counted, nothing reset the count (a stall before the first chunk, possible
+    # when the machine is slow, is retried on the healthy backend and counts too).
+    assert broken
+    assert len(broken) + retried == BREAKER_FAILURES
     assert {o.backend for o in broken} == {"stall-1"}
-    assert all(o.chunks > 0 for o in broken)  # cut mid-stream, not before
-    assert all(o.latency_s >= READ_TIMEOUT_S for o in broken)
+    assert all(o.chunks > 0 for o in broken), broken  # cut mid-stream, not before
+    # Ended by the read timeout (timers may fire a hair early across processes).
+    assert min(o.latency_s for o in broken) >= 0.9 * READ_TIMEOUT_S, broken
     assert [o.kind for o in outcomes if o not in broken] == ["ok"] * (len(outcomes) - len(broken))
     assert [(o.kind, o.backend) for o in after] == [("ok", "stall-ok")] * 10
 
@@ -191,8 +210,7 @@ async def test_stalls_block_no_other_model_and_leak_nothing(sims: Sims, gateways
     stalled = asyncio.create_task(
         streams(gateway, STALL_MODEL, STALLED_REQUESTS, STALL_CONCURRENCY)
     )
-    await asyncio.sleep(1.0)  # the first wave is stalled now
-    in_stall = connections_to(pid, [stall_port])
+    in_stall = await wait_connections(pid, stall_port, STALL_CONCURRENCY // 2)
     during_s = median_latency_s(await streams(gateway, HEALTHY_MODEL, PROBES, 4))
     outcomes = await stalled
     await asyncio.sleep(1.0)
@@ -207,8 +225,8 @@ async def test_stalls_block_no_other_model_and_leak_nothing(sims: Sims, gateways
         f"fds before={fds} after={fds_after}; "
         f"RSS before={rss / 2**20:.1f}MB after={rss_after / 2**20:.1f}MB"
     )
-    assert kinds == ["broken_with_error"] * STALLED_REQUESTS
-    assert in_stall >= STALL_CONCURRENCY // 2  # the stalls were really in flight
+    others = [o for o in outcomes if o.kind != "broken_with_error"]
+    assert not others, others[:3]
     # No head-of-line blocking: one blocked request would wait the whole read timeout.
     assert during_s < min(3 * before_s + 1.0, HOL_READ_TIMEOUT_S / 2)
     assert upstream_after <= upstream + 2  # every timed-out connection was closed
