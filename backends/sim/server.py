@@ -193,7 +193,9 @@ class SimServer:
         self.runner.abort(stream.request)
         if drop:
             raise ConnectionDropped("drop_rate fault: cutting the connection mid-stream")
-        while (await stream.events.get())[0] is not None:  # stall until the client leaves
+        # Stall until the client leaves (its watcher's abort); the engine may already have
+        # queued the rest of the request, its end included, which must not end the stall.
+        while await stream.events.get() != (None, "abort"):
             pass
 
     async def _respond_whole(self, generation: Generation, stream: Stream, send: Send) -> None:

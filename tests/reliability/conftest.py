@@ -9,6 +9,7 @@ usage-record counts per client request id.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 import uuid
@@ -52,6 +53,7 @@ class Outcome:
     chunks: int = 0  # SSE data events received, [DONE] excluded
     done: bool = False  # saw `data: [DONE]`
     error_event: bool = False  # saw an SSE `data: {"error": ...}` event
+    error_message: str | None = None  # that event's message
     exception: str | None = None
     latency_s: float = 0.0
     started_at: float = 0.0  # time.monotonic() when sent
@@ -133,6 +135,7 @@ def _read_event(outcome: Outcome, line: bytes) -> None:
         outcome.done = True
     elif line.startswith(b'data: {"error"'):
         outcome.error_event = True
+        outcome.error_message = json.loads(line[6:])["error"].get("message")
     elif line.startswith(b"data: "):
         outcome.chunks += 1
 

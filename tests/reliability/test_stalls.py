@@ -162,6 +162,7 @@ async def test_a_stall_trips_the_read_timeout_then_the_breaker(sims: Sims, gatew
     assert {o.backend for o in broken} == {"stall-1"}
     assert all(o.chunks > 0 for o in broken), broken  # cut mid-stream, not before
     # Ended by the read timeout (timers may fire a hair early across processes).
+    assert {o.error_message for o in broken} == {"backend stream broke: ReadTimeout"}
     assert min(o.latency_s for o in broken) >= 0.9 * READ_TIMEOUT_S, broken
     assert [o.kind for o in outcomes if o not in broken] == ["ok"] * (len(outcomes) - len(broken))
     assert [(o.kind, o.backend) for o in after] == [("ok", "stall-ok")] * 10
