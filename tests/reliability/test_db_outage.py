@@ -233,7 +233,12 @@ def test_held_records_are_bounded_and_the_excess_counted(
     assert failures(outcomes) == []
     assert 0 < log.pending_max <= max_pending
     assert dropped > 0
-    assert len(rows) + dropped == len(outcomes)
+    assert {r["client_request_id"] for r in rows} <= {o.request_id for o in outcomes}
+    # Every record is written or counted as dropped. A batch whose commit reached the
+    # database as the connection was cut looked failed and stayed queued, so records of it
+    # may be written and counted as dropped too: at most one queue's worth.
+    assert len(rows) + dropped >= len(outcomes)
+    assert len(rows) + dropped <= len(outcomes) + max_pending
 
 
 def send_until(http: httpx.Client, url: str, key: str, stop: Callable[[Outcome], bool],
