@@ -54,6 +54,9 @@ class Figures:
     requests: int = 0
     errors: int = 0
     first_errors: list[str] = field(default_factory=list)
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    errors_per_interval: list[int] = field(default_factory=list)
+    retried: float = 0.0  # the gateway's draftgate_upstream_retries_total at the end
     completion_tokens: int = 0
     per_interval: list[int] = field(default_factory=list)  # completed requests
     tokens_per_interval: list[int] = field(default_factory=list)
@@ -62,6 +65,7 @@ class Figures:
     rss_warm_mb: float = 0.0
     rss_end_mb: float = 0.0
     rss_max_mb: float = 0.0
+    rss_per_interval_mb: list[float] = field(default_factory=list)  # at each interval's end
     records: int = 0  # usage records the ledger wrote for this run's requests
 
 
@@ -119,6 +123,8 @@ class Load:
     def __init__(self, url: str, figures: Figures, max_tokens: int) -> None:
         self.url, self.figures, self.max_tokens = url, figures, max_tokens
         self.completed: Counter[int] = Counter()
+        self.failed: Counter[int] = Counter()
+        self.kinds: Counter[str] = Counter()
         self.tokens: Counter[int] = Counter()
         self.request_ids: list[str] = []
         self.started = 0.0
@@ -141,13 +147,15 @@ class Load:
                 error, tokens = await self._one(session, request_id)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 error, tokens = f"{type(exc).__name__}: {exc}", 0
+            elapsed_s = min(time.monotonic() - self.started, self.figures.duration_s - 1e-6)
+            bucket = int(elapsed_s // self.figures.interval_s)  # late finishers: last bucket
             if error:
                 self.figures.errors += 1
+                self.failed[bucket] += 1
+                self.kinds[error_kind(error)] += 1
                 if len(self.figures.first_errors) < 5:
                     self.figures.first_errors.append(error[:300])
                 continue
-            elapsed_s = min(time.monotonic() - self.started, self.figures.duration_s - 1e-6)
-            bucket = int(elapsed_s // self.figures.interval_s)  # late finishers: last bucket
             self.completed[bucket] += 1
             self.tokens[bucket] += tokens
             self.figures.completion_tokens += tokens
@@ -179,13 +187,31 @@ class Load:
 
 async def watch_rss(pid: int, figures: Figures, deadline: float) -> None:
     """Sample the gateway's RSS every second: its maximum, and its value after warm-up."""
-    warm_at = time.monotonic() + min(WARMUP_S, figures.duration_s / 3)
+    started = time.monotonic()
+    warm_at = started + min(WARMUP_S, figures.duration_s / 3)
     while time.monotonic() < deadline:
         rss = rss_mb(pid)
         figures.rss_max_mb = max(figures.rss_max_mb, rss)
+        intervals = len(figures.rss_per_interval_mb)
+        if time.monotonic() - started >= figures.interval_s * (intervals + 1):
+            figures.rss_per_interval_mb.append(round(rss, 1))
         if not figures.rss_warm_mb and time.monotonic() >= warm_at:
             figures.rss_warm_mb = rss
         await asyncio.sleep(1.0)
+
+
+def error_kind(error: str) -> str:
+    """An error's class for counting: its status or exception and the envelope's message."""
+    head, _, rest = error.partition(":")
+    message = rest.split('"message":"')[-1][:60].strip()
+    return f"{head}: {message}"
+
+
+def gateway_counter(url: str, name: str) -> float:
+    """The sum of a counter's samples in the gateway's GET /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=30.0).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
 
 
 def count_records(database_url: str, request_ids: list[str]) -> int:
@@ -240,9 +266,12 @@ def soak(args: argparse.Namespace, workdir: Path, figures: Figures) -> None:
         asyncio.run(both())
         figures.rss_end_mb = rss_mb(gateway.pid)
         figures.rss_warm_mb = figures.rss_warm_mb or figures.rss_start_mb
-        buckets = range(max(load.completed, default=-1) + 1)
+        buckets = range(max([*load.completed, *load.failed], default=-1) + 1)
         figures.per_interval = [load.completed[b] for b in buckets]
         figures.tokens_per_interval = [load.tokens[b] for b in buckets]
+        figures.errors_per_interval = [load.failed[b] for b in buckets]
+        figures.errors_by_kind = dict(load.kinds.most_common())
+        figures.retried = gateway_counter(url, "draftgate_upstream_retries_total")
         figures.records = count_records(database_url, load.request_ids)
     finally:
         for process in processes:
@@ -263,10 +292,13 @@ def report(figures: Figures) -> None:
           f"(lost {figures.requests - figures.records})")  # fmt: skip
     print(f"completed per {figures.interval_s:.0f} s: {figures.per_interval}")
     print(f"output tokens per {figures.interval_s:.0f} s: {figures.tokens_per_interval}")
+    print(f"errors per {figures.interval_s:.0f} s: {figures.errors_per_interval}")
+    print(f"errors by kind: {figures.errors_by_kind}; gateway retries: {figures.retried:.0f}")
     print(f"mean completed requests per minute: {sum(figures.per_interval) / minutes:.0f}")
     print(f"gateway RSS: start {figures.rss_start_mb:.1f} MB, after warm-up "
           f"{figures.rss_warm_mb:.1f} MB, end {figures.rss_end_mb:.1f} MB, "
           f"max {figures.rss_max_mb:.1f} MB")  # fmt: skip
+    print(f"gateway RSS per {figures.interval_s:.0f} s (MB): {figures.rss_per_interval_mb}")
     for error in figures.first_errors:
         print(f"error: {error}")
 
@@ -281,11 +313,16 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs and database here")
     args = parser.parse_args()
     command = shlex.join([".venv/bin/python", "bench/soak.py", *sys.argv[1:]])
     figures = Figures(command, args.concurrency, args.duration, interval_s=args.report_interval)
-    with tempfile.TemporaryDirectory(prefix="draftgate-soak-") as tmp:
-        soak(args, Path(tmp), figures)
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        soak(args, args.workdir, figures)
+    else:
+        with tempfile.TemporaryDirectory(prefix="draftgate-soak-") as tmp:
+            soak(args, Path(tmp), figures)
     report(figures)
     if args.json:
         print(json.dumps(asdict(figures)))
