@@ -148,15 +148,20 @@ async def run_streaming_load(
     duration_s: float,
     max_tokens: int = 32,
     prefix: str = "rel",
+    stop: asyncio.Event | None = None,
 ) -> LoadResult:
-    """`concurrency` clients each sending streaming requests back to back for `duration_s`."""
+    """`concurrency` clients each sending streaming requests back to back for `duration_s`.
+
+    Setting `stop` ends the run earlier: no client starts another request after it.
+    """
     result = LoadResult()
     deadline = time.monotonic() + duration_s
+    stop = stop or asyncio.Event()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(LOAD_TIMEOUT_S, connect=10.0)
 
     async def client_loop(http: httpx.AsyncClient) -> None:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             outcome = await stream_once(http, stream_body(model, max_tokens), prefix)
             result.outcomes.append(outcome)
 

@@ -33,7 +33,8 @@ MODEL = "reliability/failover"
 SIM_OPTIONS = ("--time-scale", "0.2")
 MAX_TOKENS = 48
 CONCURRENCY = 64
-LOAD_S = 6.0
+LOAD_S = 60.0  # an upper bound: the load stops AFTER_DETECTION_S after the backend is out
+AFTER_DETECTION_S = 3.0
 KILL_WHEN_RUNNING = 4  # streams in flight at the backend before it is killed
 KILL_WAIT_S = 20.0
 PROBE_INTERVAL_S = 1.0
@@ -84,6 +85,7 @@ async def test_sigkill_one_backend_under_streaming_load(
         COLLECT_INTERVAL_S="3600",
     )
     await wait_healthy_gauge(gateway, "fail-b", 1, RETURN_TIMEOUT_S)
+    stop = asyncio.Event()
     load = asyncio.create_task(
         run_streaming_load(
             gateway.base_url,
@@ -92,6 +94,7 @@ async def test_sigkill_one_backend_under_streaming_load(
             duration_s=LOAD_S,
             prefix="kill",
             max_tokens=MAX_TOKENS,
+            stop=stop,
         )
     )
     await wait_running(second, KILL_WHEN_RUNNING)
@@ -99,6 +102,8 @@ async def test_sigkill_one_backend_under_streaming_load(
     killed_at = time.monotonic()
     detect_s = await wait_healthy_gauge(gateway, "fail-b", 0, PROBE_INTERVAL_S + DETECT_SLACK_S)
     taken_out_at = time.monotonic()
+    await asyncio.sleep(AFTER_DETECTION_S)
+    stop.set()
     result = await load
     retried = metric_value(gateway.base_url, "draftgate_upstream_retries_total", model=MODEL)
     broken = [o for o in result.outcomes if o.kind == "broken_with_error"]
