@@ -48,6 +48,7 @@ class BackendState:
 
     in_flight: int = 0
     healthy: bool = True
+    slow_probes: int = 0  # health probes in a row that timed out
     failures: int = 0
     open_until: float = 0.0  # circuit breaker: no traffic before this (monotonic seconds)
     waiting: float = 0.0  # scraped `num_requests_waiting`, when known
