@@ -70,6 +70,12 @@ class GatewayMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.panic_routes = Counter(
+            "draftgate_panic_routes",
+            "Requests of a model none of whose backends looked healthy: every one was tried.",
+            ["model"],
+            registry=r,
+        )
         self.retries = Counter(
             "draftgate_upstream_retries",
             "Requests retried on another backend before their first byte.",

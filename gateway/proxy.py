@@ -185,13 +185,10 @@ class Relay:
         policy = snapshot.policies.get(x.model) or PolicyView()
         now = time.monotonic()
         plan = route(backends, policy, self.registry.auto_method(x.model), states, now, self.rng)
-        if not plan.backends:
-            raise RelayError(
-                503, f"No healthy backend for model `{x.model}`; retry shortly",
-                error_type="service_unavailable", code="no_healthy_backend", retry_after_s=5,
-            )  # fmt: skip
         if plan.fallback:
             self.metrics.fallbacks.labels(x.model, plan.fallback).inc()
+        if plan.panic:
+            self.metrics.panic_routes.labels(x.model).inc()
         last_error: RelayError | None = None
         for attempt, backend in enumerate(plan.backends[: self.settings.max_attempts]):
             if attempt:
@@ -202,7 +199,12 @@ class Relay:
                 return
             except _RetryableError as error:
                 last_error = error.as_relay_error()
-        assert last_error is not None
+        if plan.panic or last_error is None:
+            detail = f" (last: {last_error.message})" if last_error else ""
+            raise RelayError(
+                503, f"No healthy backend for model `{x.model}`; retry shortly{detail}",
+                error_type="service_unavailable", code="no_healthy_backend", retry_after_s=5,
+            )  # fmt: skip
         raise last_error
 
     async def _attempt(

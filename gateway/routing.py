@@ -2,7 +2,10 @@
 
 Every method is lossless, so when the chosen method has no healthy backend another method of
 the same model serves the request (a fallback, reported). Within a method, two random
-backends are compared by load and the lighter goes first (power of two choices).
+backends are compared by load and the lighter goes first (power of two choices). When no
+backend of the model looks healthy, every one is tried anyway (a panic route, as Envoy's
+panic threshold does): probes and breakers judge from a distance, and an overloaded fleet
+that answers late is better served slowly than refused whole.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Route:
     method: str | None
     fallback: str | None = None  # "no_healthy_backend" when another method serves
     explored: bool = False
+    panic: bool = False  # no backend looked healthy: all are tried
 
 
 def available(backend: BackendView, state: BackendState, now: float) -> bool:
@@ -72,10 +76,13 @@ def route(
 ) -> Route:
     """Decide which backends serve one request of a model, in order of preference."""
     healthy = [b for b in backends if available(b, states[b.name], now)]
+    panic = not healthy
+    if panic:
+        healthy = list(backends)
     methods = {b.method for b in backends}
     method, explored = choose_method(policy, auto_method, methods, rng)
     preferred = [b for b in healthy if b.method == method]
     others = [b for b in healthy if b.method != method]
     ordered = order_by_load(preferred, states, rng) + order_by_load(others, states, rng)
     fallback = "no_healthy_backend" if not preferred and others else None
-    return Route(tuple(ordered), method, fallback, explored)
+    return Route(tuple(ordered), method, fallback, explored, panic)

@@ -172,6 +172,9 @@ def test_no_healthy_backend_is_503_with_retry_after(fleet: Fleet) -> None:
     assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == "no_healthy_backend"
     assert DEAD_MODEL in error["message"]
+    assert "backend unreachable" in error["message"]  # both were tried all the same (panic)
+    panics = metric_value(fleet.gateway.base_url, "draftgate_panic_routes_total", model=DEAD_MODEL)
+    assert panics >= 1
 
 
 def test_an_unknown_model_is_404_model_not_found(fleet: Fleet, client: openai.OpenAI) -> None:

@@ -47,9 +47,14 @@ def test_unhealthy_or_open_breaker_backends_are_skipped_with_a_fallback() -> Non
                            random.Random(1)).backends  # fmt: skip
 
 
-def test_nothing_healthy_means_no_backends() -> None:
+def test_nothing_healthy_means_every_backend_is_tried_in_panic() -> None:
     dead = states(**{b.name: BackendState(healthy=False) for b in ALL})
-    assert route(ALL, PolicyView(), "plain", dead, 0.0, random.Random(1)).backends == ()
+    plan = route(ALL, PolicyView("pinned", "p-eagle"), None, dead, 0.0, random.Random(1))
+    assert plan.panic
+    assert plan.backends[0] == PEAGLE
+    assert set(plan.backends) == set(ALL)
+    some = states(a=BackendState(healthy=False))
+    assert not route(ALL, PolicyView(), "plain", some, 0.0, random.Random(1)).panic
 
 
 def test_two_choices_prefers_the_lighter_backend() -> None:
