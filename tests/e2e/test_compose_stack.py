@@ -166,7 +166,23 @@ def sim_stack(
     )
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip().splitlines()[-1]
+    for replica in replicas:  # a key made beside the gateway reaches it on its next refresh
+        wait_key_known(replica, key)
     return replicas, sims, key, postgres_schema
+
+
+def wait_key_known(server: Server, key: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Poll GET /v1/models with `key` until the replica accepts it."""
+    deadline, last = time.monotonic() + timeout_s, ""
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=server.base_url, timeout=5.0, headers=headers) as http:
+        while time.monotonic() < deadline:
+            response = http.get("/v1/models")
+            if response.status_code == 200:
+                return
+            last = response.text
+            time.sleep(0.2)
+    pytest.fail(f"{server.base_url} did not accept the new key within {timeout_s} s: {last}")
 
 
 def test_sim_profile_serves_openai_clients_through_every_replica(
@@ -185,32 +201,14 @@ def test_sim_profile_serves_openai_clients_through_every_replica(
     for replica in replicas:
         client = openai.OpenAI(base_url=f"{replica.base_url}/v1", api_key=key,
                                max_retries=0, timeout=REQUEST_TIMEOUT_S)  # fmt: skip
-        request_id = f"compose-{uuid.uuid4().hex}"
-        raw = client.chat.completions.with_raw_response.create(
-            model="openai/gpt-oss-20b",
-            messages=[{"role": "user", "content": "Say hello."}],
-            max_tokens=16,
-            extra_headers={"x-request-id": request_id},
-        )
-        completion = raw.parse()
-        assert completion.choices[0].message.content
-        assert completion.usage is not None
-        assert completion.usage.completion_tokens > 0
-        assert raw.headers["x-draftgate-backend"] in sims
-        request_ids.append(request_id)
-
-        stream = client.chat.completions.create(
-            model="openai/gpt-oss-20b",
-            messages=[{"role": "user", "content": "Count to five."}],
-            max_tokens=16,
-            stream=True,
-        )
-        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        assert text
-
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{replica.base_url}/v1", api_key="not-a-key",
-                          max_retries=0).models.list()  # fmt: skip
+        request_ids.append(_serve_through(client, set(sims)))
+        with (
+            pytest.raises(openai.AuthenticationError),
+            openai.OpenAI(
+                base_url=f"{replica.base_url}/v1", api_key="not-a-key", max_retries=0
+            ) as stranger,
+        ):
+            stranger.models.list()
 
     # Both replicas write their usage to the one database.
     records = wait_for_usage_records(database_url, request_ids)
@@ -232,6 +230,31 @@ def test_sim_profile_serves_openai_clients_through_every_replica(
                     DRAFTGATE_DASHBOARD_GATEWAY_URL=replicas[0].base_url)  # fmt: skip
     streamlit = start_server(*local_args(dashboard["command"]), env=env, wait=False)
     assert wait_for_body(streamlit, "/_stcore/health") == "ok"
+
+
+def _serve_through(client: openai.OpenAI, sims: set[str]) -> str:
+    """A chat and a streamed chat through one replica; the chat's request id."""
+    request_id = f"compose-{uuid.uuid4().hex}"
+    with client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="openai/gpt-oss-20b",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=16,
+            extra_headers={"x-request-id": request_id},
+        )
+        completion = raw.parse()
+        assert completion.choices[0].message.content
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens > 0
+        assert raw.headers["x-draftgate-backend"] in sims
+        stream = client.chat.completions.create(
+            model="openai/gpt-oss-20b",
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=16,
+            stream=True,
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    return request_id
 
 
 def wait_for_body(server: Server, path: str, timeout_s: float = READY_TIMEOUT_S) -> str:
