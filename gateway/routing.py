@@ -74,15 +74,19 @@ def route(
     now: float,
     rng: random.Random,
 ) -> Route:
-    """Decide which backends serve one request of a model, in order of preference."""
+    """Decide which backends serve one request of a model, in order of preference: the
+    policy's method (at the pinned K first), then the model's other methods."""
     healthy = [b for b in backends if available(b, states[b.name], now)]
     panic = not healthy
     if panic:
         healthy = list(backends)
     methods = {b.method for b in backends}
     method, explored = choose_method(policy, auto_method, methods, rng)
-    preferred = [b for b in healthy if b.method == method]
+    k = policy.k if policy.mode == "pinned" and not explored else None
+    exact = [b for b in healthy if b.method == method and (k is None or b.k == k)]
+    near = [b for b in healthy if b.method == method and b not in exact]  # another K
     others = [b for b in healthy if b.method != method]
-    ordered = order_by_load(preferred, states, rng) + order_by_load(others, states, rng)
+    preferred = exact + near
+    ordered = [x for group in (exact, near, others) for x in order_by_load(group, states, rng)]
     fallback = "no_healthy_backend" if not preferred and others else None
     return Route(tuple(ordered), method, fallback, explored, panic)

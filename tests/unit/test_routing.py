@@ -79,3 +79,19 @@ def test_explore_fraction_sends_some_traffic_to_other_methods() -> None:
     share = sum(p.explored for p in explored) / len(explored)
     assert 0.2 < share < 0.3
     assert all(p.backends[0] == PEAGLE for p in explored if p.explored)
+
+
+def test_a_pinned_k_serves_first_then_the_method_at_another_k() -> None:
+    k3 = BackendView("e3", "http://e3", "m", "eagle3", 3, "B200", 1)
+    k5 = BackendView("e5", "http://e5", "m", "eagle3", 5, "B200", 1)
+    fleet = (k5, k3, PLAIN_A)
+    for seed in range(20):
+        pinned = route(fleet, PolicyView("pinned", "eagle3", 3), None, states(), 0.0,
+                       random.Random(seed))  # fmt: skip
+        assert pinned.backends == (k3, k5, PLAIN_A)
+    down = states(e3=BackendState(healthy=False))
+    plan = route(fleet, PolicyView("pinned", "eagle3", 3), None, down, 0.0, random.Random(1))
+    assert (plan.backends, plan.fallback) == ((k5, PLAIN_A), None)  # same method: no fallback
+    auto = {route(fleet, PolicyView(), "eagle3", states(), 0.0, random.Random(s)).backends[0]
+            for s in range(20)}  # fmt: skip
+    assert auto == {k3, k5}  # auto has no K: both replicas of the method share its load
