@@ -113,10 +113,10 @@ def up(
     log_dir = Path(".draftgate") / "logs"
     try:
         if real_vllm:
-            servers, launch = _start_real_vllm(settings, methods.split(","), sim_base_port,
-                                               log_dir)  # fmt: skip
+            servers, launch, demo_key = _start_real_vllm(settings, methods.split(","),
+                                                         sim_base_port, log_dir)  # fmt: skip
         else:
-            _prepare(settings, lambda db: stack.seed_demo(db, sim_base_port))
+            demo_key = _prepare(settings, lambda db: stack.seed_demo(db, sim_base_port))
             servers = stack.start_simulators(sim_base_port, time_scale, log_dir)
             launch = stack.sim_launcher(time_scale)
     except (LaunchError, ValueError) as exc:
@@ -127,9 +127,9 @@ def up(
     try:
         if dashboard:
             dashboards.append(_start_dashboard(settings, dashboard_port, log_dir))
-        _print_banner(settings, servers + dashboards, log_dir, real_vllm, demo_traffic)
+        _print_banner(settings, servers + dashboards, log_dir, real_vllm, demo_traffic, demo_key)
         if demo_traffic:
-            traffic = _start_demo_traffic(settings, _model(real_vllm))
+            traffic = _start_demo_traffic(settings, _model(real_vllm), demo_key)
         _serve(settings, managed)
     except LaunchError as exc:
         fail(f"the dashboard did not start: {exc}")
@@ -144,11 +144,12 @@ def _model(real_vllm: bool) -> str:
     return stack.REAL_VLLM_MODEL if real_vllm else stack.DEMO_MODEL
 
 
-def _start_demo_traffic(settings: Settings, model: str) -> threading.Event:
+def _start_demo_traffic(settings: Settings, model: str, api_key: str) -> threading.Event:
     """A load that rises and falls, through this gateway (it waits for the gateway)."""
     from gateway.demo_traffic import DemoLoad, start_in_thread
 
-    _, stop = start_in_thread(f"http://{settings.host}:{settings.port}", DemoLoad(model))
+    base_url = f"http://{settings.host}:{settings.port}"
+    _, stop = start_in_thread(base_url, DemoLoad(model), api_key)
     return stop
 
 
@@ -163,19 +164,20 @@ def _start_dashboard(settings: Settings, port: int, log_dir: Path) -> LocalServe
 
 def _start_real_vllm(
     settings: Settings, methods: list[str], base_port: int, log_dir: Path
-) -> tuple[list[LocalServer], Launch]:
+) -> tuple[list[LocalServer], Launch, str]:
     from gateway import real_vllm
 
     models = real_vllm.prepare(Path(".draftgate") / "models")
     backends = real_vllm.real_backends(methods, base_port, models)
-    _prepare(settings, lambda db: real_vllm.seed(db, backends))
+    demo_key = _prepare(settings, lambda db: real_vllm.seed(db, backends))
     launch = real_vllm.vllm_launcher(settings.vllm_python, models.target)
     typer.echo(f"starting {len(backends)} vLLM server(s); this takes a minute or two", err=True)
-    return real_vllm.start(backends, launch, log_dir), launch
+    return real_vllm.start(backends, launch, log_dir), launch, demo_key
 
 
-def _prepare(settings: Settings, seed: Callable[[Session], None]) -> None:
-    """Migrate the database, then register the stack's backends in it."""
+def _prepare(settings: Settings, seed: Callable[[Session], None]) -> str:
+    """Migrate the database, register the stack's backends in it; a fresh demo API key."""
+    from gateway import stack
     from gateway.app import prepare_database
     from gateway.db.session import make_engine, make_sessionmaker, transaction
 
@@ -184,6 +186,7 @@ def _prepare(settings: Settings, seed: Callable[[Session], None]) -> None:
         prepare_database(settings, engine)
         with transaction(make_sessionmaker(engine)) as db:
             seed(db)
+            return stack.issue_demo_key(db)
     finally:
         engine.dispose()
 
@@ -194,6 +197,7 @@ def _print_banner(
     log_dir: Path,
     real_vllm: bool,
     demo_traffic: bool,
+    demo_key: str,
 ) -> None:
     assert settings.admin_token is not None
     token = settings.admin_token.get_secret_value()
@@ -213,6 +217,7 @@ draftgate is starting
   database     {settings.database_url}
   logs         {log_dir}/
   admin token  {token}
+  demo API key {demo_key}   (optional in this demo; --demo-traffic sends it)
 
   try: curl {base}/v1/chat/completions -H 'content-type: application/json' \\
          -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}}'

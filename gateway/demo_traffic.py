@@ -64,10 +64,15 @@ async def _send(http: httpx.AsyncClient, body: dict[str, object]) -> bool:
     return response.status_code < 400
 
 
-async def run(base_url: str, load: DemoLoad, stop: threading.Event) -> None:
+async def run(
+    base_url: str, load: DemoLoad, stop: threading.Event, api_key: str | None = None
+) -> None:
     """Drive the load until `stop`, adjusting the active clients every second."""
     limits = httpx.Limits(max_connections=load.high + 2)
-    async with httpx.AsyncClient(base_url=base_url, timeout=120.0, limits=limits) as http:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=120.0, limits=limits, headers=headers
+    ) as http:
         gates = [asyncio.Event() for _ in range(load.high)]
         clients = [asyncio.create_task(_client(http, load, n, g)) for n, g in enumerate(gates)]
         start = time.monotonic()
@@ -86,10 +91,12 @@ async def run(base_url: str, load: DemoLoad, stop: threading.Event) -> None:
             await asyncio.gather(*clients, return_exceptions=True)
 
 
-def start_in_thread(base_url: str, load: DemoLoad) -> tuple[threading.Thread, threading.Event]:
+def start_in_thread(
+    base_url: str, load: DemoLoad, api_key: str | None = None
+) -> tuple[threading.Thread, threading.Event]:
     """Run the demo load in a daemon thread of its own; set the event to stop it."""
     stop = threading.Event()
-    thread = threading.Thread(target=asyncio.run, args=(run(base_url, load, stop),),
+    thread = threading.Thread(target=asyncio.run, args=(run(base_url, load, stop, api_key),),
                               name="demo-traffic", daemon=True)  # fmt: skip
     thread.start()
     return thread, stop

@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session
 import dashboard
 from backends.launcher import LocalServer, sim_argv
 from backends.sim.config import DEFAULT_K
+from gateway.admin.keys import create_key, revoke_key
 from gateway.admin.prices import create_price
-from gateway.admin.schemas import BackendCreate, PriceCreate
+from gateway.admin.schemas import BackendCreate, KeyCreate, PriceCreate
 from gateway.db import queries
 from gateway.fleet import Fleet, apply_fleet
 from gateway.managed import Launch
@@ -31,6 +32,7 @@ DEMO_METHODS: dict[str, str | None] = {
 }
 SIM_START_TIMEOUT_S = 30.0
 ACTOR = "demo"
+DEMO_KEY_NAME = "demo"
 
 
 def demo_backends(base_port: int) -> list[BackendCreate]:
@@ -65,6 +67,15 @@ def seed_demo(session: Session, base_port: int) -> None:
                 date=price.date,
             )
             create_price(session, data, ACTOR)
+
+
+def issue_demo_key(session: Session) -> str:
+    """A fresh API key named `demo` (the previous start's is revoked): `up` prints it and its
+    demo traffic sends it, so per-key usage has an owner; keys stay optional in the demo."""
+    for row in queries.list_keys(session):
+        if row.name == DEMO_KEY_NAME:
+            revoke_key(session, row.id, ACTOR)
+    return create_key(session, KeyCreate(name=DEMO_KEY_NAME), ACTOR).key
 
 
 def sim_launcher(time_scale: float) -> Launch:

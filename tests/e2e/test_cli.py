@@ -198,6 +198,10 @@ def test_up_generates_token_and_reuses_database(
     assert new_token != token  # a fresh token each start when none is configured
     with again.client(new_token) as http:
         names = [b["name"] for b in http.get("/admin/v1/backends").json()["data"]]
+        keys = http.get("/admin/v1/keys", params={"include_revoked": True}).json()["data"]
+    demo_keys = [k for k in keys if k["name"] == "demo"]
+    assert len(demo_keys) == 2  # a fresh demo key each start, the last one revoked
+    assert sorted(k["revoked_at"] is None for k in demo_keys) == [False, True]
     demo = [f"demo-{m}" for m in ("dflash", "dspark", "eagle3", "p-eagle", "plain")]
     assert names == sorted([*demo, "qwen-eagle3"])
     assert again.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, again.output()
@@ -294,9 +298,20 @@ def test_up_with_demo_traffic_serves_requests_nobody_sent(
     server = start_server(*args, env=env, wait=False)
     server.wait_healthy(60.0)
     assert "demo traffic on" in server.output()
+    token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
+    demo_key = server.wait_for_output(r"^\s*demo API key\s+(\S+)\s").group(1)
     deadline = time.monotonic() + 30
     while metric_value(server.base_url, "draftgate_requests_total", status="2xx") < 5:
         assert time.monotonic() < deadline, server.output()[-2000:]
         time.sleep(0.5)
     assert metric_value(server.base_url, "draftgate_requests_total", status="4xx") == 0
+    with server.client(token) as admin:  # the traffic is the printed demo key's
+        keys = admin.get("/admin/v1/keys").json()["data"]
+        demo = next(k for k in keys if k["name"] == "demo")
+        assert demo_key.startswith(demo["key_prefix"])
+        deadline, by_key = time.monotonic() + 30, {"group_by": "key"}
+        while not (rows := admin.get("/admin/v1/savings", params=by_key).json()["data"]):
+            assert time.monotonic() < deadline, "no usage rolled up"
+            time.sleep(0.5)
+        assert {r["key"] for r in rows} == {demo["id"]}
     assert server.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, server.output()
