@@ -118,11 +118,13 @@ def stop_all(servers: list[LocalServer]) -> None:
 
 
 def dashboard_argv(host: str, port: int) -> list[str]:
-    """`streamlit run` of the dashboard on host:port: headless, no usage statistics."""
+    """`streamlit run` of the dashboard on host:port: headless, no usage statistics, and a
+    viewer's toolbar (no Streamlit Cloud deploy button, no developer menu)."""
     app = Path(dashboard.__file__).parent / "streamlit_app.py"
     return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
             "--server.port", str(port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]  # fmt: skip
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--client.toolbarMode", "viewer"]  # fmt: skip
 
 
 def start_dashboard(
