@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,10 +167,13 @@ class Server:
 ServerStarter = Callable[..., Server]
 
 
-def spawn_server(args: tuple[str, ...], env: dict[str, str], log_dir: Path) -> Server:
-    """Start `draftgate ARGS... --port P` on a free port without waiting for it."""
-    port = free_port()
-    log_path = log_dir / f"draftgate-{port}.log"
+def spawn_server(
+    args: tuple[str, ...], env: dict[str, str], log_dir: Path, port: int | None = None
+) -> Server:
+    """Start `draftgate ARGS... --port P` without waiting for it: on `port` (a restart on a
+    known port), else a free one; each start logs to a file of its own."""
+    port = port or free_port()
+    log_path = log_dir / f"draftgate-{port}-{uuid.uuid4().hex[:6]}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [str(DRAFTGATE), *args, "--port", str(port)],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -34,6 +33,7 @@ from tests.e2e.conftest import (  # noqa: F401  (fixtures are found by their imp
     metric_value,
     query_rows,
     sim_args,
+    spawn_server,
     start_module_servers,
     start_server,
     write_fleet,
@@ -239,21 +239,6 @@ def wait_for_ledger(
     return usage_counts(database_url, prefix)
 
 
-def spawn_on_port(args: tuple[str, ...], env: dict[str, str], log_dir: Path, port: int) -> Server:
-    """Start `draftgate ARGS... --port PORT` without waiting (a restart on a known port)."""
-    log_path = log_dir / f"draftgate-{port}-{uuid.uuid4().hex[:6]}.log"
-    log_file = log_path.open("wb")
-    process = subprocess.Popen(
-        [str(DRAFTGATE), *args, "--port", str(port)],
-        env=env,
-        cwd=log_dir,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    return Server(process=process, port=port, log_path=log_path, log_file=log_file)
-
-
 class Processes:
     """Gateways and simulators started by one test; all stopped at its end."""
 
@@ -282,7 +267,7 @@ class Processes:
     def _start(
         self, args: tuple[str, ...], env: dict[str, str], port: int | None, wait: bool = True
     ) -> Server:
-        server = spawn_on_port(args, env, self.log_dir, port or free_port())
+        server = spawn_server(args, env, self.log_dir, port)
         self.started.append(server)
         if wait:
             server.wait_healthy()

@@ -24,13 +24,12 @@ from tests.reliability.conftest import (
     Server,
     connections_to,
     fleet_backend,
-    free_port,
     gateway_env,
     metric_value,
     open_fds,
     rss_bytes,
     sim_args,
-    spawn_on_port,
+    spawn_server,
     stream_body,
     stream_once,
     write_fleet,
@@ -83,7 +82,7 @@ def gateways(tmp_path: Any) -> Iterator[Any]:
         # because the machine is busy; the breaker, not the prober, is under test here.
         settings = {"PROBE_INTERVAL_S": "5"} | settings
         env = gateway_env(f"sqlite:///{tmp_path}/gw-{len(started)}.db", fleet, **settings)
-        server = spawn_on_port(("gateway",), env, tmp_path, free_port())
+        server = spawn_server(("gateway",), env, tmp_path)
         started.append(server)
         server.wait_healthy()
         return server

@@ -74,7 +74,6 @@ def test_gateway_runs_replicated_and_ready_on_its_settings_port(
     assert fleet(base).backends, "DRAFTGATE_FLEET names the mounted ConfigMap's fleet.yaml"
 
 
-@pytest.mark.skipif("shutdown_grace_s" not in Settings.model_fields, reason="no shutdown grace")
 def test_gateway_pods_get_time_to_finish_streams_before_they_are_killed(base: Build) -> None:
     deployment = base.named("Deployment", "draftgate-gateway")
     container = only_container(deployment)
@@ -181,7 +180,6 @@ def test_sim_overlay_asks_for_no_gpu_and_no_model_cache(base: Build, sim: Build)
 COMPOSE_GPU_FLEET = K8S.parent / "compose" / "fleet-gpu.yaml"
 
 
-@pytest.mark.skipif(not COMPOSE_GPU_FLEET.exists(), reason="no compose gpu profile fleet")
 def test_kubernetes_and_compose_serve_the_same_gpu_fleet(base: Build) -> None:
     def methods(loaded: Fleet) -> set[tuple[object, ...]]:
         return {(b.model, b.method, b.k, b.drafter, b.gpu_type, b.gpu_count)
