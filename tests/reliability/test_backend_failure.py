@@ -67,7 +67,7 @@ async def wait_running(sim: Server, count: int) -> None:
 
 
 async def test_sigkill_one_backend_under_streaming_load(
-    processes: Processes, database_url: str
+    database_url: str, processes: Processes
 ) -> None:
     first, second = (
         processes.sim(*SIM_OPTIONS, model=MODEL),

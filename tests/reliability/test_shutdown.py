@@ -99,7 +99,7 @@ def shutdown_fleet(processes: Processes) -> list[dict[str, object]]:
 
 
 async def test_sigterm_finishes_streams_in_flight_and_flushes_the_ledger(
-    processes: Processes, database_url: str
+    database_url: str, processes: Processes
 ) -> None:
     gateway = processes.gateway(
         database_url,
@@ -213,7 +213,7 @@ def chat_with_key(gateway: Server, secret: str | None) -> httpx.Response:
 
 
 def test_a_restart_on_the_same_database_keeps_the_configuration(
-    processes: Processes, database_url: str
+    database_url: str, processes: Processes
 ) -> None:
     sim = processes.sim("--time-scale", "10", model="reliability/added")
     fleet = [fleet_backend("fleet-1", sim.base_url, model="reliability/added")]
