@@ -47,6 +47,9 @@ class BenchConfig:
     burstiness: float = 1.0  # with poisson, the gamma shape as vLLM's: 1 is Poisson, < 1 burstier
     workload: str = "synthetic"  # a preset of backends.workloads
     seed: int = 0  # of the arrival gaps and the workload's lengths and prompts
+    # Sampling temperature; None leaves it to the server (the model's generation config).
+    # Acceptance depends on it: at 0 a drafter only has to match the target's argmax.
+    temperature: float | None = None
 
     def bench_workload(self) -> BenchWorkload:
         """The workload: each request of a level by its index."""
@@ -106,6 +109,8 @@ async def one_request(client: httpx.AsyncClient, config: BenchConfig, index: int
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if config.temperature is not None:
+        body["temperature"] = config.temperature
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     start = time.perf_counter()
     result, last = RequestResult(ok=False, sent_at=start), start

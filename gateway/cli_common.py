@@ -16,11 +16,25 @@ if TYPE_CHECKING:
 
 CLI_ACTOR = "cli"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# The modules each optional extra of pyproject.toml brings (a test holds them together).
+EXTRA_MODULES = {"tiny-models": frozenset({"numpy", "safetensors", "tokenizers"})}
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"draftgate: {message}", err=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def extra_required(extra: str) -> Iterator[None]:
+    """Imports inside fail as one line naming the extra to install, not a traceback."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name not in EXTRA_MODULES[extra]:
+            raise
+        fail(f"this command needs the {extra} extra ({exc.name} is not installed): "
+             f"pip install 'draftgate[{extra}]'")  # fmt: skip
 
 
 def settings_from_env(**overrides: object) -> Settings:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from gateway.cli_common import extra_required
+
 dev_app = typer.Typer(
     help="Developer tools: tiny local models for real vLLM servers, generated reference docs."
 )
@@ -18,7 +20,8 @@ def tiny_models(
     seed: Annotated[int, typer.Option(help="Seed of every random weight.")] = 0,
 ) -> None:
     """Build a tiny Llama target with a local tokenizer and random drafters (no hub)."""
-    from backends.tiny_models import build_tiny_models
+    with extra_required("tiny-models"):
+        from backends.tiny_models import build_tiny_models
 
     models = build_tiny_models(directory, seed)
     for name, path in vars(models).items():

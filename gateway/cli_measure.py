@@ -30,6 +30,9 @@ def bench(
         float | None, typer.Option(min=0.001, help="With --poisson: gamma shape (vLLM's).")
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Of arrivals and workload.")] = 0,
+    temperature: Annotated[
+        float | None, typer.Option(min=0, help="Sampling temperature (default: the server's).")
+    ] = None,
     workload: Annotated[str, typer.Option(help="synthetic, code, chat or math.")] = "synthetic",
     input_len: Annotated[int | None, typer.Option(min=1, help="Mean prompt tokens.")] = None,
     output_len: Annotated[int | None, typer.Option(min=1, help="Mean output tokens.")] = None,
@@ -67,7 +70,7 @@ def bench(
     config = BenchConfig(url.rstrip("/"), model, levels, requests, seconds, api_key=api_key,
                          input_len=prompt_len, output_len=answer_len, rate_per_s=rate,
                          poisson=poisson, burstiness=burstiness or 1.0, workload=workload,
-                         seed=seed)  # fmt: skip
+                         seed=seed, temperature=temperature)  # fmt: skip
     results = asyncio.run(run_sweep(config, lambda line: typer.echo(line, err=True)))
     _print_levels(results)
     if save_result is not None:

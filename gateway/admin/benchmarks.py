@@ -42,6 +42,7 @@ class BenchmarkCreate(Strict):
     workload: WorkloadName = "synthetic"
     input_len: int | None = Field(default=None, ge=1, le=32_768)
     output_len: int | None = Field(default=None, ge=1, le=32_768)
+    temperature: float | None = Field(default=None, ge=0, le=2)  # None: the server's default
 
     @model_validator(mode="after")
     def _one_budget(self) -> BenchmarkCreate:
@@ -77,7 +78,7 @@ class BenchmarkCreate(Strict):
             requests_per_level=self.requests_per_level, duration_s=seconds,
             input_len=input_len, output_len=output_len, rate_per_s=self.rate_per_s,
             poisson=self.poisson, burstiness=self.burstiness or 1.0, workload=self.workload,
-            seed=self.seed,
+            seed=self.seed, temperature=self.temperature,
         )  # fmt: skip
 
 

@@ -1,11 +1,18 @@
 """The demo fleet under the auto policy: a parallel drafter at low load, the cheapest at high.
 
 `draftgate up` runs five simulated backends (plain, eagle3, p-eagle, dflash, dspark) for
-GPT-OSS-20B on simulated B200s. Client load rises from 2 to 100 concurrent streams and
+GPT-OSS-20B on simulated B200s. Client load rises from 2 to 128 concurrent streams and
 falls again; the selector must follow with moves the audit log explains, pricing methods
 from what the collector scraped and the planner's prediction for what it did not. The
-simulators run at a tenth of real time, so 100 streams cost this machine little and every
+simulators run at a tenth of real time, so 128 streams cost this machine little and every
 method's throughput is scaled alike.
+
+What the simulated fleet guarantees, and so what the test asserts: at 2 streams every
+parallel drafter is at least 25% cheaper than EAGLE-3 and plain; at 128 streams EAGLE-3
+and plain are each at least 13% cheaper than every parallel drafter (the demo's K; the
+planner's model, which the simulators run). Between EAGLE-3 and plain at 128 (18% apart)
+the live prices decide, and a busy machine's measurement noise can make either cheapest,
+so the test accepts either: a move to a sequential or plain method, never which one.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from tests.e2e.conftest import Server, ServerStarter, draftgate_env, free_port_b
 
 MODEL = "openai/gpt-oss-20b"
 PARALLEL_DRAFTERS = {"p-eagle", "dflash", "dspark"}
-LOW, HIGH = 2, 100  # concurrent client streams
+LOW, HIGH = 2, 128  # concurrent client streams
+# Cheaper than every parallel drafter at HIGH by a margin no measurement noise here reaches.
+CHEAPEST_AT_HIGH = {"eagle3", "plain"}
 MOVE_TIMEOUT_S = 90.0
 UP_TIMEOUT_S = 90.0  # five simulators, then the gateway, on a busy machine
 
@@ -95,6 +104,20 @@ def _switches(admin: httpx.Client) -> list[dict[str, Any]]:
     return sorted((e for e in entries if e["action"] == "switch"), key=lambda e: e["id"])
 
 
+def _to_cheapest_at_high(entry: dict[str, Any]) -> bool:
+    return entry["after"]["concurrency"] >= 30 and entry["after"]["method"] in CHEAPEST_AT_HIGH
+
+
+def _to_parallel(entry: dict[str, Any]) -> bool:
+    return entry["after"]["method"] in PARALLEL_DRAFTERS
+
+
+def _first_switch(
+    admin: httpx.Client, matches: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
+    return next((e for e in _switches(admin) if matches(e)), None)
+
+
 def _wait_for(check: Callable[[], dict[str, Any] | None], what: str) -> dict[str, Any]:
     deadline = time.monotonic() + MOVE_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -134,29 +157,30 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
 
         high = Load(server.base_url, HIGH)
         try:
-            up = _wait_for(lambda: next((e for e in _switches(admin)
-                                         if e["after"]["concurrency"] >= 30), None),
-                           "move under high load")  # fmt: skip
+            # During the climb a move between parallel drafters can be right (their costs
+            # cross near 30 streams); the test waits for the move the high load calls for.
+            up = _wait_for(lambda: _first_switch(admin, _to_cheapest_at_high), "move under load")
             moved_at = time.monotonic()
             time.sleep(6.0)
             at_high = high.backends_since(moved_at + 2.0)
         finally:
             high.close()
-        moves = [(e["before"], e["after"]) for e in _switches(admin)]
-        assert up["after"]["method"] == "eagle3", moves
-        assert up["before"]["method"] in PARALLEL_DRAFTERS, up
-        _explained(up)
-        assert at_high.most_common(1)[0][0] == "demo-eagle3", at_high
+        served_cheapest = sum(n for b, n in at_high.items()
+                              if b.removeprefix("demo-") in CHEAPEST_AT_HIGH)  # fmt: skip
+        assert served_cheapest >= 0.6 * sum(at_high.values()), at_high
 
         back = Load(server.base_url, LOW)
         try:
-            down = _wait_for(lambda: next((e for e in _switches(admin)
-                                           if e["id"] > up["id"]), None),
-                             "move back at low load")  # fmt: skip
+            down = _wait_for(
+                lambda: _first_switch(admin, lambda e: e["id"] > up["id"] and _to_parallel(e)),
+                "move back at low load",
+            )
         finally:
             back.close()
-        assert down["after"]["method"] in PARALLEL_DRAFTERS, down
-        _explained(down)
+        # Every move the selector made on the way took the method it priced cheapest.
+        for entry in _switches(admin):
+            _explained(entry)
+        assert down["after"]["concurrency"] < up["after"]["concurrency"], (up, down)
 
     for load in (low, high, back):
         assert not load.failures, load.failures[:5]

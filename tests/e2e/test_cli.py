@@ -315,3 +315,23 @@ def test_up_with_demo_traffic_serves_requests_nobody_sent(
             time.sleep(0.5)
         assert {r["key"] for r in rows} == {demo["id"]}
     assert server.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, server.output()
+
+
+def test_a_command_whose_extra_is_missing_names_what_to_install(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    # An interpreter without the tiny-models extra: its modules fail to import, as uninstalled.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('numpy', 'safetensors', 'tokenizers'):\n"
+        "    sys.modules[name] = None  # import raises ModuleNotFoundError\n"
+    )
+    done = run_cli("dev", "tiny-models", str(tmp_path / "models"),
+                   env=draftgate_env(PYTHONPATH=str(site)))  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "draftgate: this command needs the tiny-models extra (numpy is not installed): "
+        "pip install 'draftgate[tiny-models]'"
+    ]
+    assert not (tmp_path / "models").exists()
