@@ -30,30 +30,56 @@ CLI_TIMEOUT_S = 60.0
 POLL_INTERVAL_S = 0.05
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+# Ports handed out in this session: a port is never handed out twice, so two servers of one
+# test (or a server and a "closed" URL) cannot be given the same port before either binds.
+_issued_ports: set[int] = set()
+
+
+def _ephemeral_port_floor() -> int:
+    """The lowest port the kernel gives outgoing connections (their source ports)."""
+    try:
+        low = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+    except (OSError, IndexError):
+        return 32_768
+    return int(low)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, not handed out before."""
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _issued_ports:
+            _issued_ports.add(port)
+            return port
+    raise RuntimeError("no free port found that was not handed out before")
 
 
 def free_port_block(count: int) -> int:
-    """The first of `count` consecutive ports on 127.0.0.1 that nothing listens on now."""
+    """The first of `count` consecutive ports on 127.0.0.1 that nothing listens on now.
+
+    The block lies below the kernel's ephemeral range when there is room, so no outgoing
+    connection takes one of its ports as a source port before the servers bind them.
+    """
+    low, high = 20_000, _ephemeral_port_floor() - count
+    if high - low < 1_000:
+        low, high = 20_000, 60_000 - count
     for _ in range(200):
-        base = random.randint(20_000, 60_000 - count)
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
+        base = random.randint(low, high)
+        ports = range(base, base + count)
+        if _issued_ports.isdisjoint(ports) and all(_bindable(port) for port in ports):
+            _issued_ports.update(ports)
             return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
     raise RuntimeError(f"no block of {count} free ports found")
 
 
