@@ -14,11 +14,19 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Server, ServerStarter, draftgate_env, free_port_block
+from tests.e2e.conftest import (
+    Server,
+    ServerStarter,
+    draftgate_env,
+    free_port_block,
+    metric_value,
+)
 
 MODEL = "openai/gpt-oss-20b"
 WORKERS = 6
 SWITCH_TIMEOUT_S = 60.0
+SERVED_TIMEOUT_S = 60.0
+SERVED_EACH = 2 * WORKERS  # requests each method serves under the load, before and after
 DFLASH = {"method": "dflash", "k": 7, "drafter": "z-lab/gpt-oss-20b-DFlash"}
 
 
@@ -79,6 +87,19 @@ def _wait_until_gone(http: httpx.Client, name: str, server: Server) -> None:
     pytest.fail(f"backend {name} still registered after {SWITCH_TIMEOUT_S} s:\n{server.output()}")
 
 
+def _wait_served(server: Server, method: str, count: int) -> None:
+    """Until the gateway has answered `count` more requests by `method` with a 2xx."""
+
+    def served() -> float:
+        labels = {"method": method, "status": "2xx"}
+        return metric_value(server.base_url, "draftgate_requests_total", **labels)
+
+    wanted, deadline = served() + count, time.monotonic() + SERVED_TIMEOUT_S
+    while (seen := served()) < wanted:
+        assert time.monotonic() < deadline, f"{method} served {seen} of {wanted} requests"
+        time.sleep(0.2)
+
+
 def _audit(http: httpx.Client, name: str) -> list[dict[str, Any]]:
     entries = http.get("/admin/v1/audit", params={"resource_type": "backend"}).json()["data"]
     return [e for e in entries if e["resource_id"] == name]
@@ -96,13 +117,13 @@ def test_managed_simulator_switches_from_eagle3_to_dflash_under_load_with_no_fai
         with ThreadPoolExecutor(1) as pool:
             load = pool.submit(_steady_load, server.base_url, stop)
             try:
-                time.sleep(2.0)  # traffic flowing to eagle3
+                _wait_served(server, "eagle3", SERVED_EACH)  # traffic flowing to eagle3
                 accepted = admin.post("/admin/v1/backends/demo-eagle3/switch",
                                       json=DFLASH)  # fmt: skip
                 assert accepted.status_code == 202, accepted.text
                 assert accepted.json()["new_name"] == "demo-dflash-k7"
                 _wait_until_gone(admin, "demo-eagle3", server)
-                time.sleep(2.0)  # traffic flowing to dflash
+                _wait_served(server, "dflash", SERVED_EACH)  # traffic flowing to dflash
             finally:
                 stop.set()
             outcomes = load.result()
