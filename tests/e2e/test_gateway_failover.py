@@ -32,7 +32,7 @@ BREAKER_FAILURES = 3
 CHAT = [{"role": "user", "content": "Are you there?"}]
 POLICY_PATH = f"/admin/v1/models/{SIM_MODEL}/policy"
 PROBE_TIMEOUT_S = 5.0
-PIN_TIMEOUT_S = 1.0
+PIN_TIMEOUT_S = 15.0  # a pinned policy applies at the next registry refresh; busy machine
 
 
 @dataclass

@@ -38,8 +38,10 @@ ECHO_MODEL = "echo/headers"  # a stub backend that records the headers it receiv
 GENERATED_ID = re.compile(r"^[0-9a-f]{32}$")
 CHAT = [{"role": "user", "content": "Tell me about speculative decoding."}]
 POLICY_PATH = f"/admin/v1/models/{SIM_MODEL}/policy"
-PIN_TIMEOUT_S = 1.0
-ABORT_TIMEOUT_S = 2.0
+# Deadlines of polls, generous for a busy machine: a pinned policy applies at the next
+# registry refresh, an abort reaches the backend once the gateway notices the disconnect.
+PIN_TIMEOUT_S = 15.0
+ABORT_TIMEOUT_S = 15.0
 
 
 @dataclass
