@@ -45,6 +45,7 @@ HOL_READ_TIMEOUT_S = 5  # a healthy request stuck behind a stall would take this
 STALLED_REQUESTS = 300
 STALL_CONCURRENCY = 100
 PROBES = 20
+CLOSE_TIMEOUT_S = 30.0  # timed-out upstream connections close within this
 
 
 @dataclass
@@ -122,6 +123,19 @@ async def wait_connections(pid: int, port: int, count: int, timeout_s: float = 3
     while (held := connections_to(pid, [port])) < count:
         assert time.monotonic() < deadline, f"only {held} connections to the stalled backend"
         await asyncio.sleep(0.05)
+    return held
+
+
+async def wait_connections_closed(
+    pid: int, port: int, most: int, timeout_s: float = CLOSE_TIMEOUT_S
+) -> int:
+    """Until process `pid` holds at most `most` connections to `port` (or the timeout); how
+    many it holds then."""
+    deadline = time.monotonic() + timeout_s
+    while (held := connections_to(pid, [port])) > most:
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     return held
 
 
@@ -213,9 +227,8 @@ async def test_stalls_block_no_other_model_and_leak_nothing(sims: Sims, gateways
     in_stall = await wait_connections(pid, stall_port, STALL_CONCURRENCY // 2)
     during_s = median_latency_s(await streams(gateway, HEALTHY_MODEL, PROBES, 4))
     outcomes = await stalled
-    await asyncio.sleep(1.0)
+    upstream_after = await wait_connections_closed(pid, stall_port, upstream + 2)
     rss_after, fds_after = rss_bytes(pid), open_fds(pid)
-    upstream_after = connections_to(pid, [stall_port])
     kinds = [o.kind for o in outcomes]
     print(
         f"\nscenario 2 head-of-line: {HEALTHY_MODEL} median latency before={before_s * 1000:.0f}ms "
