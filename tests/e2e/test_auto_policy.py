@@ -4,20 +4,22 @@
 GPT-OSS-20B on simulated B200s. Client load rises from 2 to 128 concurrent streams and
 falls again; the selector must follow with moves the audit log explains, pricing methods
 from what the collector scraped and the planner's prediction for what it did not. The
-simulators run at a tenth of real time, so 128 streams cost this machine little and every
+simulators run at a fifth of real time, so 128 streams cost this machine little and every
 method's throughput is scaled alike.
 
-What the simulated fleet guarantees, and so what the test asserts: at 2 streams every
-parallel drafter is at least 25% cheaper than EAGLE-3 and plain; at 128 streams EAGLE-3
-and plain are each at least 13% cheaper than every parallel drafter (the demo's K; the
-planner's model, which the simulators run). Between EAGLE-3 and plain at 128 (18% apart)
-the live prices decide, and a busy machine's measurement noise can make either cheapest,
-so the test accepts either: a move to a sequential or plain method, never which one.
+The traffic is shaped so that the winner at each load is unambiguous. Answers are 400
+tokens: with 48-token answers a request's prefill and first token weigh so much that the
+simulators rank p-eagle, plain and EAGLE-3 within a few % of each other at 128 streams
+(measured: 1422, 1237 and 1122 tok/s), and measurement noise decided the test. At 400
+tokens, as in the planner's chat workload, EAGLE-3 leads at 128 streams by 27% over plain
+and 31% over p-eagle (4077, 3212, 3109 tok/s at a fifth of real time), and at 2 streams
+every parallel drafter leads EAGLE-3 and plain by more than 25%.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections import Counter
@@ -34,8 +36,9 @@ from tests.e2e.conftest import Server, ServerStarter, draftgate_env, free_port_b
 MODEL = "openai/gpt-oss-20b"
 PARALLEL_DRAFTERS = {"p-eagle", "dflash", "dspark"}
 LOW, HIGH = 2, 128  # concurrent client streams
-# Cheaper than every parallel drafter at HIGH by a margin no measurement noise here reaches.
-CHEAPEST_AT_HIGH = {"eagle3", "plain"}
+ANSWER_TOKENS = 400
+SAMPLE_REQUESTS = 20  # requests whose backends are counted after a move
+REQUEST_S = 30.0  # the longest a request takes here (128 streams at a fifth of real time)
 MOVE_TIMEOUT_S = 90.0
 UP_TIMEOUT_S = 90.0  # five simulators, then the gateway, on a busy machine
 
@@ -46,7 +49,7 @@ class Load:
     def __init__(self, base_url: str, workers: int) -> None:
         self.base_url, self.workers = base_url, workers
         self.stop = threading.Event()
-        self.served: list[tuple[float, str]] = []  # (finish time, backend) per success
+        self.served: list[tuple[float, str]] = []  # (start time, backend) per success
         self.failures: list[str] = []
         self._pool = ThreadPoolExecutor(1)
         self._done: Future[None] = self._pool.submit(asyncio.run, self._run())
@@ -58,8 +61,9 @@ class Load:
 
     async def _worker(self, http: httpx.AsyncClient) -> None:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "explain"}],
-                "max_tokens": 48, "stream": True}  # fmt: skip
+                "max_tokens": ANSWER_TOKENS, "ignore_eos": True, "stream": True}  # fmt: skip
         while not self.stop.is_set():
+            started = time.monotonic()
             try:
                 async with http.stream("POST", "/v1/chat/completions", json=body) as response:
                     text = "".join([chunk async for chunk in response.aiter_text()])
@@ -69,13 +73,13 @@ class Load:
                 self.failures.append(repr(exc))
                 continue
             if ok:
-                self.served.append((time.monotonic(), backend))
+                self.served.append((started, backend))
             else:
                 self.failures.append(f"{response.status_code}: {text[-200:]}")
 
-    def backends_since(self, since: float) -> Counter[str]:
-        """Which backends served the requests that finished after `since`."""
-        return Counter(backend for at, backend in list(self.served) if at >= since)
+    def backends_between(self, start: float, end: float) -> Counter[str]:
+        """Which backends served the requests sent between `start` and `end`."""
+        return Counter(backend for at, backend in list(self.served) if start <= at < end)
 
     def close(self) -> None:
         self.stop.set()
@@ -92,7 +96,7 @@ def _start_up(start_server: ServerStarter, tmp_path: Path) -> tuple[Server, str]
         DRAFTGATE_MEASUREMENT_WINDOW_S="4",
     )
     server = start_server("up", "--sim-base-port", str(free_port_block(5)), "--time-scale",
-                          "0.1", "--no-dashboard", env=env, wait=False)  # fmt: skip
+                          "0.2", "--no-dashboard", env=env, wait=False)  # fmt: skip
     server.wait_healthy(UP_TIMEOUT_S)
     token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
     return server, token
@@ -104,12 +108,38 @@ def _switches(admin: httpx.Client) -> list[dict[str, Any]]:
     return sorted((e for e in entries if e["action"] == "switch"), key=lambda e: e["id"])
 
 
-def _to_cheapest_at_high(entry: dict[str, Any]) -> bool:
-    return entry["after"]["concurrency"] >= 30 and entry["after"]["method"] in CHEAPEST_AT_HIGH
+def _to(method: str, entry: dict[str, Any]) -> bool:
+    return bool(entry["after"]["method"] == method)
 
 
 def _to_parallel(entry: dict[str, Any]) -> bool:
     return entry["after"]["method"] in PARALLEL_DRAFTERS
+
+
+def _moves(admin: httpx.Client) -> list[tuple[str | None, str, float]]:
+    """Every switch so far: from, to, at what load (for failure messages)."""
+    return [(e["before"]["method"], e["after"]["method"], e["after"]["concurrency"])
+            for e in _switches(admin)]  # fmt: skip
+
+
+def _share(served: Counter[str], methods: set[str]) -> float:
+    """The fraction of `served` requests that backends of `methods` served."""
+    total = sum(served.values())
+    return sum(n for b, n in served.items() if b.removeprefix("demo-") in methods) / total
+
+
+def _wait_for_requests(
+    load: Load, since: float, count: int, until: float = math.inf
+) -> Counter[str]:
+    """The backends of the first `count` requests sent after `since` (and before `until`),
+    once they are served."""
+    deadline = time.monotonic() + MOVE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        sent = sorted((at, b) for at, b in list(load.served) if since <= at < until)
+        if len(sent) >= count or (time.monotonic() > until + REQUEST_S and sent):
+            return Counter(b for _, b in sent[:count])
+        time.sleep(0.5)
+    pytest.fail(f"fewer than {count} requests served within {MOVE_TIMEOUT_S} s")
 
 
 def _first_switch(
@@ -147,31 +177,31 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         assert admin.put(f"/admin/v1/models/{MODEL}/policy", json=policy).status_code == 200
         low = Load(server.base_url, LOW)
         try:
-            time.sleep(8.0)
-            at_low = low.backends_since(time.monotonic() - 6.0)
+            # The planner's prediction already picks a parallel drafter before any measurement
+            # (no switch is needed); the selector's first rounds may correct it within a second.
+            at_low = _wait_for_requests(low, time.monotonic() + 2.0, SAMPLE_REQUESTS)
         finally:
             low.close()
-        favourite, count = at_low.most_common(1)[0]
-        assert favourite.removeprefix("demo-") in PARALLEL_DRAFTERS, at_low
-        assert count >= 0.6 * sum(at_low.values()), at_low
+        # The explored tenth goes to the other methods, two of them parallel drafters too.
+        assert _share(at_low, PARALLEL_DRAFTERS) >= 0.75, (at_low, _moves(admin))
 
         high = Load(server.base_url, HIGH)
         try:
-            # During the climb a move between parallel drafters can be right (their costs
-            # cross near 30 streams); the test waits for the move the high load calls for.
-            up = _wait_for(lambda: _first_switch(admin, _to_cheapest_at_high), "move under load")
+            up = _wait_for(
+                lambda: _first_switch(admin, lambda e: _to("eagle3", e)),
+                "move to EAGLE-3 under high load",
+            )
             moved_at = time.monotonic()
-            time.sleep(6.0)
-            at_high = high.backends_since(moved_at + 2.0)
+            # Sent within the move's dwell time, so nothing else can have been chosen since.
+            at_high = _wait_for_requests(high, moved_at, SAMPLE_REQUESTS, until=moved_at + 2.5)
         finally:
             high.close()
-        served_cheapest = sum(n for b, n in at_high.items()
-                              if b.removeprefix("demo-") in CHEAPEST_AT_HIGH)  # fmt: skip
-        assert served_cheapest >= 0.6 * sum(at_high.values()), at_high
+        assert up["after"]["concurrency"] >= 30, up
+        assert _share(at_high, {"eagle3"}) >= 0.6, (at_high, _moves(admin))
 
         back = Load(server.base_url, LOW)
         try:
-            down = _wait_for(
+            _wait_for(
                 lambda: _first_switch(admin, lambda e: e["id"] > up["id"] and _to_parallel(e)),
                 "move back at low load",
             )
@@ -180,7 +210,6 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         # Every move the selector made on the way took the method it priced cheapest.
         for entry in _switches(admin):
             _explained(entry)
-        assert down["after"]["concurrency"] < up["after"]["concurrency"], (up, down)
 
     for load in (low, high, back):
         assert not load.failures, load.failures[:5]
