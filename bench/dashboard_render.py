@@ -32,13 +32,13 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 from streamlit.testing.v1 import AppTest
 
-from gateway import stack
 from gateway.accounting import hour_of
 from gateway.admin.keys import create_key
-from gateway.admin.schemas import KeyCreate
 from gateway.app import prepare_database
+from gateway.cli import stack
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import UsageHourly, UsageRecord
+from gateway.schemas import KeyCreate
 from gateway.settings import Settings
 
 TOKEN = secrets.token_urlsafe(24)

@@ -18,22 +18,24 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import health, openai_routes
+from gateway import health
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
-from gateway.benchmarks import BenchmarkManager
-from gateway.collector import Collector
+from gateway.control.benchmarks import BenchmarkManager
+from gateway.control.collector import Collector
+from gateway.control.managed import ManagedBackends
+from gateway.control.prober import probe_forever
+from gateway.control.selector import Selector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.deps import Services
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
-from gateway.fleet import apply_fleet, load_fleet
 from gateway.limits import Limiter
-from gateway.managed import ManagedBackends
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Relay
 from gateway.registry import Registry
-from gateway.selector import Selector
+from gateway.relay import openai_routes
+from gateway.relay.proxy import Relay
+from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -181,7 +183,7 @@ async def _running(
         selector.run(stop),
     )]  # fmt: skip
     prober = asyncio.create_task(
-        health.probe_forever(registry, client, settings.probe_interval_s, metrics)
+        probe_forever(registry, client, settings.probe_interval_s, metrics)
     )
     try:
         yield

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.benchmarks import BenchmarkManager
+from gateway.control.benchmarks import BenchmarkManager
 from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed
 from gateway.metrics import GatewayMetrics
@@ -24,7 +24,7 @@ from gateway.settings import Settings
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # managed imports the admin modules, which import this one
-    from gateway.managed import ManagedBackends
+    from gateway.control.managed import ManagedBackends
 
 
 @dataclass(frozen=True)

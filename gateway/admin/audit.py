@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from gateway.admin.schemas import AuditPublic, ListOf
 from gateway.db import queries
 from gateway.deps import SessionDep
+from gateway.schemas import AuditPublic, ListOf
 
 router = APIRouter(prefix="/audit", tags=["audit"])
 

@@ -11,9 +11,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backends.methods import render_speculative_config
-from gateway.admin.changes import merged
 from gateway.admin.models import ensure_model
-from gateway.admin.schemas import (
+from gateway.db import queries
+from gateway.db.tables import Backend, Measurement
+from gateway.deps import ServicesDep, SessionDep
+from gateway.registry import Registry
+from gateway.schemas import (
     BackendCreate,
     BackendFields,
     BackendPublic,
@@ -21,10 +24,7 @@ from gateway.admin.schemas import (
     BackendUpdate,
     ListOf,
 )
-from gateway.db import queries
-from gateway.db.tables import Backend, Measurement
-from gateway.deps import ServicesDep, SessionDep
-from gateway.registry import Registry
+from gateway.services.changes import merged
 
 router = APIRouter(prefix="/backends", tags=["backends"])
 ACTOR = "admin-api"

@@ -9,12 +9,12 @@ from pydantic import Field, model_validator
 
 from backends.bench import BenchConfig
 from backends.workloads import WorkloadName, resolve_lengths
-from gateway.admin.schemas import Public, Strict
 from gateway.db import queries
 from gateway.db.session import transaction
 from gateway.db.tables import BenchmarkRun
 from gateway.deps import SessionDep, get_services
 from gateway.errors import Conflict, NotFound
+from gateway.schemas import Public, Strict
 
 router = APIRouter(prefix="/benchmarks", tags=["benchmarks"])
 Level = Annotated[int, Field(ge=1, le=1024)]

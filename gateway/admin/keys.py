@@ -7,13 +7,13 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
-from gateway.admin.changes import merged
-from gateway.admin.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate, ListOf
 from gateway.apikeys import generate_key
 from gateway.db import queries
 from gateway.db.base import utcnow
 from gateway.db.tables import ApiKey
 from gateway.deps import SessionDep
+from gateway.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate, ListOf
+from gateway.services.changes import merged
 
 router = APIRouter(prefix="/keys", tags=["keys"])
 ACTOR = "admin-api"

@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from gateway.admin.schemas import ListOf, MeasurementPublic
 from gateway.db.tables import Measurement
 from gateway.deps import SessionDep
+from gateway.schemas import ListOf, MeasurementPublic
 
 router = APIRouter(prefix="/measurements", tags=["measurements"])
 

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from gateway.admin.schemas import ListOf, ModelCreate, ModelPublic, Policy
 from gateway.db import queries
 from gateway.db.tables import ModelPolicy
 from gateway.deps import SessionDep
 from gateway.errors import Conflict, validation_failed
+from gateway.schemas import ListOf, ModelCreate, ModelPublic, Policy
 
 router = APIRouter(prefix="/models", tags=["models"])
 ACTOR = "admin-api"

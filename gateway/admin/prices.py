@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
 
-from gateway.admin.changes import merged
-from gateway.admin.schemas import ListOf, PriceCreate, PricePublic, PriceUpdate
 from gateway.db import queries
 from gateway.db.tables import GpuPrice
 from gateway.deps import SessionDep
+from gateway.schemas import ListOf, PriceCreate, PricePublic, PriceUpdate
+from gateway.services.changes import merged
 
 router = APIRouter(prefix="/prices", tags=["prices"])
 ACTOR = "admin-api"

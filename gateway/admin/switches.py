@@ -8,13 +8,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from gateway.admin.changes import merged
-from gateway.admin.schemas import BackendCreate, BackendSwitch, SwitchAccepted
+from gateway.control.managed import Switch, SwitchTimeouts
 from gateway.db import queries
 from gateway.db.tables import Backend
 from gateway.deps import ServicesDep, SessionDep
 from gateway.errors import Conflict
-from gateway.managed import Switch, SwitchTimeouts
+from gateway.schemas import BackendCreate, BackendSwitch, SwitchAccepted
+from gateway.services.changes import merged
 
 router = APIRouter(prefix="/backends", tags=["backends"])
 START_TIMEOUT_S = 5.0  # for the event loop to accept the switch, not for the server

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.fleet import FleetError, load_fleet
+from gateway.services.fleet import FleetError, load_fleet
 from gateway.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 

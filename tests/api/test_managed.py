@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from backends.launcher import LocalServer
-from gateway.admin.schemas import BackendCreate
 from gateway.app import create_app
-from gateway.managed import ManagedBackends
+from gateway.control.managed import ManagedBackends
+from gateway.schemas import BackendCreate
 from gateway.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from gateway.control.selector import Selector, decide
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
 from gateway.registry import BackendView, PolicyView, Registry, Snapshot
-from gateway.selector import Selector, decide
 from planner.cost import ThroughputCurve
 
 COSTS = {"plain": 1.0, "eagle3": 0.8, "p-eagle": 0.6}

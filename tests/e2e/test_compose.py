@@ -28,9 +28,9 @@ from typer.exceptions import TyperException
 from backends.compose import vllm_command, vllm_service
 from backends.methods import make_spec, render_speculative_config
 from backends.sim.config import DEFAULT_K
-from gateway import stack
-from gateway.cli import app
-from gateway.fleet import Fleet, load_fleet
+from gateway.cli import stack
+from gateway.cli.main import app
+from gateway.services.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from planner.catalog import default_prices
 

@@ -14,14 +14,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from backends import vllm_metrics as vm
 from backends.vllm_metrics import parse_metrics
-from gateway.sse import UsageTap
+from gateway.relay.sse import UsageTap
 
 SCALE = int(os.environ.get("FUZZ_SCALE", "1"))  # e.g. FUZZ_SCALE=100 for a long run
 FUZZ = settings(
     max_examples=300 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
-# --- The SSE usage tap (gateway/sse.py) ---
+# --- The SSE usage tap (gateway/relay/sse.py) ---
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
 

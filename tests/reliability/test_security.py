@@ -123,7 +123,7 @@ def test_secrets_are_compared_in_constant_time_or_looked_up_by_hash() -> None:
     deps = sources[package / "deps.py"]
     assert "compare_digest(" in deps
     for relay_side in ("proxy.py", "openai_routes.py"):  # keys: a dict lookup by SHA-256
-        assert "hash_key(" in sources[package / relay_side]
+        assert "hash_key(" in sources[package / "relay" / relay_side]
 
 
 def _all_cells(database_url: str) -> list[str]:
@@ -162,14 +162,14 @@ def test_every_default_host_is_loopback() -> None:
     assert Settings.model_fields["host"].default == "127.0.0.1"  # gateway and `draftgate up`
     assert "127.0.0.1" in DashboardSettings.model_fields["dashboard_gateway_url"].default
     hosts = {}
-    for name in ("cli", "cli_dev", "cli_measure", "cli_plan"):  # every `draftgate` command
-        module = importlib.import_module(f"gateway.{name}")
+    for name in ("main", "dev", "measure", "plan"):  # every `draftgate` command
+        module = importlib.import_module(f"gateway.cli.{name}")
         for function in vars(module).values():
             if pyinspect.isfunction(function) and function.__module__ == module.__name__:
                 for param in pyinspect.signature(function).parameters.values():
                     if "host" in param.name:
                         hosts[f"{name}.{function.__name__}({param.name})"] = param.default
-    assert {"cli.sim(host)", "cli.dashboard_command(host)"} <= set(hosts)
+    assert {"main.sim(host)", "main.dashboard_command(host)"} <= set(hosts)
     assert {k: v for k, v in hosts.items() if v not in (None, "127.0.0.1")} == {}
 
 

@@ -13,8 +13,8 @@ import typer.main
 import yaml
 from typer.core import TyperGroup
 
-from gateway import cli
-from gateway.fleet import Fleet
+from gateway.cli import main as cli
+from gateway.services.fleet import Fleet
 from tests.unit.kustomize_build import Build, Manifest
 
 ROOT = Path(__file__).resolve().parents[2]

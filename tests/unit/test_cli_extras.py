@@ -6,7 +6,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from gateway.cli_common import EXTRA_MODULES
+from gateway.cli.common import EXTRA_MODULES
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from backends.vllm_metrics import VllmSnapshot, difference, parse_metrics
-from gateway.collector import Tally, method_mismatch
+from gateway.control.collector import Tally, method_mismatch
 from gateway.registry import BackendView
 
 BEFORE = VllmSnapshot(1000, 50, 4, 0, 0.1, 100, 700, 250, (90, 70, 50, 25, 10, 5, 0))

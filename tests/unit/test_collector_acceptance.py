@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 
 from backends.vllm_metrics import VllmSnapshot
-from gateway.collector import Collector
+from gateway.control.collector import Collector
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, Registry
 from tests.unit.test_collector import AFTER, BEFORE, PEAGLE, PLAIN

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.demo_traffic import DemoLoad
+from gateway.cli.demo_traffic import DemoLoad
 
 LOAD = DemoLoad("m", low=1, high=24, period_s=120.0)
 

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from backends.methods import make_spec, render_vllm_command
 from dashboard.settings import DashboardSettings
-from gateway.cli import app
-from gateway.docs import PAGES, cli_commands, openapi_document, operations, settings_table
-from gateway.fleet import Fleet
+from gateway.cli.docs import PAGES, cli_commands, openapi_document, operations, settings_table
+from gateway.cli.main import app
+from gateway.services.fleet import Fleet
 from gateway.settings import Settings
 
 ROOT = Path(__file__).parents[2]

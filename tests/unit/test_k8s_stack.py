@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from backends.methods import make_spec, render_speculative_config, render_vllm_args
-from gateway.fleet import Fleet, load_fleet
+from gateway.services.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from tests.unit.k8s_queries import (
     ALL_INTERFACES,

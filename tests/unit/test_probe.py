@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from backends.probe import Probe, probe_health
-from gateway.health import SLOW_PROBES_DOWN, apply_probe
+from gateway.control.prober import SLOW_PROBES_DOWN, apply_probe
 from gateway.registry import BackendState
 
 

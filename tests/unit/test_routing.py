@@ -6,7 +6,7 @@ import random
 from collections import defaultdict
 
 from gateway.registry import BackendState, BackendView, PolicyView
-from gateway.routing import route
+from gateway.relay.routing import route
 
 
 def backend(name: str, method: str) -> BackendView:

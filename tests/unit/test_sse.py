@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sse import UsageTap
+from gateway.relay.sse import UsageTap
 
 
 def event(body: str) -> bytes:

@@ -24,7 +24,7 @@ from backends.tiny_models import (
     llama_config,
 )
 from backends.tiny_tokenizer import CHAT_TEMPLATE, SpecialIds
-from gateway.cli import app
+from gateway.cli.main import app
 
 H, V = TARGET.hidden, TARGET.vocab
 

@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 
 from backends.launcher import LocalServer, vllm_argv, vllm_env
 from backends.tiny_models import TinyModels, build_tiny_models, tiny_model_paths
-from gateway.admin.schemas import BackendCreate
-from gateway.fleet import Fleet, apply_fleet
-from gateway.managed import Launch
-from gateway.stack import REAL_VLLM_MODEL
+from gateway.cli.stack import REAL_VLLM_MODEL
+from gateway.control.managed import Launch
+from gateway.schemas import BackendCreate
+from gateway.services.fleet import Fleet, apply_fleet
 
 MODEL = REAL_VLLM_MODEL
 GPU = "cpu"  # not in the GPU catalog: measured, never priced

@@ -16,17 +16,17 @@ import typer
 import uvicorn
 from pydantic import SecretStr
 
-from gateway.cli_common import CLI_ACTOR, LOG_FORMAT, fail, session, settings_from_env
-from gateway.cli_dev import dev_app
-from gateway.cli_measure import bench, import_app
-from gateway.cli_plan import plan_app
+from gateway.cli.common import CLI_ACTOR, LOG_FORMAT, fail, session, settings_from_env
+from gateway.cli.dev import dev_app
+from gateway.cli.measure import bench, import_app
+from gateway.cli.plan import plan_app
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from backends.launcher import LocalServer
-    from gateway.managed import Launch, ManagedBackends
+    from gateway.control.managed import Launch, ManagedBackends
 
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
 db_app = typer.Typer(help="Database schema.")
@@ -103,8 +103,8 @@ def up(
     interpreter) serve a tiny model built locally, one per method, instead.
     """
     from backends.launcher import LaunchError
-    from gateway import stack
-    from gateway.managed import ManagedBackends
+    from gateway.cli import stack
+    from gateway.control.managed import ManagedBackends
 
     settings = settings_from_env(port=port, require_api_key=False)
     if settings.admin_token is None:
@@ -139,14 +139,14 @@ def up(
 
 
 def _model(real_vllm: bool) -> str:
-    from gateway import stack
+    from gateway.cli import stack
 
     return stack.REAL_VLLM_MODEL if real_vllm else stack.DEMO_MODEL
 
 
 def _start_demo_traffic(settings: Settings, model: str, api_key: str) -> threading.Event:
     """A load that rises and falls, through this gateway (it waits for the gateway)."""
-    from gateway.demo_traffic import DemoLoad, start_in_thread
+    from gateway.cli.demo_traffic import DemoLoad, start_in_thread
 
     base_url = f"http://{settings.host}:{settings.port}"
     _, stop = start_in_thread(base_url, DemoLoad(model), api_key)
@@ -155,7 +155,7 @@ def _start_demo_traffic(settings: Settings, model: str, api_key: str) -> threadi
 
 def _start_dashboard(settings: Settings, port: int, log_dir: Path) -> LocalServer:
     """The dashboard process of `draftgate up`, reading this gateway's admin API."""
-    from gateway import stack
+    from gateway.cli import stack
 
     assert settings.admin_token is not None
     gateway_url = f"http://{settings.host}:{settings.port}"
@@ -165,7 +165,7 @@ def _start_dashboard(settings: Settings, port: int, log_dir: Path) -> LocalServe
 def _start_real_vllm(
     settings: Settings, methods: list[str], base_port: int, log_dir: Path
 ) -> tuple[list[LocalServer], Launch, str]:
-    from gateway import real_vllm
+    from gateway.cli import real_vllm
 
     models = real_vllm.prepare(Path(".draftgate") / "models")
     backends = real_vllm.real_backends(methods, base_port, models)
@@ -177,8 +177,8 @@ def _start_real_vllm(
 
 def _prepare(settings: Settings, seed: Callable[[Session], None]) -> str:
     """Migrate the database, register the stack's backends in it; a fresh demo API key."""
-    from gateway import stack
     from gateway.app import prepare_database
+    from gateway.cli import stack
     from gateway.db.session import make_engine, make_sessionmaker, transaction
 
     engine = make_engine(settings.database_url)
@@ -256,7 +256,7 @@ def keys_create(
 ) -> None:
     """Create an API key and print it once."""
     from gateway.admin.keys import create_key
-    from gateway.admin.schemas import KeyCreate
+    from gateway.schemas import KeyCreate
 
     data = KeyCreate(
         name=name,
@@ -378,7 +378,7 @@ def dashboard_command(
     """Run the dashboard (reads DRAFTGATE_DASHBOARD_GATEWAY_URL and DRAFTGATE_ADMIN_TOKEN)."""
     import os
 
-    from gateway import stack
+    from gateway.cli import stack
 
     argv = stack.dashboard_argv(host, port)
     os.execv(argv[0], argv)  # noqa: S606  (Streamlit takes over this process and its signals)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gateway.cli_common import fail, session
+from gateway.cli.common import fail, session
 
 plan_app = typer.Typer(help="The planner: predictions, tables and recommendations.")
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gateway.cli_common import fail, session
+from gateway.cli.common import fail, session
 
 DEFAULT_BENCH_REQUESTS = 50  # per level, when neither --requests nor --duration is given
 import_app = typer.Typer(help="Benchmark results from other tools, as measurements.")
@@ -120,7 +120,7 @@ def _save_levels(path: Path, config: Any, results: list[Any]) -> None:
 def _store_levels(
     results: list[Any], model: str, method: str, k: int, gpu: str, count: int
 ) -> None:
-    from gateway.benchmarks import level_measurement
+    from gateway.control.benchmarks import level_measurement
 
     backend = {"model": model, "method": method, "k": k, "gpu_type": gpu, "gpu_count": count}
     with session() as db:

@@ -326,7 +326,7 @@ def cli_page() -> str:
     """docs/cli.md: every `draftgate` command with its arguments and options, from the CLI."""
     import typer
 
-    from gateway.cli import app
+    from gateway.cli.main import app
 
     lines = [GENERATED.format(source="the `draftgate` command's own definitions (gateway/cli*.py)"),
              "", "# Command reference", "",

@@ -13,15 +13,15 @@ from backends.launcher import LocalServer, sim_argv
 from backends.sim.config import DEFAULT_K
 from gateway.admin.keys import create_key, revoke_key
 from gateway.admin.prices import create_price
-from gateway.admin.schemas import BackendCreate, KeyCreate, PriceCreate
+from gateway.control.managed import Launch
 from gateway.db import queries
-from gateway.fleet import Fleet, apply_fleet
-from gateway.managed import Launch
+from gateway.schemas import BackendCreate, KeyCreate, PriceCreate
+from gateway.services.fleet import Fleet, apply_fleet
 from planner.catalog import default_prices
 
 DEMO_MODEL = "openai/gpt-oss-20b"
 DEMO_GPU = "B200"
-REAL_VLLM_MODEL = "tiny-llama"  # what `draftgate up --real-vllm` serves (gateway/real_vllm.py)
+REAL_VLLM_MODEL = "tiny-llama"  # what `draftgate up --real-vllm` serves (gateway/cli/real_vllm.py)
 # One simulated backend per method, with the published drafters for GPT-OSS-20B.
 DEMO_METHODS: dict[str, str | None] = {
     "plain": None,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli_common import extra_required
+from gateway.cli.common import extra_required
 
 dev_app = typer.Typer(
     help="Developer tools: tiny local models for real vLLM servers, generated reference docs."
@@ -35,7 +35,7 @@ def docs(
     ] = Path("docs"),
 ) -> None:
     """Regenerate the reference pages: settings, the admin API and the CLI (docs/*.md)."""
-    from gateway.docs import write_docs
+    from gateway.cli.docs import write_docs
 
     for path in write_docs(directory):
         typer.echo(path)

@@ -22,11 +22,10 @@ import orjson
 from gateway.accounting import Ledger
 from gateway.apikeys import hash_key
 from gateway.errors import error_body
-from gateway.exchange import Exchange, settle
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry
-from gateway.relay_checks import (
+from gateway.relay.checks import (
     COMPLETION_PATHS,
     RelayError,
     check_completion,
@@ -34,9 +33,10 @@ from gateway.relay_checks import (
     wants_usage,
     with_usage_options,
 )
-from gateway.routing import route
+from gateway.relay.exchange import Exchange, settle
+from gateway.relay.routing import route
+from gateway.relay.sse import UsageTap
 from gateway.settings import Settings
-from gateway.sse import UsageTap
 
 logger = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]

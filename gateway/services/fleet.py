@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 from gateway.admin.backends import create_backend, update_backend
 from gateway.admin.models import set_policy
 from gateway.admin.prices import create_price, update_price
-from gateway.admin.schemas import (
+from gateway.db import queries
+from gateway.schemas import (
     BackendCreate,
     BackendUpdate,
     Name,
@@ -21,7 +22,6 @@ from gateway.admin.schemas import (
     PriceUpdate,
     Strict,
 )
-from gateway.db import queries
 
 ACTOR = "fleet"
 # Any constant works; replicas applying the fleet together must agree on it.

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db import queries
 from gateway.db.session import transaction
 from gateway.registry import BackendView, Registry, Snapshot
-from gateway.routing import available
+from gateway.relay.routing import available
 
 logger = logging.getLogger(__name__)
 EMA_WEIGHT = 0.3  # weight of the newest sample in the load average

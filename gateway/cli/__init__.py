@@ -1,0 +1,1 @@
+"""The `draftgate` command; nothing in the server imports it."""

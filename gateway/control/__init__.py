@@ -1,0 +1,1 @@
+"""Background loops that watch and steer the fleet."""

@@ -1,0 +1,41 @@
+"""The backend prober: every enabled backend's `/health` on an interval, into the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from backends.probe import Probe, probe_health
+from gateway.metrics import GatewayMetrics
+from gateway.registry import BackendState, Registry
+
+SLOW_PROBES_DOWN = 2  # a server too busy to answer /health once is not yet taken out
+
+
+async def probe_forever(
+    registry: Registry, client: httpx.AsyncClient, interval_s: float, metrics: GatewayMetrics
+) -> None:
+    """Probe every enabled backend's `/health` on an interval; publish health gauges."""
+    while True:
+        backends = [b for group in registry.snapshot.backends.values() for b in group]
+        results = await asyncio.gather(
+            *(probe_health(client, b.url, timeout_s=min(interval_s, 2.0)) for b in backends)
+        )
+        now = time.monotonic()
+        for backend, result in zip(backends, results, strict=True):
+            state = registry.states[backend.name]
+            apply_probe(state, result)
+            metrics.healthy.labels(backend.name).set(int(state.healthy and state.open_until <= now))
+            metrics.in_flight.labels(backend.name).set(state.in_flight)
+        await asyncio.sleep(interval_s)
+
+
+def apply_probe(state: BackendState, result: Probe) -> None:
+    """A refusal takes a backend out at once; silence only `SLOW_PROBES_DOWN` times running."""
+    state.slow_probes = state.slow_probes + 1 if result is Probe.SLOW else 0
+    if result is Probe.HEALTHY:
+        state.healthy = True
+    elif result is Probe.DOWN or state.slow_probes >= SLOW_PROBES_DOWN:
+        state.healthy = False

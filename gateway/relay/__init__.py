@@ -1,0 +1,1 @@
+"""The data plane: `/v1/*` relayed to backends (no database on this path)."""

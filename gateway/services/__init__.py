@@ -1,0 +1,1 @@
+"""Audited changes and reads every caller shares (admin API, fleet file, CLI)."""
