@@ -9,6 +9,7 @@ from gateway.admin import (
     gpus,
     keys,
     measurements,
+    methods,
     models,
     plan,
     prices,
@@ -42,6 +43,7 @@ def admin_router() -> APIRouter:
         spend,
         gpus,
         measurements,
+        methods,
     ):
         router.include_router(module.router)
     router.include_router(plan.accuracy_router)
