@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -24,8 +25,10 @@ from dashboard.schemas import (
     Backend,
     Benchmark,
     CreatedKey,
+    DecodingMethod,
     Gpu,
     Measurement,
+    MethodRendering,
     ModelInfo,
     Plan,
     Policy,
@@ -43,9 +46,10 @@ RecordT = TypeVar("RecordT", bound=BaseModel)
 class AdminApiError(Exception):
     """The admin API refused a call, or could not be reached; `message` says why."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.status_code = status_code  # the API's answer; None when it could not be reached
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -63,7 +67,7 @@ def _call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
     except httpx.TransportError as exc:
         raise AdminApiError(f"cannot reach the gateway at {http.base_url}: {exc}") from None
     if response.status_code >= 400:
-        raise AdminApiError(_error_message(response))
+        raise AdminApiError(_error_message(response), response.status_code)
     return response.json() if response.content else None
 
 
@@ -75,9 +79,18 @@ def _cached_get(base_url: str, token: str, path: str, params: Params, _timeout_s
         return _call(http, "GET", path, params=dict(params))
 
 
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def _cached_post(base_url: str, token: str, path: str, body: str, _timeout_s: float) -> Any:
+    """The JSON of a POST that changes nothing (a rendering), cached like a GET by its body."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=_timeout_s) as http:
+        return _call(http, "POST", path, content=body)
+
+
 def refresh_reads() -> None:
     """Forget every cached read: the next one asks the admin API again."""
     _cached_get.clear()
+    _cached_post.clear()
 
 
 def _parse(model: type[RecordT], body: Any) -> RecordT:
@@ -101,6 +114,11 @@ class AdminClient:
     def _get(self, path: str, **params: object) -> Any:
         pairs = tuple((k, str(v)) for k, v in params.items() if v is not None)
         return _cached_get(self.base_url, self._token, path, pairs, self._timeout_s)
+
+    def _post_read(self, path: str, body: dict[str, object]) -> Any:
+        """A POST that only computes an answer: cached, and it leaves other reads cached."""
+        text = json.dumps(body, sort_keys=True)
+        return _cached_post(self.base_url, self._token, path, text, self._timeout_s)
 
     def _list(self, model: type[RecordT], path: str, **params: object) -> list[RecordT]:
         return [_parse(model, item) for item in self._get(path, **params)["data"]]
@@ -160,6 +178,34 @@ class AdminClient:
 
     def accuracy(self) -> Accuracy:
         return _parse(Accuracy, self._get("/accuracy"))
+
+    def methods(self) -> list[DecodingMethod]:
+        """The decoding methods a backend may declare, in catalog order, with what each needs."""
+        return self._list(DecodingMethod, "/methods")
+
+    def render_method(
+        self,
+        model: str,
+        method: str,
+        *,
+        k: int | None = None,
+        drafter: str | None = None,
+        k_per_batch_size: list[list[int]] | None = None,
+        gpu_count: int = 1,
+    ) -> MethodRendering:
+        """`vllm serve` and a compose file for a method spec; AdminApiError 422 if invalid."""
+        options: dict[str, object] = {}
+        if k_per_batch_size is not None:  # vLLM's K per batch size: [[batch from, to, K], ...]
+            options["num_speculative_tokens_per_batch_size"] = k_per_batch_size
+        body: dict[str, object] = {
+            "model": model,
+            "method": method,
+            "k": k,
+            "drafter": drafter,
+            "speculative_options": options,
+            "gpu_count": gpu_count,
+        }
+        return _parse(MethodRendering, self._post_read("/methods/render", body))
 
     # --- changes ---
 

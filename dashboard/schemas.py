@@ -44,6 +44,30 @@ class Backend(Record):
     runtime: BackendRuntime | None = None  # the gateway's view now, for enabled backends
 
 
+class DecodingMethod(Record):
+    """One method of the gateway's catalog, and what a backend spec for it needs."""
+
+    id: str
+    description: str = ""
+    speculative: bool  # False only for plain decoding
+    k_required: bool
+    drafter_required: bool
+    drafter_allowed: bool
+
+
+class MethodRendering(Record):
+    """A method spec as vLLM runs it: `vllm serve` and a docker compose file."""
+
+    model: str
+    method: str
+    k: int | None
+    drafter: str | None
+    speculative_config: dict[str, Any] | None
+    argv: list[str]
+    command: str  # argv shell-quoted, to copy and paste
+    compose_yaml: str
+
+
 class Policy(Record):
     mode: Literal["auto", "pinned"] = "auto"
     method: str | None = None

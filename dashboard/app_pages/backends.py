@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backends.methods import METHODS as CATALOG
 from dashboard.app_pages.live import live_panel
 from dashboard.client import AdminClient, admin_client, shows_api_errors
 from dashboard.schemas import Backend
 
-METHODS = tuple(CATALOG)  # the method catalog, as the admin API validates it
 NO_DATA = "—"  # plain decoding, or nothing measured yet: never a made-up figure
 ACCEPTANCE_SOURCES = {"scrape": "live scrape", "measurement": "last stored measurement"}
 
@@ -97,7 +95,8 @@ def _add_form(api: AdminClient) -> None:
         name = left.text_input("Name", key="add-name")
         url = right.text_input("Base URL (without /v1)", key="add-url")
         model = left.text_input("Model", key="add-model")
-        method = right.selectbox("Method", METHODS, key="add-method")
+        methods = [m.id for m in api.methods()]  # the catalog the admin API validates against
+        method = right.selectbox("Method", methods, key="add-method")
         k = left.number_input("K (0: the method's default)", 0, 64, 0, key="add-k")
         drafter = right.text_input("Drafter (if the method needs one)", key="add-drafter")
         gpu_type = left.selectbox("GPU", [g.name for g in api.gpus()], key="add-gpu")

@@ -3,16 +3,11 @@ vLLM configuration to deploy."""
 
 from __future__ import annotations
 
-import shlex
-
 import streamlit as st
-import yaml
 
-from backends.compose import vllm_service
-from backends.methods import InvalidMethodSpec, make_spec, render_vllm_args
 from dashboard.app_pages.periods import choose_price_kind
-from dashboard.client import admin_client, shows_api_errors
-from dashboard.schemas import Backend, Capacity, MethodCapacity, Plan
+from dashboard.client import AdminApiError, AdminClient, admin_client, shows_api_errors
+from dashboard.schemas import Backend, Capacity, DecodingMethod, MethodCapacity, Plan
 
 WORKLOADS = ("chat", "code", "math", "mixed")
 
@@ -36,30 +31,38 @@ def _capacity_table(capacity: Capacity) -> None:
     )
 
 
-def _drafter(method: str, backends: list[Backend]) -> str | None:
-    """The drafter this fleet already uses for `method`, else a placeholder to fill in."""
-    known = next((b.drafter for b in backends if b.method == method and b.drafter), None)
-    return known or (None if method in {"plain", "dspark", "ngram", "suffix"} else "DRAFTER")
+def _drafter(method: DecodingMethod, backends: list[Backend]) -> str | None:
+    """The drafter this fleet already uses for `method`, else a placeholder where one is needed."""
+    known = next((b.drafter for b in backends if b.method == method.id and b.drafter), None)
+    return known or ("DRAFTER" if method.drafter_required else None)
 
 
-def _deploy(plan: Plan, best: MethodCapacity, backends: list[Backend]) -> None:
+def _deploy(api: AdminClient, plan: Plan, best: MethodCapacity, backends: list[Backend]) -> None:
     """`vllm serve` and a compose service for the cheapest method, with its K schedule."""
     schedule = plan.schedules.get(best.method)
     # vLLM drafts num_speculative_tokens at most: the schedule's largest K bounds it below.
     k = max([best.k, *(entry[2] for entry in schedule or [])])
-    try:
-        spec = make_spec(best.method, k if best.method != "plain" else None,
-                         _drafter(best.method, backends), k_per_batch_size=schedule)  # fmt: skip
-    except InvalidMethodSpec as exc:
-        st.warning(f"No vLLM configuration for {best.method}: {exc}")
+    method = next((m for m in api.methods() if m.id == best.method), None)
+    if method is None:
+        st.warning(f"No vLLM configuration for {best.method}: the gateway does not know it")
         return
-    argv = render_vllm_args(plan.model, spec, host="0.0.0.0", port=8000)  # noqa: S104
+    try:
+        rendering = api.render_method(
+            plan.model,
+            method.id,
+            k=k if method.speculative else None,
+            drafter=_drafter(method, backends),
+            k_per_batch_size=schedule,
+            gpu_count=plan.gpu_count,
+        )
+    except AdminApiError as exc:
+        if exc.status_code != 422:  # not a refused spec: the page shows it as an error
+            raise
+        st.warning(f"No vLLM configuration for {best.method}: {exc.message}")
+        return
     st.markdown(f"**Deploy {best.method} (K={k})** on {best.gpus} x {plan.gpu}:")
-    st.code(shlex.join(argv), language="bash")
-    service = vllm_service(plan.model, spec, gpu_count=plan.gpu_count)
-    service["ports"] = ["127.0.0.1:8000:8000"]
-    compose = {"services": {"vllm": service}, "volumes": {"hf-cache": {}}}
-    st.code(yaml.safe_dump(compose, sort_keys=False), language="yaml")
+    st.code(rendering.command, language="bash")
+    st.code(rendering.compose_yaml, language="yaml")
     if schedule:
         st.caption(f"num_speculative_tokens_per_batch_size: {schedule} "
                    "([batch from, batch to, K]; K 0 where plain decoding is faster)")  # fmt: skip
@@ -103,4 +106,4 @@ def render() -> None:
         st.info("The planner found no method that meets this objective.")
         return
     _capacity_table(plan.capacity)
-    _deploy(plan, min(plan.capacity.methods, key=lambda c: c.usd_per_month), backends)
+    _deploy(api, plan, min(plan.capacity.methods, key=lambda c: c.usd_per_month), backends)
