@@ -33,12 +33,12 @@ from sqlalchemy.orm import Session
 from streamlit.testing.v1 import AppTest
 
 from gateway.accounting import hour_of
-from gateway.admin.keys import create_key
 from gateway.app import prepare_database
 from gateway.cli import stack
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.schemas import KeyCreate
+from gateway.services.keys import create_key
 from gateway.settings import Settings
 
 TOKEN = secrets.token_urlsafe(24)

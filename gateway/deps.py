@@ -7,7 +7,7 @@ import logging
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.control.benchmarks import BenchmarkManager
+from gateway.control.managed import ManagedBackends
 from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed
 from gateway.metrics import GatewayMetrics
@@ -22,9 +23,6 @@ from gateway.registry import Registry
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-if TYPE_CHECKING:  # managed imports the admin modules, which import this one
-    from gateway.control.managed import ManagedBackends
 
 
 @dataclass(frozen=True)

@@ -2,144 +2,27 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from typing import Any
-
 from fastapi import APIRouter, Response
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
-from backends.methods import render_speculative_config
-from gateway.admin.models import ensure_model
 from gateway.db import queries
-from gateway.db.tables import Backend, Measurement
 from gateway.deps import ServicesDep, SessionDep
-from gateway.registry import Registry
 from gateway.schemas import (
     BackendCreate,
-    BackendFields,
     BackendPublic,
-    BackendRuntime,
     BackendUpdate,
     ListOf,
 )
-from gateway.services.changes import merged
+from gateway.services.backends import (
+    backend_public,
+    create_backend,
+    delete_backend,
+    latest_acceptance,
+    update_backend,
+    with_runtime,
+)
 
 router = APIRouter(prefix="/backends", tags=["backends"])
 ACTOR = "admin-api"
-
-
-def backend_public(row: Backend) -> BackendPublic:
-    """A backend as the API shows it, with its rendered vLLM speculative config."""
-    public = BackendPublic.model_validate(row)
-    fields = BackendFields.model_validate(_fields(row))
-    public.speculative_config = render_speculative_config(fields.method_spec())
-    return public
-
-
-def _fields(row: Backend) -> dict[str, Any]:
-    keys = BackendFields.model_fields.keys()
-    return {key: getattr(row, key) for key in keys}
-
-
-def _snapshot(row: Backend) -> dict[str, Any]:
-    return backend_public(row).model_dump(mode="json")
-
-
-def _assign(row: Backend, fields: BackendFields) -> None:
-    for key in BackendFields.model_fields:
-        setattr(row, key, getattr(fields, key))
-    row.url = fields.normalised_url()
-
-
-def create_backend(session: Session, data: BackendCreate, actor: str) -> Backend:
-    """Add a backend (and its model, if new)."""
-    row = Backend(name=data.name)
-    _assign(row, data)
-    queries.add(session, row, f"backend {data.name!r}")
-    ensure_model(session, data.model, actor)
-    queries.record_audit(
-        session,
-        actor=actor,
-        action="create",
-        resource=("backend", row.name),
-        before=None,
-        after=_snapshot(row),
-    )
-    return row
-
-
-def update_backend(session: Session, name: str, patch: BackendUpdate, actor: str) -> Backend:
-    """Change some fields of a backend, validating the result as a whole."""
-    row = queries.get_backend(session, name)
-    before = _snapshot(row)
-    _assign(row, merged(BackendFields, _fields(row), patch))
-    queries.flush(session, f"backend {name!r}")
-    ensure_model(session, row.model, actor)
-    queries.record_audit(
-        session,
-        actor=actor,
-        action="update",
-        resource=("backend", name),
-        before=before,
-        after=_snapshot(row),
-    )
-    return row
-
-
-def delete_backend(session: Session, name: str, actor: str) -> None:
-    """Remove a backend."""
-    row = queries.get_backend(session, name)
-    before = _snapshot(row)
-    session.delete(row)
-    session.flush()
-    queries.record_audit(
-        session, actor=actor, action="delete", resource=("backend", name), before=before, after=None
-    )
-
-
-def latest_acceptance(session: Session, rows: Sequence[Backend]) -> dict[str, Measurement]:
-    """Per backend, its newest stored measurement with acceptance at its current method and K."""
-    names = [row.name for row in rows if row.method != "plain"]
-    if not names:
-        return {}
-    newest = (
-        select(func.max(Measurement.id))
-        .where(Measurement.backend_name.in_(names), Measurement.mean_acceptance_length.is_not(None))
-        .group_by(Measurement.backend_name, Measurement.method, Measurement.k)
-    )
-    found = session.scalars(select(Measurement).where(Measurement.id.in_(newest)))
-    wanted = {(row.name, row.method, row.k or 0) for row in rows}
-    return {
-        m.backend_name: m
-        for m in found
-        if m.backend_name is not None and (m.backend_name, m.method, m.k) in wanted
-    }
-
-
-def with_runtime(
-    row: Backend, registry: Registry, measured: dict[str, Measurement]
-) -> BackendPublic:
-    """The backend with what this replica sees of it now (health, load, acceptance, mismatch)."""
-    public = backend_public(row)
-    state = registry.states.get(row.name)
-    if state is not None and row.enabled:
-        public.runtime = BackendRuntime(
-            healthy=state.healthy, circuit_open=state.open_until > time.monotonic(),
-            in_flight=state.in_flight, waiting=state.waiting, kv_cache_usage=state.kv_usage,
-            method_mismatch=state.mismatch,
-        )  # fmt: skip
-        stored = measured.get(row.name)
-        if state.acceptance_length is not None and row.method != "plain":
-            public.runtime.acceptance_length = state.acceptance_length
-            public.runtime.acceptance_per_position = list(state.acceptance_per_position or ())
-            public.runtime.acceptance_source = "scrape"
-        elif stored is not None:
-            public.runtime.acceptance_length = stored.mean_acceptance_length
-            public.runtime.acceptance_per_position = stored.acceptance_per_position
-            public.runtime.acceptance_source = "measurement"
-    return public
 
 
 @router.get("")

@@ -14,7 +14,7 @@ from gateway.db.session import transaction
 from gateway.db.tables import BenchmarkRun
 from gateway.deps import SessionDep, get_services
 from gateway.errors import Conflict, NotFound
-from gateway.schemas import Public, Strict
+from gateway.schemas import ListOf, Public, Strict
 
 router = APIRouter(prefix="/benchmarks", tags=["benchmarks"])
 Level = Annotated[int, Field(ge=1, le=1024)]
@@ -115,10 +115,10 @@ def start_benchmark(
 
 
 @router.get("")
-def list_benchmarks(session: SessionDep) -> dict[str, Any]:
-    """Runs, newest first."""
+def list_benchmarks(session: SessionDep) -> ListOf[BenchmarkPublic]:
+    """Runs, newest first (the last 100)."""
     rows = session.query(BenchmarkRun).order_by(BenchmarkRun.id.desc()).limit(100).all()
-    return {"object": "list", "data": [BenchmarkPublic.model_validate(r) for r in rows]}
+    return ListOf[BenchmarkPublic](data=[BenchmarkPublic.model_validate(r) for r in rows])
 
 
 @router.get("/{run_id}")

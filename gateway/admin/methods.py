@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from backends.methods import MethodInfo
-from gateway.schemas import ComposeService, ListOf, MethodPublic, MethodRender, MethodRendering
+from gateway.method_schemas import ComposeService, MethodPublic, MethodRender, MethodRendering
+from gateway.schemas import ListOf
 from gateway.services import methods
 
 router = APIRouter(prefix="/methods", tags=["methods"])

@@ -30,6 +30,7 @@ def tiny_models(
 
 @dev_app.command("docs")
 def docs(
+    context: typer.Context,
     directory: Annotated[
         Path, typer.Argument(help="Where to write the generated reference pages.")
     ] = Path("docs"),
@@ -37,5 +38,5 @@ def docs(
     """Regenerate the reference pages: settings, the admin API and the CLI (docs/*.md)."""
     from gateway.cli.docs import write_docs
 
-    for path in write_docs(directory):
+    for path in write_docs(directory, context.find_root().command):
         typer.echo(path)

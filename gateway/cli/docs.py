@@ -322,34 +322,32 @@ def _cli_section(path: tuple[str, ...], command: Any) -> list[str]:
     return lines
 
 
-def cli_page() -> str:
-    """docs/cli.md: every `draftgate` command with its arguments and options, from the CLI."""
-    import typer
-
-    from gateway.cli.main import app
-
-    lines = [GENERATED.format(source="the `draftgate` command's own definitions (gateway/cli*.py)"),
+def cli_page(root: Any) -> str:
+    """docs/cli.md: every command under `root` (the `draftgate` command) with its options."""
+    lines = [GENERATED.format(source="the `draftgate` command's own definitions (gateway/cli/)"),
              "", "# Command reference", "",
              "Every `draftgate` command, as `draftgate COMMAND --help` shows it.", ""]  # fmt: skip
-    for path, command in cli_commands(typer.main.get_command(app), ("draftgate",)):
+    for path, command in cli_commands(root, ("draftgate",)):
         if len(path) > 1:  # the root's only options are shell completion
             lines += _cli_section(path, command)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-PAGES: dict[str, Callable[[], str]] = {
-    "settings.md": settings_page,
-    "admin-api.md": admin_api_page,
+# Each page renders from the root command (the command line's page needs it; it is passed in,
+# not imported, so this module stays below the command that offers it).
+PAGES: dict[str, Callable[[Any], str]] = {
+    "settings.md": lambda root: settings_page(),
+    "admin-api.md": lambda root: admin_api_page(),
     "cli.md": cli_page,
 }
 
 
-def write_docs(directory: Path) -> list[Path]:
+def write_docs(directory: Path, root: Any) -> list[Path]:
     """Write every generated page into `directory`; return their paths."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, render in PAGES.items():
         path = directory / name
-        path.write_text(render())
+        path.write_text(render(root))
         written.append(path)
     return written

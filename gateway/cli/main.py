@@ -255,8 +255,8 @@ def keys_create(
     budget_usd: Annotated[float | None, typer.Option(min=0)] = None,
 ) -> None:
     """Create an API key and print it once."""
-    from gateway.admin.keys import create_key
     from gateway.schemas import KeyCreate
+    from gateway.services.keys import create_key
 
     data = KeyCreate(
         name=name,
@@ -287,8 +287,8 @@ def keys_list(include_revoked: bool = False) -> None:
 @keys_app.command("revoke")
 def keys_revoke(key_id: int) -> None:
     """Revoke an API key by id."""
-    from gateway.admin.keys import revoke_key
     from gateway.errors import NotFound
+    from gateway.services.keys import revoke_key
 
     try:
         with session() as db:

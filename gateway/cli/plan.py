@@ -25,7 +25,7 @@ def plan_table(
 
     Predictions are fitted to the measurements stored in DRAFTGATE_DATABASE_URL, if any.
     """
-    from gateway.admin.plan import measured_grid
+    from gateway.services.plans import measured_grid
     from planner import catalog
 
     try:

@@ -11,12 +11,12 @@ from sqlalchemy.orm import Session
 import dashboard
 from backends.launcher import LocalServer, sim_argv
 from backends.sim.config import DEFAULT_K
-from gateway.admin.keys import create_key, revoke_key
-from gateway.admin.prices import create_price
 from gateway.control.managed import Launch
 from gateway.db import queries
 from gateway.schemas import BackendCreate, KeyCreate, PriceCreate
 from gateway.services.fleet import Fleet, apply_fleet
+from gateway.services.keys import create_key, revoke_key
+from gateway.services.prices import create_price
 from planner.catalog import default_prices
 
 DEMO_MODEL = "openai/gpt-oss-20b"

@@ -25,12 +25,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backends.launcher import LaunchError, LocalServer
 from backends.vllm_metrics import parse_metrics
-from gateway.admin.backends import backend_public, create_backend, delete_backend
 from gateway.db import queries
 from gateway.db.session import transaction
 from gateway.errors import Conflict
 from gateway.registry import Registry
 from gateway.schemas import BackendCreate
+from gateway.services.backends import backend_public, create_backend, delete_backend
 
 logger = logging.getLogger(__name__)
 ACTOR = "control-plane"

@@ -9,9 +9,6 @@ from pydantic import Field, ValidationError
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from gateway.admin.backends import create_backend, update_backend
-from gateway.admin.models import set_policy
-from gateway.admin.prices import create_price, update_price
 from gateway.db import queries
 from gateway.schemas import (
     BackendCreate,
@@ -22,6 +19,9 @@ from gateway.schemas import (
     PriceUpdate,
     Strict,
 )
+from gateway.services.backends import create_backend, update_backend
+from gateway.services.models import set_policy
+from gateway.services.prices import create_price, update_price
 
 ACTOR = "fleet"
 # Any constant works; replicas applying the fleet together must agree on it.

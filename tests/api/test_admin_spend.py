@@ -7,8 +7,8 @@ import datetime as dt
 import httpx
 import pytest
 
-from gateway.admin.spend import held_intervals
 from gateway.db.tables import AuditEntry
+from gateway.services.spend import held_intervals
 from tests.api.test_admin_backends import EAGLE3
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)

@@ -1,0 +1,203 @@
+"""The planner over stored measurements: the plan per model and GPU, and its held-out accuracy."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.db import queries
+from gateway.db.tables import Measurement
+from gateway.errors import NotFound, ValidationFailed
+from gateway.reports import (
+    AccuracyPoint,
+    AccuracyReport,
+    CapacityPlan,
+    Crossover,
+    MethodCapacity,
+    PlanChoice,
+    PlanFit,
+    PlanPoint,
+    PlanPrice,
+    PlanReport,
+)
+from planner import calibration, catalog
+from planner.capacity import plan_capacity, savings
+from planner.catalog import UnknownCatalogEntry
+from planner.fit_measurements import (
+    FittedModel,
+    Hardware,
+    MeasuredPoint,
+    fit_measurements,
+    held_out_predictions,
+)
+from planner.recommend import (
+    Point,
+    best_per_concurrency,
+    best_per_method,
+    crossovers,
+    grid,
+    k_schedule,
+)
+
+DEFAULT_ITL_OBJECTIVE_MS = 50.0  # about 20 tokens/s per user, a common interactive floor
+Measured = dict[tuple[str, int, float], float]  # tokens/s per GPU by (method, K, concurrency)
+
+
+def check_workload(workload: str) -> None:
+    """Raise ValidationFailed naming the known workloads."""
+    if workload not in calibration.workloads():
+        known = ", ".join(calibration.workloads())
+        raise ValidationFailed(f"unknown workload {workload!r}; known: {known}", param="workload")
+
+
+def plan_price(session: Session, gpu: str, kind: str) -> PlanPrice:
+    """The price the plan assumes: the database's, else the shipped default."""
+    row = queries.find_price(session, gpu, kind)
+    if row is not None:
+        return PlanPrice(usd_per_gpu_hour=row.usd_per_gpu_hour, kind=kind, source=row.source,
+                         date=row.date.isoformat(), origin="database")  # fmt: skip
+    default = catalog.default_price(gpu, kind)  # type: ignore[arg-type]
+    return PlanPrice(usd_per_gpu_hour=default.usd_per_gpu_hour, kind=kind, source=default.source,
+                     date=default.date.isoformat(), origin="default")  # fmt: skip
+
+
+def measured_points(session: Session, model: str, gpu: str) -> list[MeasuredPoint]:
+    """The measurements of `model` on `gpu`, per GPU (tokens/s divided by the GPU count)."""
+    rows = session.scalars(
+        select(Measurement).where(Measurement.model == model, Measurement.gpu_type == gpu)
+    )
+    return [_per_gpu(r) for r in rows]
+
+
+def _per_gpu(r: Measurement) -> MeasuredPoint:
+    return MeasuredPoint(r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count,
+                         r.mean_acceptance_length)  # fmt: skip
+
+
+def _by_config(points: list[MeasuredPoint]) -> Measured:
+    """Mean measured output tokens/s per GPU by (method, K, concurrency)."""
+    sums: dict[tuple[str, int, float], list[float]] = {}
+    for p in points:
+        sums.setdefault((p.method, p.k, float(p.concurrency)), []).append(p.output_tokens_per_s)
+    return {key: sum(v) / len(v) for key, v in sums.items()}
+
+
+def _point(p: Point, measured: Measured, gpu_count: int) -> PlanPoint:
+    seen = measured.get((p.method, p.k, float(p.concurrency)))
+    return PlanPoint(
+        method=p.method, k=p.k, concurrency=p.concurrency,
+        output_tokens_per_s=p.output_tokens_per_s, itl_ms=p.itl_ms, usd_per_mtok=p.usd_per_mtok,
+        measured_output_tokens_per_s=None if seen is None else seen * gpu_count,
+        source="measured" if seen is not None else "estimated",
+    )  # fmt: skip
+
+
+def measured_grid(
+    session: Session,
+    spec: catalog.ModelSpec,
+    hardware: catalog.GpuSpec,
+    gpu_count: int,
+    workload: str,
+    usd_per_gpu_hour: float,
+) -> tuple[list[Point], Measured, FittedModel]:
+    """The planner's grid fitted to this (model, GPU)'s stored measurements, and those."""
+    observed = measured_points(session, spec.name, hardware.name)
+    fitted = fit_measurements(Hardware(spec, hardware, 1, calibration.workloads()[workload]),
+                              observed)  # fmt: skip
+    points = grid(spec.name, hardware.name, gpu_count=gpu_count, workload=workload,
+                  price_usd_per_gpu_hour=usd_per_gpu_hour, cal=fitted.calibration)  # fmt: skip
+    return points, _by_config(observed), fitted
+
+
+def build_plan(
+    session: Session,
+    model: str,
+    gpu: str,
+    gpu_count: int,
+    workload: str,
+    itl_objective_ms: float | None,
+    price_kind: str,
+    output_tokens_per_s: float | None,
+) -> PlanReport:
+    """Per concurrency: the best method and K within the ITL objective, and its cost."""
+    check_workload(workload)
+    try:
+        spec, hardware = catalog.model(model), catalog.gpu(gpu)
+        price = plan_price(session, hardware.name, price_kind)
+    except UnknownCatalogEntry as exc:
+        raise NotFound(str(exc), param="model" if "model" in str(exc) else "gpu") from None
+    usd = price.usd_per_gpu_hour
+    points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
+    choices = best_per_concurrency(points, itl_objective_ms)
+    methods = sorted({c.best.method for c in choices} - {"plain"})
+    capacity = None
+    if output_tokens_per_s is not None:
+        capacity = _capacity(points, output_tokens_per_s, itl_objective_ms, gpu_count, usd)
+    return PlanReport(
+        fit=PlanFit(measurements=fitted.points, error_band=fitted.error_band),
+        capacity=capacity,
+        model=spec.name, gpu=hardware.name, gpu_count=gpu_count,
+        workload=workload, itl_objective_ms=itl_objective_ms, price=price,
+        choices=[
+            PlanChoice(**_point(c.best, measured, gpu_count).model_dump(),
+                       speedup_vs_plain=c.best.output_tokens_per_s / c.plain.output_tokens_per_s)
+            for c in choices
+        ],
+        crossovers=[Crossover(concurrency=c, from_method=a, to_method=b)
+                    for c, a, b in crossovers(choices)],
+        methods={m: [_point(p, measured, gpu_count) for p in curve]
+                 for m, curve in best_per_method(points, itl_objective_ms).items()},
+        schedules={m: [list(s) for s in k_schedule(points, m)] for m in methods},
+    )  # fmt: skip
+
+
+def _capacity(
+    points: list[Point],
+    output_tokens_per_s: float,
+    itl_objective_ms: float | None,
+    gpu_count: int,
+    usd_per_gpu_hour: float,
+) -> CapacityPlan:
+    """GPUs and $/month per method for a traffic, and savings against plain and EAGLE-3."""
+    objective = itl_objective_ms or DEFAULT_ITL_OBJECTIVE_MS
+    plans = plan_capacity(points, output_tokens_per_s=output_tokens_per_s,
+                          itl_objective_ms=objective, gpu_count=gpu_count,
+                          price_usd_per_gpu_hour=usd_per_gpu_hour)  # fmt: skip
+    return CapacityPlan(
+        output_tokens_per_s=output_tokens_per_s,
+        itl_objective_ms=objective,
+        methods=[MethodCapacity.model_validate(c, from_attributes=True) for c in plans],
+        savings_usd_per_month={
+            "vs_plain": savings(plans, "plain"),
+            "vs_eagle3": savings(plans, "eagle3"),
+        },
+    )
+
+
+def accuracy(session: Session, workload: str) -> AccuracyReport:
+    """Every measured point beside the planner's prediction from a fit that did not see it."""
+    check_workload(workload)
+    groups: dict[tuple[str, str], list[Measurement]] = {}
+    for row in session.scalars(select(Measurement).order_by(Measurement.id)):
+        groups.setdefault((row.model, row.gpu_type), []).append(row)
+    points: list[AccuracyPoint] = []
+    for (model, gpu), rows in sorted(groups.items()):
+        try:
+            hw = Hardware(catalog.model(model), catalog.gpu(gpu), 1,
+                          calibration.workloads()[workload])  # fmt: skip
+        except UnknownCatalogEntry:
+            continue  # not a catalogued model or GPU: nothing to predict it from
+        measured = [_per_gpu(r) for r in rows]
+        held_out = held_out_predictions(hw, measured)
+        predicted: list[float | None] = list(held_out) if held_out else [None] * len(rows)
+        for row, point, guess in zip(rows, measured, predicted, strict=True):
+            error = None if guess is None else guess / point.output_tokens_per_s - 1
+            points.append(AccuracyPoint(
+                model=model, gpu_type=gpu, method=row.method, k=row.k,
+                concurrency=row.concurrency, source=row.source,
+                measured_output_tokens_per_s=point.output_tokens_per_s,
+                predicted_output_tokens_per_s=guess, error=error,
+            ))  # fmt: skip
+    errors = [abs(p.error) for p in points if p.error is not None]
+    mean = sum(errors) / len(errors) if errors else None
+    return AccuracyReport(points=points, mean_absolute_error=mean, predicted=len(errors))
