@@ -24,7 +24,7 @@ from gateway.apikeys import hash_key
 from gateway.errors import error_body
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry
+from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry, Snapshot
 from gateway.relay.checks import (
     COMPLETION_PATHS,
     RelayError,
@@ -89,7 +89,7 @@ class Relay:
             exchange.status, exchange.outcome = 499, "client_disconnect"
         finally:
             try:
-                settle(exchange, self.registry, self.ledger, self.limiter, self.metrics)
+                settle(exchange, self.ledger, self.limiter, self.metrics)
             except Exception:  # the top of the relay: accounting must not drop the connection
                 logger.exception("settling request %s failed", exchange.request_id)
 
@@ -105,9 +105,9 @@ class Relay:
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise RelayError(400, "you must provide a model parameter", param="model")
-        x.model = model
-        x.key = self._authorize(headers, model)
-        backends = self.registry.snapshot.backends.get(model)
+        x.model, x.snapshot = model, self.registry.snapshot  # the request's only read of it
+        x.key = self._authorize(headers, model, x.snapshot)
+        backends = x.snapshot.backends.get(model)
         if not backends:
             message = f"The model `{model}` does not exist or has no enabled backend"
             raise RelayError(404, message, code="model_not_found", param="model")
@@ -141,11 +141,12 @@ class Relay:
             if not message.get("more_body"):
                 return b"".join(chunks)
 
-    def _authorize(self, headers: dict[bytes, bytes], model: str) -> KeyView | None:
+    def _authorize(
+        self, headers: dict[bytes, bytes], model: str, snapshot: Snapshot
+    ) -> KeyView | None:
         """The caller's key (None when keys are not required), checked against its limits."""
         authorization = headers.get(b"authorization", b"")
         scheme, _, secret = authorization.decode("latin-1").partition(" ")
-        snapshot = self.registry.snapshot
         key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
         if key is None:
             if not self.settings.require_api_key:
@@ -180,11 +181,12 @@ class Relay:
         receive: Receive,
         send: Send,
     ) -> None:
-        snapshot, states = self.registry.snapshot, self.registry.states
+        snapshot, states = x.snapshot, self.registry.states  # states are live by design
         assert x.model is not None
+        assert snapshot is not None
         policy = snapshot.policies.get(x.model) or PolicyView()
-        now = time.monotonic()
-        plan = route(backends, policy, self.registry.auto_method(x.model), states, now, self.rng)
+        auto_method = self.registry.auto_method(x.model, snapshot)
+        plan = route(backends, policy, auto_method, states, time.monotonic(), self.rng)
         if plan.fallback:
             self.metrics.fallbacks.labels(x.model, plan.fallback).inc()
         if plan.panic:
