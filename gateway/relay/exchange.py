@@ -1,4 +1,8 @@
-"""One request as the relay sees it, and settling it: its ledger record and metrics."""
+"""One request as the relay sees it: its key's limits, and settling it (ledger and metrics).
+
+Every call on the per-key limiter is made here: the check before a request is admitted, the
+count of an admitted request, and its tokens and cost once it is settled.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.accounting import Ledger, UsageEntry
-from gateway.limits import Limiter
+from gateway.limits import Limiter, Refusal
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView, Snapshot
+from gateway.relay.checks import RelayError
 
 MAX_MODEL_NAME = 200  # the ledger's column; a client may send anything
 
@@ -39,6 +44,33 @@ class Exchange:
     concurrency: float | None = None
     usage: dict[str, Any] | None = None
     responded: bool = False  # the whole response was handed to the server
+
+
+def check_limits(
+    key: KeyView, snapshot: Snapshot, limiter: Limiter, metrics: GatewayMetrics
+) -> None:
+    """Refuse a key over its rate limits or budget (its spend as of `snapshot`)."""
+    refusal = limiter.check(key, snapshot.key_spend_usd.get(key.id, 0.0))
+    if refusal is not None:
+        metrics.rejections.labels(refusal.code).inc()
+        raise _limit_error(refusal)
+
+
+def count_admitted(x: Exchange, limiter: Limiter) -> None:
+    """Count a request that passed every check against its key's requests per minute."""
+    if x.key is not None:
+        limiter.count_request(x.key.id)
+
+
+def _limit_error(refusal: Refusal) -> RelayError:
+    kind = "rate_limit_error" if refusal.code == "rate_limit_exceeded" else "insufficient_quota"
+    return RelayError(
+        refusal.status,
+        refusal.message,
+        error_type=kind,
+        code=refusal.code,
+        retry_after_s=refusal.retry_after_s,
+    )
 
 
 def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics) -> None:

@@ -33,7 +33,7 @@ from gateway.relay.checks import (
     wants_usage,
     with_usage_options,
 )
-from gateway.relay.exchange import Exchange, settle
+from gateway.relay.exchange import Exchange, check_limits, count_admitted, settle
 from gateway.relay.routing import route
 from gateway.relay.sse import UsageTap
 from gateway.settings import Settings
@@ -117,8 +117,7 @@ class Relay:
         wants = wants_usage(payload)
         if stream and path in COMPLETION_PATHS:
             body = with_usage_options(payload)
-        if x.key is not None:
-            self.limiter.count_request(x.key.id)
+        count_admitted(x, self.limiter)
         await self._forward(path, body, backends, x, stream, wants, receive, send)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
@@ -160,14 +159,7 @@ class Relay:
             self.metrics.rejections.labels("model_not_allowed").inc()
             message = f"This key may not use model `{model}`"
             raise RelayError(403, message, error_type="permission_error", code="model_not_allowed")
-        refusal = self.limiter.check(key, snapshot.key_spend_usd.get(key.id, 0.0))
-        if refusal is not None:
-            self.metrics.rejections.labels(refusal.code).inc()
-            raise RelayError(
-                refusal.status, refusal.message, error_type="rate_limit_error" if refusal.code
-                == "rate_limit_exceeded" else "insufficient_quota", code=refusal.code,
-                retry_after_s=refusal.retry_after_s,
-            )  # fmt: skip
+        check_limits(key, snapshot, self.limiter, self.metrics)
         return key
 
     async def _forward(
