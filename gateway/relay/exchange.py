@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.accounting import Ledger, UsageEntry
+from gateway.errors import QuotaExceeded, RateLimited
 from gateway.limits import Limiter, Refusal
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView, Snapshot
-from gateway.relay.checks import RelayError
 
 MAX_MODEL_NAME = 200  # the ledger's column; a client may send anything
 
@@ -62,15 +62,10 @@ def count_admitted(x: Exchange, limiter: Limiter) -> None:
         limiter.count_request(x.key.id)
 
 
-def _limit_error(refusal: Refusal) -> RelayError:
-    kind = "rate_limit_error" if refusal.code == "rate_limit_exceeded" else "insufficient_quota"
-    return RelayError(
-        refusal.status,
-        refusal.message,
-        error_type=kind,
-        code=refusal.code,
-        retry_after_s=refusal.retry_after_s,
-    )
+def _limit_error(refusal: Refusal) -> RateLimited | QuotaExceeded:
+    if refusal.code == RateLimited.code:
+        return RateLimited(refusal.message, retry_after_s=refusal.retry_after_s)
+    return QuotaExceeded(refusal.message, code=refusal.code)
 
 
 def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics) -> None:
