@@ -21,13 +21,23 @@ class GatewayError(Exception):
     status_code = 500
     error_type = "server_error"
     code: str | None = None
+    retry_after_s: int | None = None  # sent as `Retry-After` when set
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
 
     def envelope(self) -> dict[str, Any]:
         """The OpenAI error body."""
@@ -47,12 +57,69 @@ class ValidationFailed(InvalidRequest):
     status_code = 422
 
 
+class UnknownPath(InvalidRequest):
+    """No such `/v1` endpoint (OpenAI answers this as an invalid request)."""
+
+    status_code = 404
+    code = "unknown_url"
+
+
+class ModelNotFound(InvalidRequest):
+    """The model has no enabled backend."""
+
+    status_code = 404
+    code = "model_not_found"
+
+
+class BodyTooLarge(InvalidRequest):
+    """The request body is larger than `max_body_bytes`."""
+
+    status_code = 413
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """The request body is not JSON."""
+
+    status_code = 415
+
+
+class InvalidApiKey(InvalidRequest):
+    """A `/v1` request without a known API key (OpenAI's type for it)."""
+
+    status_code = 401
+    code = "invalid_api_key"
+
+
 class AuthenticationFailed(GatewayError):
     """Missing or wrong credentials."""
 
     status_code = 401
     error_type = "authentication_error"
     code = "invalid_api_key"
+
+
+class ModelNotAllowed(GatewayError):
+    """The API key may not use the model."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "model_not_allowed"
+
+
+class RateLimited(GatewayError):
+    """The API key is over its requests or tokens per minute."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class QuotaExceeded(GatewayError):
+    """The API key's budget is spent."""
+
+    status_code = 429
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
 
 
 class NotFound(GatewayError):
@@ -77,6 +144,22 @@ class ServiceUnavailable(GatewayError):
     status_code = 503
     error_type = "service_unavailable"
     code = "service_unavailable"
+
+
+class UpstreamError(GatewayError):
+    """A backend failed: unreachable, a 5xx, a redirect, or a stream that broke."""
+
+    status_code = 502
+    error_type = "upstream_error"
+    code = "upstream_error"
+
+
+class UpstreamTimeout(GatewayError):
+    """A backend did not answer in time."""
+
+    status_code = 504
+    error_type = "timeout"
+    code = "timeout"
 
 
 class ErrorDetail(BaseModel):
@@ -145,7 +228,8 @@ def validation_failed(errors: Sequence[Mapping[str, Any]]) -> ValidationFailed:
 
 async def _on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
-    return JSONResponse(exc.envelope(), status_code=exc.status_code)
+    headers = None if exc.retry_after_s is None else {"retry-after": str(exc.retry_after_s)}
+    return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=headers)
 
 
 async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -32,7 +32,7 @@ WINDOW_S = 60
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a request may not proceed, as an OpenAI error."""
+    """The limiter's verdict: why a key's request may not proceed (the relay's 429)."""
 
     status: int
     code: str

@@ -211,9 +211,9 @@ class Registry:
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
 
-    def auto_method(self, model: str) -> str | None:
+    def auto_method(self, model: str, snapshot: Snapshot) -> str | None:
         """The method an `auto` model uses now: the selector's choice, else the snapshot's."""
-        return self.auto_choice.get(model) or self.snapshot.auto_method(model)
+        return self.auto_choice.get(model) or snapshot.auto_method(model)
 
     def load(self) -> None:
         """Replace the snapshot with a fresh read (blocking; call from a thread).

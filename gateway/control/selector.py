@@ -107,7 +107,7 @@ class Selector:
             load = self._load[model] = (1 - EMA_WEIGHT) * load + EMA_WEIGHT * in_flight
             objective = policy.itl_objective_ms if policy is not None else None
             costs = self._costs(snapshot, model, backends, load, objective, now)
-            current = self.registry.auto_choice.get(model) or snapshot.auto_method(model)
+            current = self.registry.auto_method(model, snapshot)
             decision = decide(
                 model,
                 current,

@@ -1,10 +1,12 @@
-"""What the relay refuses before routing: the OpenAI error it answers with, and body checks."""
+"""What the relay refuses in a request body before routing, and the usage options it adds."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+
+from gateway.errors import InvalidRequest
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 # vLLM's own bounds (SamplingParams): a value outside is refused here, before any backend.
@@ -16,31 +18,13 @@ SAMPLING_RANGES = {
 }
 
 
-class RelayError(Exception):
-    """An error answered with the OpenAI envelope."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        error_type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.error_type = status, message, error_type
-        self.code, self.param, self.retry_after_s = code, param, retry_after_s
-
-
 def parse_body(body: bytes) -> dict[str, Any]:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise RelayError(400, f"We could not parse the JSON body of your request: {exc}") from None
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(payload, dict):
-        raise RelayError(400, "The request body must be a JSON object")
+        raise InvalidRequest("The request body must be a JSON object")
     return payload
 
 
@@ -51,7 +35,7 @@ def check_completion(path: str, payload: dict[str, Any]) -> None:
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
-            raise RelayError(400, f"{name} must be a positive integer, got {value!r}", param=name)
+            raise InvalidRequest(f"{name} must be a positive integer, got {value!r}", param=name)
     for name, (low, high) in SAMPLING_RANGES.items():
         value = payload.get(name)
         if value is not None and (
@@ -60,17 +44,15 @@ def check_completion(path: str, payload: dict[str, Any]) -> None:
             or not low <= value <= high
         ):
             message = f"{name} must be a number from {low} to {high}, got {value!r}"
-            raise RelayError(400, message, param=name)
+            raise InvalidRequest(message, param=name)
     if "stream" in payload and not isinstance(payload["stream"], bool | None):
-        raise RelayError(
-            400, f"stream must be a boolean, got {payload['stream']!r}", param="stream"
-        )
+        raise InvalidRequest(f"stream must be a boolean, got {payload['stream']!r}", param="stream")
     if path.endswith("chat/completions"):
         messages = payload.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise RelayError(400, "messages must be a non-empty list", param="messages")
+            raise InvalidRequest("messages must be a non-empty list", param="messages")
     elif payload.get("prompt") is None:
-        raise RelayError(400, "you must provide a prompt", param="prompt")
+        raise InvalidRequest("you must provide a prompt", param="prompt")
 
 
 def wants_usage(payload: dict[str, Any]) -> bool:

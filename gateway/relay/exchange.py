@@ -1,4 +1,8 @@
-"""One request as the relay sees it, and settling it: its ledger record and metrics."""
+"""One request as the relay sees it: its key's limits, and settling it (ledger and metrics).
+
+Every call on the per-key limiter is made here: the check before a request is admitted, the
+count of an admitted request, and its tokens and cost once it is settled.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.accounting import Ledger, UsageEntry
-from gateway.limits import Limiter
+from gateway.errors import QuotaExceeded, RateLimited
+from gateway.limits import Limiter, Refusal
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendView, KeyView, Registry
+from gateway.registry import BackendView, KeyView, Snapshot
 
 MAX_MODEL_NAME = 200  # the ledger's column; a client may send anything
 
@@ -25,6 +30,9 @@ class Exchange:
     started: float = field(default_factory=time.perf_counter)
     created_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     model: str | None = None
+    # The registry as this request sees it, read once (with `model`): auth, spend, routing
+    # and pricing all agree even when a refresh replaces the registry's snapshot meanwhile.
+    snapshot: Snapshot | None = None
     key: KeyView | None = None
     backend: BackendView | None = None
     method: str | None = None
@@ -38,17 +46,37 @@ class Exchange:
     responded: bool = False  # the whole response was handed to the server
 
 
-def settle(
-    x: Exchange, registry: Registry, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics
+def check_limits(
+    key: KeyView, snapshot: Snapshot, limiter: Limiter, metrics: GatewayMetrics
 ) -> None:
+    """Refuse a key over its rate limits or budget (its spend as of `snapshot`)."""
+    refusal = limiter.check(key, snapshot.key_spend_usd.get(key.id, 0.0))
+    if refusal is not None:
+        metrics.rejections.labels(refusal.code).inc()
+        raise _limit_error(refusal)
+
+
+def count_admitted(x: Exchange, limiter: Limiter) -> None:
+    """Count a request that passed every check against its key's requests per minute."""
+    if x.key is not None:
+        limiter.count_request(x.key.id)
+
+
+def _limit_error(refusal: Refusal) -> RateLimited | QuotaExceeded:
+    if refusal.code == RateLimited.code:
+        return RateLimited(refusal.message, retry_after_s=refusal.retry_after_s)
+    return QuotaExceeded(refusal.message, code=refusal.code)
+
+
+def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics) -> None:
     """Exactly one ledger record and the metrics of a finished request."""
-    if x.model is None:
+    if x.model is None or x.snapshot is None:  # refused before the model was known
         metrics.rejections.labels("malformed").inc()
         return
     usage = x.usage or {}
     prompt = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or 0)
-    cost, baseline = _costs(x, registry, completion)
+    cost, baseline = _costs(x, x.snapshot, completion)
     latency = time.perf_counter() - x.started
     ttft = None if x.first_byte is None else x.first_byte - x.started
     method = x.method or "none"
@@ -74,13 +102,13 @@ def settle(
     )
     if x.key is not None:
         limiter.count_usage(x.key.id, prompt + completion, cost)
-    _observe(registry, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
+    _observe(x.snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
 
 
-def _costs(x: Exchange, registry: Registry, completion: int) -> tuple[float | None, float | None]:
+def _costs(x: Exchange, snapshot: Snapshot, completion: int) -> tuple[float | None, float | None]:
     if x.backend is None or x.method is None or x.model is None or not completion:
         return None, None
-    snapshot, c = registry.snapshot, x.concurrency or 1.0
+    c = x.concurrency or 1.0
     per_mtok = snapshot.usd_per_mtok(x.model, x.method, x.backend, c)
     plain = snapshot.usd_per_mtok(x.model, "plain", x.backend, c)
     cost = None if per_mtok is None else completion * per_mtok / 1e6
@@ -89,7 +117,7 @@ def _costs(x: Exchange, registry: Registry, completion: int) -> tuple[float | No
 
 
 def _observe(
-    registry: Registry,
+    snapshot: Snapshot,
     metrics: GatewayMetrics,
     x: Exchange,
     method: str,
@@ -101,7 +129,7 @@ def _observe(
     baseline: float | None,
 ) -> None:
     m, model = metrics, x.model or ""
-    if model not in registry.snapshot.backends:
+    if model not in snapshot.backends:
         model = "unknown"  # labels only ever carry the registry's model names
     m.requests.labels(model, method, f"{x.status // 100}xx").inc()
     m.latency.labels(model, method).observe(latency)

@@ -20,12 +20,12 @@ def list_models(
     services: ServicesDep, authorization: Annotated[str | None, Header()] = None
 ) -> dict[str, Any]:
     """Models with at least one enabled backend, in OpenAI's list shape."""
+    snapshot = services.registry.snapshot  # one read: a refresh may replace it meanwhile
     if services.settings.require_api_key:
         scheme, _, secret = (authorization or "").partition(" ")
-        known = services.registry.snapshot.keys
-        if scheme.lower() != "bearer" or hash_key(secret.strip()) not in known:
+        if scheme.lower() != "bearer" or hash_key(secret.strip()) not in snapshot.keys:
             raise AuthenticationFailed("Incorrect API key provided")
-    models = sorted(services.registry.snapshot.backends)
+    models = sorted(snapshot.backends)
     cards = [
         {"id": m, "object": "model", "created": STARTED, "owned_by": "draftgate"} for m in models
     ]

@@ -21,19 +21,30 @@ import orjson
 
 from gateway.accounting import Ledger
 from gateway.apikeys import hash_key
-from gateway.errors import error_body
+from gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    InvalidApiKey,
+    InvalidRequest,
+    ModelNotAllowed,
+    ModelNotFound,
+    ServiceUnavailable,
+    UnknownPath,
+    UnsupportedMediaType,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry
+from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry, Snapshot
 from gateway.relay.checks import (
     COMPLETION_PATHS,
-    RelayError,
     check_completion,
     parse_body,
     wants_usage,
     with_usage_options,
 )
-from gateway.relay.exchange import Exchange, settle
+from gateway.relay.exchange import Exchange, check_limits, count_admitted, settle
 from gateway.relay.routing import route
 from gateway.relay.sse import UsageTap
 from gateway.settings import Settings
@@ -46,7 +57,6 @@ Send = Callable[[Message], Awaitable[None]]
 
 RELAYED_PATH = re.compile(r"^/v1(/[A-Za-z0-9._~-]+)+$")  # no empty, encoded or odd segments
 REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # usage_records.request_id is 64 chars
-SSE_ERROR_TYPE = "upstream_error"
 
 
 class ClientGone(Exception):
@@ -81,15 +91,15 @@ class Relay:
         rid = exchange.request_id
         try:
             await self._handle(scope["path"], headers, exchange, receive, send)
-        except RelayError as error:
-            exchange.status = error.status
+        except GatewayError as error:
+            exchange.status = error.status_code
             exchange.outcome = "rejected" if exchange.backend is None else "upstream_error"
             await _send_error(send, error, rid)
         except ClientGone:
             exchange.status, exchange.outcome = 499, "client_disconnect"
         finally:
             try:
-                settle(exchange, self.registry, self.ledger, self.limiter, self.metrics)
+                settle(exchange, self.ledger, self.limiter, self.metrics)
             except Exception:  # the top of the relay: accounting must not drop the connection
                 logger.exception("settling request %s failed", exchange.request_id)
 
@@ -99,36 +109,35 @@ class Relay:
         if not RELAYED_PATH.match(path) or any(s in (".", "..") for s in path.split("/")):
             # Dot segments would be resolved on the way out and reach the backend's other
             # endpoints (vLLM's /reset_prefix_cache, /sleep, ...), which no client may call.
-            raise RelayError(404, f"Unknown path {path[:100]!r}", code="unknown_url")
+            raise UnknownPath(f"Unknown path {path[:100]!r}")
         body = await self._read_body(headers, receive)
         payload = parse_body(body)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
-            raise RelayError(400, "you must provide a model parameter", param="model")
-        x.model = model
-        x.key = self._authorize(headers, model)
-        backends = self.registry.snapshot.backends.get(model)
+            raise InvalidRequest("you must provide a model parameter", param="model")
+        x.model, x.snapshot = model, self.registry.snapshot  # the request's only read of it
+        x.key = self._authorize(headers, model, x.snapshot)
+        backends = x.snapshot.backends.get(model)
         if not backends:
             message = f"The model `{model}` does not exist or has no enabled backend"
-            raise RelayError(404, message, code="model_not_found", param="model")
+            raise ModelNotFound(message, param="model")
         if path in COMPLETION_PATHS:
             check_completion(path, payload)
         stream = payload.get("stream") is True
         wants = wants_usage(payload)
         if stream and path in COMPLETION_PATHS:
             body = with_usage_options(payload)
-        if x.key is not None:
-            self.limiter.count_request(x.key.id)
+        count_admitted(x, self.limiter)
         await self._forward(path, body, backends, x, stream, wants, receive, send)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         content_type = headers.get(b"content-type", b"application/json")
         if not content_type.split(b";")[0].strip().lower().endswith(b"json"):
-            raise RelayError(415, "Content-Type must be application/json")
+            raise UnsupportedMediaType("Content-Type must be application/json")
         limit, chunks, size = self.settings.max_body_bytes, [], 0
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RelayError(413, f"Request body larger than {limit} bytes")
+            raise BodyTooLarge(f"Request body larger than {limit} bytes")
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -136,37 +145,27 @@ class Relay:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise RelayError(413, f"Request body larger than {limit} bytes")
+                raise BodyTooLarge(f"Request body larger than {limit} bytes")
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
 
-    def _authorize(self, headers: dict[bytes, bytes], model: str) -> KeyView | None:
+    def _authorize(
+        self, headers: dict[bytes, bytes], model: str, snapshot: Snapshot
+    ) -> KeyView | None:
         """The caller's key (None when keys are not required), checked against its limits."""
         authorization = headers.get(b"authorization", b"")
         scheme, _, secret = authorization.decode("latin-1").partition(" ")
-        snapshot = self.registry.snapshot
         key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
         if key is None:
             if not self.settings.require_api_key:
                 return None
             self.metrics.rejections.labels("invalid_api_key").inc()
-            raise RelayError(
-                401, "Incorrect API key provided", error_type="invalid_request_error",
-                code="invalid_api_key",
-            )  # fmt: skip
+            raise InvalidApiKey("Incorrect API key provided")
         if key.allowed_models is not None and model not in key.allowed_models:
             self.metrics.rejections.labels("model_not_allowed").inc()
-            message = f"This key may not use model `{model}`"
-            raise RelayError(403, message, error_type="permission_error", code="model_not_allowed")
-        refusal = self.limiter.check(key, snapshot.key_spend_usd.get(key.id, 0.0))
-        if refusal is not None:
-            self.metrics.rejections.labels(refusal.code).inc()
-            raise RelayError(
-                refusal.status, refusal.message, error_type="rate_limit_error" if refusal.code
-                == "rate_limit_exceeded" else "insufficient_quota", code=refusal.code,
-                retry_after_s=refusal.retry_after_s,
-            )  # fmt: skip
+            raise ModelNotAllowed(f"This key may not use model `{model}`")
+        check_limits(key, snapshot, self.limiter, self.metrics)
         return key
 
     async def _forward(
@@ -180,16 +179,17 @@ class Relay:
         receive: Receive,
         send: Send,
     ) -> None:
-        snapshot, states = self.registry.snapshot, self.registry.states
+        snapshot, states = x.snapshot, self.registry.states  # states are live by design
         assert x.model is not None
+        assert snapshot is not None
         policy = snapshot.policies.get(x.model) or PolicyView()
-        now = time.monotonic()
-        plan = route(backends, policy, self.registry.auto_method(x.model), states, now, self.rng)
+        auto_method = self.registry.auto_method(x.model, snapshot)
+        plan = route(backends, policy, auto_method, states, time.monotonic(), self.rng)
         if plan.fallback:
             self.metrics.fallbacks.labels(x.model, plan.fallback).inc()
         if plan.panic:
             self.metrics.panic_routes.labels(x.model).inc()
-        last_error: RelayError | None = None
+        last_error: GatewayError | None = None
         for attempt, backend in enumerate(plan.backends[: self.settings.max_attempts]):
             if attempt:
                 self.metrics.retries.labels(x.model).inc()
@@ -197,14 +197,12 @@ class Relay:
                 await self._attempt(path, body, backend, plan.fallback, x, stream, wants_usage,
                                     receive, send)  # fmt: skip
                 return
-            except _RetryableError as error:
-                last_error = error.as_relay_error()
+            except _Retryable as retryable:
+                last_error = retryable.error
         if plan.panic or last_error is None:
             detail = f" (last: {last_error.message})" if last_error else ""
-            raise RelayError(
-                503, f"No healthy backend for model `{x.model}`; retry shortly{detail}",
-                error_type="service_unavailable", code="no_healthy_backend", retry_after_s=5,
-            )  # fmt: skip
+            message = f"No healthy backend for model `{x.model}`; retry shortly{detail}"
+            raise ServiceUnavailable(message, code="no_healthy_backend", retry_after_s=5)
         raise last_error
 
     async def _attempt(
@@ -255,23 +253,23 @@ class Relay:
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             # aiohttp's transport reports a refused connection as ConnectTimeout.
             self._record_failure(state)
-            raise _RetryableError(502, f"backend unreachable: {type(exc).__name__}") from exc
+            raise _Retryable(UpstreamError(f"backend unreachable: {type(exc).__name__}")) from exc
         except httpx.TimeoutException as exc:
             self._record_failure(state)
-            raise _RetryableError(504, f"backend timed out: {type(exc).__name__}") from exc
+            raise _Retryable(UpstreamTimeout(f"backend timed out: {type(exc).__name__}")) from exc
         except httpx.TransportError as exc:
             self._record_failure(state)
-            raise _RetryableError(502, f"backend unreachable: {type(exc).__name__}") from exc
+            raise _Retryable(UpstreamError(f"backend unreachable: {type(exc).__name__}")) from exc
         if response.status_code >= 500:
             detail = (await response.aread())[:200].decode("utf-8", "replace")
             await response.aclose()
             self._record_failure(state)
-            raise _RetryableError(502, f"backend error {response.status_code}: {detail}")
+            raise _Retryable(UpstreamError(f"backend error {response.status_code}: {detail}"))
         if 300 <= response.status_code < 400:  # never followed, nor passed on: a misconfiguration
             await response.aclose()
             self._record_failure(state)
             message = f"backend answered {response.status_code}; redirects are not followed"
-            raise _RetryableError(502, message)
+            raise _Retryable(UpstreamError(message))
         return response
 
     def _record_failure(self, state: BackendState) -> None:
@@ -330,16 +328,12 @@ class Relay:
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
-class _RetryableError(Exception):
+class _Retryable(Exception):
     """A failure before anything reached the client: the next backend may serve."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-    def as_relay_error(self) -> RelayError:
-        kind = "timeout" if self.status == 504 else "upstream_error"
-        return RelayError(self.status, self.message, error_type=kind, code=kind)
+    def __init__(self, error: UpstreamError | UpstreamTimeout) -> None:
+        super().__init__(error.message)
+        self.error = error  # the answer, should no backend serve
 
 
 def _record_success(state: BackendState) -> None:
@@ -374,7 +368,7 @@ def _usage_of(content: bytes) -> dict[str, Any] | None:
 
 
 def _sse_error(message: str, request_id: str) -> bytes:
-    body = error_body(message, SSE_ERROR_TYPE, None, "stream_interrupted")
+    body = UpstreamError(message, code="stream_interrupted").envelope()
     body["error"]["request_id"] = request_id
     return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
 
@@ -393,8 +387,8 @@ async def _end_cut_stream(x: Exchange, stream: bool, send: Send) -> None:
         logger.debug("client left before the shutdown event")
 
 
-async def _send_error(send: Send, error: RelayError, request_id: str) -> None:
-    body = orjson.dumps(error_body(error.message, error.error_type, error.param, error.code))
+async def _send_error(send: Send, error: GatewayError, request_id: str) -> None:
+    body = orjson.dumps(error.envelope())
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -402,10 +396,10 @@ async def _send_error(send: Send, error: RelayError, request_id: str) -> None:
     ]
     if error.retry_after_s is not None:
         headers.append((b"retry-after", str(error.retry_after_s).encode()))
-    if error.status == 413:  # the rest of the body is never read: the connection must go
+    if isinstance(error, BodyTooLarge):  # the rest of the body is never read: close
         headers.append((b"connection", b"close"))
     try:
-        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
     except OSError:  # the client is gone; the ledger still records the request
         logger.debug("client left before the error response")

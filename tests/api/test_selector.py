@@ -58,11 +58,11 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
         )
         selector = Selector(registry, sessions, interval_s=1, min_dwell_s=0, switch_margin=0.05)
         assert await selector.step() == []  # idle (c=1): already on the cheapest, p-eagle
-        assert registry.auto_method("m") == "p-eagle"
+        assert registry.auto_method("m", registry.snapshot) == "p-eagle"
         registry.states["a"].in_flight = registry.states["b"].in_flight = 32
         for _ in range(10):  # the moving average climbs towards 64
             await selector.step()
-        assert registry.auto_method("m") == "plain"
+        assert registry.auto_method("m", registry.snapshot) == "plain"
         with sessions() as session:
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
         [entry] = entries
