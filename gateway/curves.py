@@ -24,15 +24,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
-from gateway.db.tables import Measurement
 from planner import calibration, catalog
 from planner.calibration import EngineCalibration
 from planner.catalog import UnknownCatalogEntry
 from planner.cost import ThroughputCurve
-from planner.fit_measurements import Hardware, MeasuredPoint, concurrency_bin, predict_point
+from planner.fit_measurements import Hardware, MeasuredPoint, predict_point
 from planner.recommend import CONCURRENCY
 
 WORKLOAD = "chat"  # the traffic the planner assumes for live requests
@@ -58,31 +54,6 @@ class Aggregate:
     concurrency: float
     output_tokens_per_s: float
     acceptance_length: float | None
-
-
-def measured(session: Session) -> list[Aggregate]:
-    """Every measured point, averaged per (model, method, GPU type, concurrency bin)."""
-    m = Measurement
-    query = select(
-        m.model, m.method, m.gpu_type, m.concurrency, func.max(m.k), func.count(),
-        func.avg(m.output_tokens_per_s / m.gpu_count), func.avg(m.mean_acceptance_length),
-    ).where(m.concurrency > 0, m.output_tokens_per_s > 0).group_by(
-        m.model, m.method, m.gpu_type, m.concurrency)  # fmt: skip
-    bins: dict[tuple[CurveKey, float], list[tuple[int, int, float, float | None]]]
-    bins = defaultdict(list)
-    for model, method, gpu, c, k, n, tps, al in session.execute(query):
-        bins[((model, method, gpu), concurrency_bin(float(c)))].append((int(k), n, float(tps), al))
-    return [_aggregate(key, c, rows) for (key, c), rows in bins.items()]
-
-
-def _aggregate(
-    key: CurveKey, c: float, rows: list[tuple[int, int, float, float | None]]
-) -> Aggregate:
-    count = sum(n for _, n, _, _ in rows)
-    tps = sum(n * t for _, n, t, _ in rows) / count
-    seen = [(n, float(al)) for _, n, _, al in rows if al is not None]
-    al = sum(n * a for n, a in seen) / sum(n for n, _ in seen) if seen else None
-    return Aggregate(key, max(k for k, _, _, _ in rows), c, tps, al)
 
 
 def build_curves(

@@ -21,8 +21,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.curves import Served, build_curves, measured
+from gateway.curves import Served, build_curves
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
+from gateway.services.measurements import aggregates
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ def load_snapshot(session: Session) -> Snapshot:
         policies=policies,
         keys=keys,
         prices=prices,
-        curves=build_curves(measured(session), _served(backends)),
+        curves=build_curves(aggregates(session), _served(backends)),
         key_spend_usd=_key_spend(session, keys.values()),
     )
 

@@ -16,10 +16,10 @@ from gateway.services.backends import (
     backend_public,
     create_backend,
     delete_backend,
-    latest_acceptance,
     update_backend,
     with_runtime,
 )
+from gateway.services.measurements import latest_acceptance
 
 router = APIRouter(prefix="/backends", tags=["backends"])
 ACTOR = "admin-api"

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from sqlalchemy import select
 
-from gateway.db.tables import Measurement
 from gateway.deps import SessionDep
 from gateway.schemas import ListOf, MeasurementPublic
+from gateway.services import measurements
 
 router = APIRouter(prefix="/measurements", tags=["measurements"])
 
@@ -23,12 +22,5 @@ def list_measurements(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ListOf[MeasurementPublic]:
     """Stored measurements, newest first, optionally of one model, backend or source."""
-    query = select(Measurement).order_by(Measurement.id.desc()).limit(limit)
-    if model is not None:
-        query = query.where(Measurement.model == model)
-    if backend is not None:
-        query = query.where(Measurement.backend_name == backend)
-    if source is not None:
-        query = query.where(Measurement.source == source)
-    rows = session.scalars(query)
+    rows = measurements.newest(session, model, backend, source, limit)
     return ListOf[MeasurementPublic](data=[MeasurementPublic.model_validate(r) for r in rows])

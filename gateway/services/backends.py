@@ -7,10 +7,8 @@ are merged by one rule, `with_runtime`: the scrape when there is one, else the m
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backends.methods import render_speculative_config
@@ -95,25 +93,6 @@ def delete_backend(session: Session, name: str, actor: str) -> None:
     queries.record_audit(
         session, actor=actor, action="delete", resource=("backend", name), before=before, after=None
     )
-
-
-def latest_acceptance(session: Session, rows: Sequence[Backend]) -> dict[str, Measurement]:
-    """Per backend, its newest stored measurement with acceptance at its current method and K."""
-    names = [row.name for row in rows if row.method != "plain"]
-    if not names:
-        return {}
-    newest = (
-        select(func.max(Measurement.id))
-        .where(Measurement.backend_name.in_(names), Measurement.mean_acceptance_length.is_not(None))
-        .group_by(Measurement.backend_name, Measurement.method, Measurement.k)
-    )
-    found = session.scalars(select(Measurement).where(Measurement.id.in_(newest)))
-    wanted = {(row.name, row.method, row.k or 0) for row in rows}
-    return {
-        m.backend_name: m
-        for m in found
-        if m.backend_name is not None and (m.backend_name, m.method, m.k) in wanted
-    }
 
 
 def with_runtime(

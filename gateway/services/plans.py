@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.db import queries
-from gateway.db.tables import Measurement
 from gateway.errors import NotFound, ValidationFailed
 from gateway.reports import (
     AccuracyPoint,
@@ -20,6 +18,7 @@ from gateway.reports import (
     PlanPrice,
     PlanReport,
 )
+from gateway.services import measurements
 from planner import calibration, catalog
 from planner.capacity import plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry
@@ -61,19 +60,6 @@ def plan_price(session: Session, gpu: str, kind: str) -> PlanPrice:
                      date=default.date.isoformat(), origin="default")  # fmt: skip
 
 
-def measured_points(session: Session, model: str, gpu: str) -> list[MeasuredPoint]:
-    """The measurements of `model` on `gpu`, per GPU (tokens/s divided by the GPU count)."""
-    rows = session.scalars(
-        select(Measurement).where(Measurement.model == model, Measurement.gpu_type == gpu)
-    )
-    return [_per_gpu(r) for r in rows]
-
-
-def _per_gpu(r: Measurement) -> MeasuredPoint:
-    return MeasuredPoint(r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count,
-                         r.mean_acceptance_length)  # fmt: skip
-
-
 def _by_config(points: list[MeasuredPoint]) -> Measured:
     """Mean measured output tokens/s per GPU by (method, K, concurrency)."""
     sums: dict[tuple[str, int, float], list[float]] = {}
@@ -101,7 +87,7 @@ def measured_grid(
     usd_per_gpu_hour: float,
 ) -> tuple[list[Point], Measured, FittedModel]:
     """The planner's grid fitted to this (model, GPU)'s stored measurements, and those."""
-    observed = measured_points(session, spec.name, hardware.name)
+    observed = measurements.per_gpu_points(session, spec.name, hardware.name)
     fitted = fit_measurements(Hardware(spec, hardware, 1, calibration.workloads()[workload]),
                               observed)  # fmt: skip
     points = grid(spec.name, hardware.name, gpu_count=gpu_count, workload=workload,
@@ -177,17 +163,14 @@ def _capacity(
 def accuracy(session: Session, workload: str) -> AccuracyReport:
     """Every measured point beside the planner's prediction from a fit that did not see it."""
     check_workload(workload)
-    groups: dict[tuple[str, str], list[Measurement]] = {}
-    for row in session.scalars(select(Measurement).order_by(Measurement.id)):
-        groups.setdefault((row.model, row.gpu_type), []).append(row)
     points: list[AccuracyPoint] = []
-    for (model, gpu), rows in sorted(groups.items()):
+    for (model, gpu), rows in sorted(measurements.by_hardware(session).items()):
         try:
             hw = Hardware(catalog.model(model), catalog.gpu(gpu), 1,
                           calibration.workloads()[workload])  # fmt: skip
         except UnknownCatalogEntry:
             continue  # not a catalogued model or GPU: nothing to predict it from
-        measured = [_per_gpu(r) for r in rows]
+        measured = [measurements.per_gpu(r) for r in rows]
         held_out = held_out_predictions(hw, measured)
         predicted: list[float | None] = list(held_out) if held_out else [None] * len(rows)
         for row, point, guess in zip(rows, measured, predicted, strict=True):
