@@ -35,8 +35,12 @@ LOCALHOST = "127.0.0.1"
 CPU_SERVE_ARGS = ("--enforce-eager", "--kv-cache-memory-bytes", "64M",
                   "--max-model-len", "512", "--dtype", "float32")  # fmt: skip
 # Local paths only, never the hub; no usage reports.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 class LaunchError(RuntimeError):
@@ -67,9 +71,13 @@ def vllm_argv(
     one on PATH. `extra_args` defaults to what a CPU-only host needs.
     """
     argv = render_vllm_args(
-        model, spec, port=port, host=LOCALHOST,
-        served_model_name=served_model_name, extra_args=extra_args,
-    )  # fmt: skip
+        model,
+        spec,
+        port=port,
+        host=LOCALHOST,
+        served_model_name=served_model_name,
+        extra_args=extra_args,
+    )
     if vllm_python is not None:
         argv[0] = str(vllm_python.parent / "vllm")
     return argv
@@ -117,9 +125,13 @@ class LocalServer:
         # The child inherits this process's environment plus its own variables.
         env = {**os.environ, **self.env} if self.env else None
         self.process = subprocess.Popen(  # noqa: S603  (our own argv, no shell)
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,
-        )  # fmt: skip
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Block until `GET /health` answers 200; LaunchError if it dies or times out."""

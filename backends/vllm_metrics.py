@@ -181,9 +181,15 @@ def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Obs
         per_position = tuple(n - (old[i] if i < len(old) else 0.0) for i, n in enumerate(new))
         if drafts < 0 or accepted < 0 or any(p < 0 for p in per_position):
             return None
-    return Observation(seconds, tokens, drafts, accepted, per_position,
-                       _mean_concurrency(before, after, seconds),
-                       _finished_latency_s(before, after))  # fmt: skip
+    return Observation(
+        seconds,
+        tokens,
+        drafts,
+        accepted,
+        per_position,
+        _mean_concurrency(before, after, seconds),
+        _finished_latency_s(before, after),
+    )
 
 
 def _finished_latency_s(before: VllmSnapshot, after: VllmSnapshot) -> float:

@@ -51,9 +51,9 @@ PAGES = ("overview", "methods", "planner", "backends", "benchmarks", "keys", "ac
 RollupKey = tuple[dt.datetime, str, str, str, int]
 
 
-def _records(count: int, key_ids: list[int], rollups: dict[RollupKey, list[float]]) -> Iterator[
-    dict[str, object]
-]:  # fmt: skip
+def _records(
+    count: int, key_ids: list[int], rollups: dict[RollupKey, list[float]]
+) -> Iterator[dict[str, object]]:
     """`count` requests spread over the period, each added to its hourly rollup."""
     rng, now = random.Random(0), dt.datetime.now(dt.UTC)
     methods = list(USD_PER_MTOK)
@@ -67,11 +67,23 @@ def _records(count: int, key_ids: list[int], rollups: dict[RollupKey, list[float
         total = rollups[(hour_of(at), stack.DEMO_MODEL, method, f"demo-{method}", key_id)]
         for j, value in enumerate((1, prompt, completion, cost, baseline)):
             total[j] += value
-        yield {"request_id": f"bench-{i}", "created_at": at, "api_key_id": key_id,
-               "model": stack.DEMO_MODEL, "method": method, "backend_name": f"demo-{method}",
-               "prompt_tokens": prompt, "completion_tokens": completion, "status_code": 200,
-               "outcome": "ok", "latency_ms": 800.0, "ttft_ms": 40.0, "concurrency": 8.0,
-               "cost_usd": cost, "baseline_cost_usd": baseline}  # fmt: skip
+        yield {
+            "request_id": f"bench-{i}",
+            "created_at": at,
+            "api_key_id": key_id,
+            "model": stack.DEMO_MODEL,
+            "method": method,
+            "backend_name": f"demo-{method}",
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "status_code": 200,
+            "outcome": "ok",
+            "latency_ms": 800.0,
+            "ttft_ms": 40.0,
+            "concurrency": 8.0,
+            "cost_usd": cost,
+            "baseline_cost_usd": baseline,
+        }
 
 
 def _write_usage(session: Session, count: int, key_ids: list[int]) -> None:
@@ -84,10 +96,22 @@ def _write_usage(session: Session, count: int, key_ids: list[int]) -> None:
             batch.clear()
     if batch:
         session.execute(insert(UsageRecord), batch)
-    rows = [{"hour": hour, "model": model, "method": method, "backend_name": backend,
-             "api_key_id": key, "requests": int(t[0]), "errors": 0, "prompt_tokens": int(t[1]),
-             "completion_tokens": int(t[2]), "cost_usd": t[3], "baseline_cost_usd": t[4]}
-            for (hour, model, method, backend, key), t in rollups.items()]  # fmt: skip
+    rows = [
+        {
+            "hour": hour,
+            "model": model,
+            "method": method,
+            "backend_name": backend,
+            "api_key_id": key,
+            "requests": int(t[0]),
+            "errors": 0,
+            "prompt_tokens": int(t[1]),
+            "completion_tokens": int(t[2]),
+            "cost_usd": t[3],
+            "baseline_cost_usd": t[4],
+        }
+        for (hour, model, method, backend, key), t in rollups.items()
+    ]
     session.execute(insert(UsageHourly), rows)
 
 
@@ -99,8 +123,10 @@ def build_database(url: str, records: int) -> None:
         prepare_database(settings, engine)
         with transaction(make_sessionmaker(engine)) as session:
             stack.seed_demo(session, 8101)
-            keys = [create_key(session, KeyCreate(name=f"team-{i}", budget_usd=100.0), "bench")
-                    for i in range(KEYS)]  # fmt: skip
+            keys = [
+                create_key(session, KeyCreate(name=f"team-{i}", budget_usd=100.0), "bench")
+                for i in range(KEYS)
+            ]
             _write_usage(session, records, [k.id for k in keys])
     finally:
         engine.dispose()
@@ -116,13 +142,18 @@ def _free_port() -> int:
 def start_gateway(url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTGATE_")}
-    env |= {"DRAFTGATE_DATABASE_URL": url, "DRAFTGATE_ADMIN_TOKEN": TOKEN,
-            "DRAFTGATE_REQUIRE_API_KEY": "false"}  # fmt: skip
+    env |= {
+        "DRAFTGATE_DATABASE_URL": url,
+        "DRAFTGATE_ADMIN_TOKEN": TOKEN,
+        "DRAFTGATE_REQUIRE_API_KEY": "false",
+    }
     draftgate = Path(sys.executable).parent / "draftgate"
     process = subprocess.Popen(  # noqa: S603  (our own console script)
-        [str(draftgate), "gateway", "--port", str(port)], env=env,
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [str(draftgate), "gateway", "--port", str(port)],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

@@ -289,8 +289,10 @@ def preflight(target: Target, timeout_s: float) -> str | None:
         except httpx.HTTPError as exc:
             why = f"{type(exc).__name__}: {exc}"
         else:
-            for kind, r, want in (("non-streamed", plain, b'"choices"'),
-                                  ("streamed", streamed, b"[DONE]")):  # fmt: skip
+            for kind, r, want in (
+                ("non-streamed", plain, b'"choices"'),
+                ("streamed", streamed, b"[DONE]"),
+            ):
                 if r.status_code != 200 or want not in r.content:
                     why = f"{kind} POST {url} -> {r.status_code}: {r.text[:300]}"
                     break
@@ -400,8 +402,14 @@ def settle(pid: int, limit_s: float = 60.0) -> float:
     return limit_s
 
 
-def measure_round(runner: asyncio.Runner, target: Target, upstream: Target, scenario: Scenario,
-                  duration_s: float, result: Result) -> None:  # fmt: skip
+def measure_round(
+    runner: asyncio.Runner,
+    target: Target,
+    upstream: Target,
+    scenario: Scenario,
+    duration_s: float,
+    result: Result,
+) -> None:
     """One round: warm the connections, load for `duration_s`, wait for the proxy to settle;
     CPU is counted from the start of the load until the proxy is idle again."""
     body = request_body(scenario.stream)
@@ -428,9 +436,17 @@ def run_wrk(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"wrk.body = [[{request_body(False).decode()}]]\n"
     )
-    argv = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s",
-            "--timeout", "30s", "-s", str(script),
-            f"http://127.0.0.1:{target.port}/v1/chat/completions"]  # fmt: skip
+    argv = [
+        "wrk",
+        "-t1",
+        f"-c{concurrency}",
+        f"-d{max(1, round(duration_s))}s",
+        "--timeout",
+        "30s",
+        "-s",
+        str(script),
+        f"http://127.0.0.1:{target.port}/v1/chat/completions",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)  # noqa: S603
     rps = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
     if done.returncode != 0 or rps is None:
@@ -446,29 +462,48 @@ def ratio(value: float, base: float | None) -> str:
     return f"{value / base:.3f}" if base else "-"
 
 
-def print_table(command: str, scenario: Scenario, rounds: int, duration_s: float,
-                results: dict[str, Result]) -> None:  # fmt: skip
+def print_table(
+    command: str, scenario: Scenario, rounds: int, duration_s: float, results: dict[str, Result]
+) -> None:
     print(f"\n$ {command}")
     print(f"{scenario.title()}: {rounds} x {duration_s:g} s per target, targets alternated")
-    cols = ("target", "n", "req/s", "x direct", "p50 ms", "+p50 ms", "p99 ms", "+p99 ms",
-            "proxy CPU ms/req", "drain s", "mock CPU ms/req", "wrk req/s", "wrk x direct",
-            "errors")  # fmt: skip
+    cols = (
+        "target",
+        "n",
+        "req/s",
+        "x direct",
+        "p50 ms",
+        "+p50 ms",
+        "p99 ms",
+        "+p99 ms",
+        "proxy CPU ms/req",
+        "drain s",
+        "mock CPU ms/req",
+        "wrk req/s",
+        "wrk x direct",
+        "errors",
+    )
     print("  ".join(f"{c:>{max(len(c), 9)}}" for c in cols))
     base = results.get("direct")
     for name, r in results.items():
         p50, p99 = r.percentile_ms(0.50), r.percentile_ms(0.99)
         per_req = 1000 / r.completed if r.completed else float("nan")
         cells = (
-            name, str(r.completed), f"{r.rps():.1f}", ratio(r.rps(), base.rps() if base else None),
-            f"{p50:.2f}", f"{p50 - base.percentile_ms(0.5):+.2f}" if base else "-",
-            f"{p99:.2f}", f"{p99 - base.percentile_ms(0.99):+.2f}" if base else "-",
+            name,
+            str(r.completed),
+            f"{r.rps():.1f}",
+            ratio(r.rps(), base.rps() if base else None),
+            f"{p50:.2f}",
+            f"{p50 - base.percentile_ms(0.5):+.2f}" if base else "-",
+            f"{p99:.2f}",
+            f"{p99 - base.percentile_ms(0.99):+.2f}" if base else "-",
             f"{r.proxy_cpu_s * per_req:.2f}" if name != "direct" else "-",
             f"{r.drain_s / rounds:.1f}" if name != "direct" else "-",
             f"{r.upstream_cpu_s * per_req:.2f}",
             f"{r.wrk_rps:.1f}" if r.wrk_rps is not None else "-",
             ratio(r.wrk_rps, base.wrk_rps if base else None) if r.wrk_rps is not None else "-",
             str(r.errors),
-        )  # fmt: skip
+        )
         print("  ".join(f"{c:>{max(len(h), 9)}}" for c, h in zip(cells, cols, strict=True)))
     for name, r in results.items():
         for note in (r.first_error and f"first error: {r.first_error}", r.wrk_note):
@@ -495,8 +530,9 @@ class Plan:
     draftgate_env: dict[str, str]
 
 
-def start_proxies(plan: Plan, procs: Processes, upstream: Target, work: Path,
-                  litellm: Path | str | None) -> dict[str, Target]:  # fmt: skip
+def start_proxies(
+    plan: Plan, procs: Processes, upstream: Target, work: Path, litellm: Path | str | None
+) -> dict[str, Target]:
     """The targets of one phase that started and answered a preflight request."""
     targets: dict[str, Target] = {}
     for name in plan.targets:
@@ -555,8 +591,9 @@ def run_phase(
                 results = {name: Result() for name in targets}
                 for _ in range(plan.rounds):
                     for name, target in targets.items():
-                        measure_round(runner, target, upstream, scenario, plan.duration_s,
-                                      results[name])  # fmt: skip
+                        measure_round(
+                            runner, target, upstream, scenario, plan.duration_s, results[name]
+                        )
                     drop_dead(procs, targets)
                 if not stream and plan.wrk_s:
                     for name, target in targets.items():

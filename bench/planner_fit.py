@@ -24,8 +24,9 @@ from planner.fit_measurements import (
     predict_point,
 )
 
-HW = Hardware(catalog.model("openai/gpt-oss-20b"), catalog.gpu("B200"), 1,
-              calibration.workloads()["chat"])  # fmt: skip
+HW = Hardware(
+    catalog.model("openai/gpt-oss-20b"), catalog.gpu("B200"), 1, calibration.workloads()["chat"]
+)
 METHODS = (("plain", 0), ("eagle3", 3), ("p-eagle", 7), ("dflash", 7), ("dspark", 7))
 OLD_BUDGET_S = 60.0
 
@@ -45,8 +46,10 @@ def windows(count: int, rng: random.Random) -> list[MeasuredPoint]:
 def leave_one_out_unpooled(points: Sequence[MeasuredPoint]) -> list[float]:
     """The previous algorithm: one fit per point, over every other point."""
     base = calibration.engine_calibration()
-    return [predict_point(HW, fit_calibration(HW, base, [q for q in points if q is not p]), p)
-            for p in points]  # fmt: skip
+    return [
+        predict_point(HW, fit_calibration(HW, base, [q for q in points if q is not p]), p)
+        for p in points
+    ]
 
 
 def timed(run: object, *args: object) -> float:

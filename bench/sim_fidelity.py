@@ -126,8 +126,10 @@ def main() -> int:
             got = asyncio.run(measure(port, args.model, c, args.seconds))
             server_cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - wall_before)
             want = run_closed_loop(config, c, shape=(PROMPT_WORDS, OUTPUT_TOKENS))
-            print(f"{c:>4} {got:13.0f} {want.output_tokens_per_s:12.0f} "
-                  f"{got / want.output_tokens_per_s:6.3f} {server_cpu:11.0%}")  # fmt: skip
+            print(
+                f"{c:>4} {got:13.0f} {want.output_tokens_per_s:12.0f} "
+                f"{got / want.output_tokens_per_s:6.3f} {server_cpu:11.0%}"
+            )
         print(f"server peak RSS: {peak_rss_mb(server.pid):.0f} MB")
         print(json.dumps({"cpu_count": os.cpu_count()}))
     finally:

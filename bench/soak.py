@@ -161,8 +161,13 @@ class Load:
             self.figures.completion_tokens += tokens
 
     async def _one(self, session: aiohttp.ClientSession, request_id: str) -> tuple[str, int]:
-        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": self.max_tokens,
-                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {
+            "model": MODEL,
+            "messages": MESSAGES,
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         async with session.post(
             f"{self.url}/v1/chat/completions", json=body, headers={"x-request-id": request_id}
         ) as response:
@@ -210,8 +215,11 @@ def error_kind(error: str) -> str:
 def gateway_counter(url: str, name: str) -> float:
     """The sum of a counter's samples in the gateway's GET /metrics."""
     text = httpx.get(f"{url}/metrics", timeout=30.0).text
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def count_records(database_url: str, request_ids: list[str]) -> int:
@@ -243,8 +251,10 @@ def soak(args: argparse.Namespace, workdir: Path, figures: Figures) -> None:
             processes.append(process)
             sims.append(url)
         fleet = workdir / "fleet.yaml"
-        backends = [{"name": f"sim-{i}", "url": u, "model": MODEL, "method": "plain"}
-                    for i, u in enumerate(sims)]  # fmt: skip
+        backends = [
+            {"name": f"sim-{i}", "url": u, "model": MODEL, "method": "plain"}
+            for i, u in enumerate(sims)
+        ]
         fleet.write_text(yaml.safe_dump({"backends": backends}), encoding="utf-8")
         database_url = args.database_url or f"sqlite:///{workdir}/draftgate.db"
         env = clean_env(
@@ -287,17 +297,21 @@ def report(figures: Figures) -> None:
     """Print the figures for people."""
     minutes = figures.duration_s / 60
     print(f"command: {figures.command}")
-    print(f"c={figures.concurrency}, {figures.duration_s:.0f} s: requests {figures.requests}, "
-          f"errors {figures.errors}, ledger records {figures.records} "
-          f"(lost {figures.requests - figures.records})")  # fmt: skip
+    print(
+        f"c={figures.concurrency}, {figures.duration_s:.0f} s: requests {figures.requests}, "
+        f"errors {figures.errors}, ledger records {figures.records} "
+        f"(lost {figures.requests - figures.records})"
+    )
     print(f"completed per {figures.interval_s:.0f} s: {figures.per_interval}")
     print(f"output tokens per {figures.interval_s:.0f} s: {figures.tokens_per_interval}")
     print(f"errors per {figures.interval_s:.0f} s: {figures.errors_per_interval}")
     print(f"errors by kind: {figures.errors_by_kind}; gateway retries: {figures.retried:.0f}")
     print(f"mean completed requests per minute: {sum(figures.per_interval) / minutes:.0f}")
-    print(f"gateway RSS: start {figures.rss_start_mb:.1f} MB, after warm-up "
-          f"{figures.rss_warm_mb:.1f} MB, end {figures.rss_end_mb:.1f} MB, "
-          f"max {figures.rss_max_mb:.1f} MB")  # fmt: skip
+    print(
+        f"gateway RSS: start {figures.rss_start_mb:.1f} MB, after warm-up "
+        f"{figures.rss_warm_mb:.1f} MB, end {figures.rss_end_mb:.1f} MB, "
+        f"max {figures.rss_max_mb:.1f} MB"
+    )
     print(f"gateway RSS per {figures.interval_s:.0f} s (MB): {figures.rss_per_interval_mb}")
     for error in figures.first_errors:
         print(f"error: {error}")

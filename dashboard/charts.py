@@ -22,49 +22,97 @@ def throughput_vs_concurrency(
     curves: dict[str, list[PlanPoint]], measured: list[AccuracyPoint], gpu_count: int
 ) -> alt.LayerChart:
     """Every method's planner curve (its best K per load) and every measured point."""
-    rows = [{"concurrency": p.concurrency, "tokens_per_s": p.output_tokens_per_s,
-             "series": method, "kind": p.source, "K": p.k}
-            for method, points in curves.items() for p in points]  # fmt: skip
+    rows = [
+        {
+            "concurrency": p.concurrency,
+            "tokens_per_s": p.output_tokens_per_s,
+            "series": method,
+            "kind": p.source,
+            "K": p.k,
+        }
+        for method, points in curves.items()
+        for p in points
+    ]
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
     y = alt.Y("tokens_per_s:Q", title="output tokens/s")
-    curves = _chart(rows).mark_line(point=True).encode(
-        x=x, y=y, color="series:N", strokeDash=alt.StrokeDash("kind:N", title="planner point"),
-        tooltip=["series:N", "K:Q", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
-    )  # fmt: skip
-    dots = [{"concurrency": p.concurrency, "series": f"measured: {p.method}",
-             "tokens_per_s": p.measured_output_tokens_per_s * gpu_count}
-            for p in measured]  # fmt: skip
-    marks = _chart(dots).mark_point(size=90, filled=True, shape="diamond").encode(
-        x=x, y=y, color="series:N", tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q"],
-    )  # fmt: skip
+    curves = (
+        _chart(rows)
+        .mark_line(point=True)
+        .encode(
+            x=x,
+            y=y,
+            color="series:N",
+            strokeDash=alt.StrokeDash("kind:N", title="planner point"),
+            tooltip=["series:N", "K:Q", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
+        )
+    )
+    dots = [
+        {
+            "concurrency": p.concurrency,
+            "series": f"measured: {p.method}",
+            "tokens_per_s": p.measured_output_tokens_per_s * gpu_count,
+        }
+        for p in measured
+    ]
+    marks = (
+        _chart(dots)
+        .mark_point(size=90, filled=True, shape="diamond")
+        .encode(
+            x=x,
+            y=y,
+            color="series:N",
+            tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q"],
+        )
+    )
     layered: alt.LayerChart = alt.LayerChart(layer=[curves, marks] if measured else [curves])
     return layered
 
 
 def usage_by_model(rows: list[UsageRow]) -> alt.Chart:
     """Cost and savings against plain decoding per model and method."""
-    values = [{"model": r.model, "method": r.method, "figure": figure, "usd": usd}
-              for r in rows
-              for figure, usd in ((CAPACITY, r.cost_usd), (SAVINGS, r.savings_usd))]  # fmt: skip
-    chart: alt.Chart = _chart(values).mark_bar().encode(
-        x=alt.X("usd:Q", title="USD"), y="method:N", color="figure:N", yOffset="figure:N",
-        row="model:N", tooltip=["model:N", "method:N", "figure:N", "usd:Q"],
-    )  # fmt: skip
+    values = [
+        {"model": r.model, "method": r.method, "figure": figure, "usd": usd}
+        for r in rows
+        for figure, usd in ((CAPACITY, r.cost_usd), (SAVINGS, r.savings_usd))
+    ]
+    chart: alt.Chart = (
+        _chart(values)
+        .mark_bar()
+        .encode(
+            x=alt.X("usd:Q", title="USD"),
+            y="method:N",
+            color="figure:N",
+            yOffset="figure:N",
+            row="model:N",
+            tooltip=["model:N", "method:N", "figure:N", "usd:Q"],
+        )
+    )
     return chart
 
 
 def predicted_vs_measured(points: list[AccuracyPoint]) -> alt.Chart:
     """Each measured point against the planner's held-out prediction."""
-    values = [{"measured": p.measured_output_tokens_per_s,
-               "predicted": p.predicted_output_tokens_per_s, "method": p.method,
-               "model": p.model, "concurrency": p.concurrency}
-              for p in points if p.predicted_output_tokens_per_s is not None]  # fmt: skip
-    chart: alt.Chart = _chart(values).mark_circle(size=80).encode(
-        x=alt.X("measured:Q", title="measured output tokens/s per GPU"),
-        y=alt.Y("predicted:Q", title="predicted output tokens/s per GPU"),
-        color="method:N", tooltip=["model:N", "method:N", "concurrency:Q", "measured:Q",
-                                   "predicted:Q"],
-    )  # fmt: skip
+    values = [
+        {
+            "measured": p.measured_output_tokens_per_s,
+            "predicted": p.predicted_output_tokens_per_s,
+            "method": p.method,
+            "model": p.model,
+            "concurrency": p.concurrency,
+        }
+        for p in points
+        if p.predicted_output_tokens_per_s is not None
+    ]
+    chart: alt.Chart = (
+        _chart(values)
+        .mark_circle(size=80)
+        .encode(
+            x=alt.X("measured:Q", title="measured output tokens/s per GPU"),
+            y=alt.Y("predicted:Q", title="predicted output tokens/s per GPU"),
+            color="method:N",
+            tooltip=["model:N", "method:N", "concurrency:Q", "measured:Q", "predicted:Q"],
+        )
+    )
     return chart
 
 
@@ -80,23 +128,39 @@ def running_error(points: list[AccuracyPoint]) -> alt.Chart:
 
 def acceptance_by_position(curves: dict[str, list[float]]) -> alt.Chart:
     """Per backend: the share of drafted tokens accepted at each speculative position."""
-    values = [{"backend": name, "position": i + 1, "accepted": rate}
-              for name, rates in curves.items() for i, rate in enumerate(rates)]  # fmt: skip
-    chart: alt.Chart = _chart(values).mark_line(point=True).encode(
-        x=alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("accepted:Q", title="accepted", axis=alt.Axis(format="%")),
-        color="backend:N", tooltip=["backend:N", "position:O", "accepted:Q"],
-    )  # fmt: skip
+    values = [
+        {"backend": name, "position": i + 1, "accepted": rate}
+        for name, rates in curves.items()
+        for i, rate in enumerate(rates)
+    ]
+    chart: alt.Chart = (
+        _chart(values)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("position:O", title="draft position", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("accepted:Q", title="accepted", axis=alt.Axis(format="%")),
+            color="backend:N",
+            tooltip=["backend:N", "position:O", "accepted:Q"],
+        )
+    )
     return chart
 
 
 def daily_trend(days: list[tuple[dt.date, float, float]]) -> alt.Chart:
     """Capacity cost and savings against plain decoding, day by day."""
-    values = [{"day": day.isoformat(), "figure": figure, "usd": usd}
-              for day, cost, saved in days
-              for figure, usd in ((CAPACITY, cost), (SAVINGS, saved))]  # fmt: skip
-    chart: alt.Chart = _chart(values).mark_line(point=True).encode(
-        x=alt.X("day:T", title="day (UTC)"), y=alt.Y("usd:Q", title="USD"), color="figure:N",
-        tooltip=["day:T", "figure:N", "usd:Q"],
-    )  # fmt: skip
+    values = [
+        {"day": day.isoformat(), "figure": figure, "usd": usd}
+        for day, cost, saved in days
+        for figure, usd in ((CAPACITY, cost), (SAVINGS, saved))
+    ]
+    chart: alt.Chart = (
+        _chart(values)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("day:T", title="day (UTC)"),
+            y=alt.Y("usd:Q", title="USD"),
+            color="figure:N",
+            tooltip=["day:T", "figure:N", "usd:Q"],
+        )
+    )
     return chart

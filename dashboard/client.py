@@ -153,8 +153,9 @@ class AdminClient:
         return self._list(Benchmark, "/benchmarks")
 
     def audit(self, resource_type: str, resource_id: str, limit: int = 10) -> list[AuditEntry]:
-        return self._list(AuditEntry, "/audit", resource_type=resource_type,
-                          resource_id=resource_id, limit=limit)  # fmt: skip
+        return self._list(
+            AuditEntry, "/audit", resource_type=resource_type, resource_id=resource_id, limit=limit
+        )
 
     def usage(
         self, start: dt.datetime, group_by: str = "model,method", end: dt.datetime | None = None
@@ -242,8 +243,11 @@ def admin_client(settings: DashboardSettings | None = None) -> AdminClient:
     settings = settings or DashboardSettings()
     if settings.admin_token is None:
         raise AdminApiError("no admin token: set DRAFTGATE_ADMIN_TOKEN to the gateway's token")
-    return AdminClient(settings.dashboard_gateway_url, settings.admin_token.get_secret_value(),
-                       timeout_s=settings.dashboard_timeout_s)  # fmt: skip
+    return AdminClient(
+        settings.dashboard_gateway_url,
+        settings.admin_token.get_secret_value(),
+        timeout_s=settings.dashboard_timeout_s,
+    )
 
 
 Page = Callable[[], None]

@@ -57,8 +57,14 @@ def hour_of(moment: dt.datetime) -> dt.datetime:
 
 
 ROLLUP_KEY = ["hour", "model", "method", "backend_name", "api_key_id"]  # _rollup_key's order
-ROLLUP_VALUES = ["requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd",
-                 "baseline_cost_usd"]  # fmt: skip
+ROLLUP_VALUES = [
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "baseline_cost_usd",
+]
 
 
 def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> None:

@@ -165,23 +165,44 @@ async def _running(
     client = upstream_client(settings)
     benchmarks = BenchmarkManager(sessions)
     app.state.services = Services(
-        settings, engine, sessions, registry, metrics, benchmarks, managed,
+        settings,
+        engine,
+        sessions,
+        registry,
+        metrics,
+        benchmarks,
+        managed,
         asyncio.get_running_loop(),
-    )  # fmt: skip
+    )
     app.relay = Relay(settings, registry, ledger, limiter, metrics, client)
     stop = asyncio.Event()
     # Loops that touch the database stop at `stop` (never mid-query, so no connection is
     # left behind); the prober only talks HTTP and is cancelled.
-    collector = Collector(registry, client, sessions, metrics,
-                          interval_s=settings.collect_interval_s,
-                          window_s=settings.measurement_window_s)  # fmt: skip
-    selector = Selector(registry, sessions, interval_s=settings.selector_interval_s,
-                        min_dwell_s=settings.selector_min_dwell_s,
-                        switch_margin=settings.selector_switch_margin)  # fmt: skip
-    stoppable = [asyncio.create_task(c) for c in (
-        registry.run(stop), ledger.run(stop), limiter.run(stop), collector.run(stop),
-        selector.run(stop),
-    )]  # fmt: skip
+    collector = Collector(
+        registry,
+        client,
+        sessions,
+        metrics,
+        interval_s=settings.collect_interval_s,
+        window_s=settings.measurement_window_s,
+    )
+    selector = Selector(
+        registry,
+        sessions,
+        interval_s=settings.selector_interval_s,
+        min_dwell_s=settings.selector_min_dwell_s,
+        switch_margin=settings.selector_switch_margin,
+    )
+    stoppable = [
+        asyncio.create_task(c)
+        for c in (
+            registry.run(stop),
+            ledger.run(stop),
+            limiter.run(stop),
+            collector.run(stop),
+            selector.run(stop),
+        )
+    ]
     prober = asyncio.create_task(
         probe_forever(registry, client, settings.probe_interval_s, metrics)
     )

@@ -87,8 +87,10 @@ def _curve(
     if not rows:
         same = [r for (m, _, g), rs in by_key.items() if (m, g) == (key[0], key[2]) for r in rs]
         scale = _residual_scale(hardware, cal, same)
-    predicted = {c: scale * predict_point(hardware, cal, MeasuredPoint(key[1], k, c, 0.0, al))
-                 for c in CONCURRENCY}  # fmt: skip
+    predicted = {
+        c: scale * predict_point(hardware, cal, MeasuredPoint(key[1], k, c, 0.0, al))
+        for c in CONCURRENCY
+    }
     return ThroughputCurve.from_points(extend(_pairs(rows), predicted))
 
 

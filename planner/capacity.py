@@ -49,8 +49,17 @@ def plan_capacity(
         best = max(ok, key=lambda p: p.output_tokens_per_s)
         replicas = math.ceil(output_tokens_per_s / best.output_tokens_per_s)
         usd = replicas * gpu_count * price_usd_per_gpu_hour * HOURS_PER_MONTH
-        out.append(Capacity(method, best.k, best.concurrency, best.output_tokens_per_s,
-                            replicas, replicas * gpu_count, usd))  # fmt: skip
+        out.append(
+            Capacity(
+                method,
+                best.k,
+                best.concurrency,
+                best.output_tokens_per_s,
+                replicas,
+                replicas * gpu_count,
+                usd,
+            )
+        )
     return sorted(out, key=lambda c: c.usd_per_month)
 
 

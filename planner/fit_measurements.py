@@ -64,8 +64,7 @@ def predict_point(hw: Hardware, cal: EngineCalibration, p: MeasuredPoint) -> flo
     """The model's output tokens/s for a measured configuration."""
     drafter = calibration.drafters().get(p.method) if p.k else None
     step = StepTimeModel(hw.model, hw.gpu, hw.gpu_count, cal, drafter, p.k)
-    return output_tokens_per_s(step, max(round(p.concurrency), 1), _acceptance(hw, p),
-                               hw.workload)  # fmt: skip
+    return output_tokens_per_s(step, max(round(p.concurrency), 1), _acceptance(hw, p), hw.workload)
 
 
 def _acceptance(hw: Hardware, p: MeasuredPoint) -> float:
@@ -117,9 +116,13 @@ def _pool(members: list[MeasuredPoint]) -> MeasuredPoint:
     n = len(members)
     log_tps = sum(math.log(p.output_tokens_per_s) for p in members) / n
     seen = [p.acceptance_length for p in members if p.acceptance_length is not None]
-    return MeasuredPoint(members[0].method, members[0].k,
-                         sum(p.concurrency for p in members) / n, math.exp(log_tps),
-                         sum(seen) / len(seen) if seen else None)  # fmt: skip
+    return MeasuredPoint(
+        members[0].method,
+        members[0].k,
+        sum(p.concurrency for p in members) / n,
+        math.exp(log_tps),
+        sum(seen) / len(seen) if seen else None,
+    )
 
 
 def fit_calibration(
@@ -131,8 +134,9 @@ def fit_calibration(
 
     def loss(x: Sequence[float]) -> float:
         cal = _decode(x, base)
-        fit_error = sum(n * math.log(predict_point(hw, cal, p) / p.output_tokens_per_s) ** 2
-                        for p, n in pools)  # fmt: skip
+        fit_error = sum(
+            n * math.log(predict_point(hw, cal, p) / p.output_tokens_per_s) ** 2 for p, n in pools
+        )
         prior = 0.01 * sum((a - b) ** 2 for a, b in zip(x, start, strict=True))
         return fit_error + prior
 

@@ -112,15 +112,25 @@ def _model(value: object) -> ModelSpec:
         hidden, head_dim = int(value["hidden"]), int(value["head_dim"])
         dtype_bytes = float(value.get("dtype_bytes", 2))
         return ModelSpec(
-            name=str(value.get("name", "inline")), aliases=(), params_b=params,
-            active_params_b=active, layers=int(value["layers"]), hidden_size=hidden,
+            name=str(value.get("name", "inline")),
+            aliases=(),
+            params_b=params,
+            active_params_b=active,
+            layers=int(value["layers"]),
+            hidden_size=hidden,
             num_attention_heads=int(value.get("heads", hidden // head_dim)),
-            num_kv_heads=int(value["kv_heads"]), head_dim=head_dim,
-            vocab_size=int(value.get("vocab_size", 128_000)), weight_dtype="bf16",
-            weight_bytes_per_param=dtype_bytes, kv_bytes_per_element=dtype_bytes,
-            sliding_window=None, sliding_window_layer_fraction=0.0,
-            max_context=int(value.get("max_context", 32_768)), source="inline", estimated=True,
-        )  # fmt: skip
+            num_kv_heads=int(value["kv_heads"]),
+            head_dim=head_dim,
+            vocab_size=int(value.get("vocab_size", 128_000)),
+            weight_dtype="bf16",
+            weight_bytes_per_param=dtype_bytes,
+            kv_bytes_per_element=dtype_bytes,
+            sliding_window=None,
+            sliding_window_layer_fraction=0.0,
+            max_context=int(value.get("max_context", 32_768)),
+            source="inline",
+            estimated=True,
+        )
     except (KeyError, TypeError, ValueError) as exc:
         needed = "params_b, layers, hidden, kv_heads, head_dim"
         raise PlanError(f"inline model needs numeric {needed}; bad or missing: {exc}") from None
@@ -223,8 +233,11 @@ def predict(s: Scenario, base: EngineCalibration | None = None) -> list[Predicti
     """Predictions at each of the scenario's concurrencies."""
     cal = fit(s, base or calibration.engine_calibration())
     plain_model, model = step_model(s, cal, "plain", 0), step_model(s, cal, s.method, s.k)
-    measured = {m.concurrency: m.output_tokens_per_s for m in s.measurements
-                if m.method == s.method and m.k == s.k}  # fmt: skip
+    measured = {
+        m.concurrency: m.output_tokens_per_s
+        for m in s.measurements
+        if m.method == s.method and m.k == s.k
+    }
     out = []
     for c in s.concurrency:
         plain = output_tokens_per_s(plain_model, c, 1.0, s.workload)

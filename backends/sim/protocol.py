@@ -226,11 +226,15 @@ class ResponseWriter:
         finish = f'"finish_reason":{_json(finish_reason)}'
         if self.g.chat:
             stop = ',"stop_reason":null' if finish_reason is not None else ""
-            choice = (f'{{"index":0,"delta":{{"content":{_json(text)}}},"logprobs":null,'
-                      f'{finish}{stop},"token_ids":null}}')  # fmt: skip
+            choice = (
+                f'{{"index":0,"delta":{{"content":{_json(text)}}},"logprobs":null,'
+                f'{finish}{stop},"token_ids":null}}'
+            )
         else:
-            choice = (f'{{"index":0,"text":{_json(text)},"logprobs":null,{finish},'
-                      '"stop_reason":null,"prompt_token_ids":null,"token_ids":null}')  # fmt: skip
+            choice = (
+                f'{{"index":0,"text":{_json(text)},"logprobs":null,{finish},'
+                '"stop_reason":null,"prompt_token_ids":null,"token_ids":null}'
+            )
         extra = ""
         if self.g.continuous_usage:
             extra = f',"usage":{_json(usage(self.g.prompt_tokens, completion_tokens))}'

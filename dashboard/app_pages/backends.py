@@ -26,8 +26,11 @@ def _acceptance(b: Backend) -> dict[str, str]:
     """Mean acceptance length and per-position acceptance, or NO_DATA."""
     runtime = b.runtime
     if runtime is None or runtime.acceptance_length is None or b.method == "plain":
-        return {"acceptance length": NO_DATA, "accepted per position": NO_DATA,
-                "acceptance from": NO_DATA}  # fmt: skip
+        return {
+            "acceptance length": NO_DATA,
+            "accepted per position": NO_DATA,
+            "acceptance from": NO_DATA,
+        }
     positions = runtime.acceptance_per_position or []
     return {
         "acceptance length": f"{runtime.acceptance_length:.2f}",
@@ -74,8 +77,10 @@ def _runtime() -> None:
     """The backends now: health, load and acceptance (a live panel)."""
     backends = admin_client().backends()
     if not backends:
-        st.info("No backends yet. Add one below (a vLLM server's base URL, its model and "
-                "decoding method), or declare them in fleet.yaml.")  # fmt: skip
+        st.info(
+            "No backends yet. Add one below (a vLLM server's base URL, its model and "
+            "decoding method), or declare them in fleet.yaml."
+        )
         return
     _table(backends)
     st.caption(

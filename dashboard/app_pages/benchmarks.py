@@ -11,8 +11,7 @@ from dashboard.client import AdminClient, admin_client, refresh_reads, shows_api
 from dashboard.schemas import Backend, Benchmark
 
 LATEST = 20  # measurements listed
-SOURCES = {"scrape": "live traffic (collector)", "bench": "sweep",
-           "import": "imported"}  # fmt: skip
+SOURCES = {"scrape": "live traffic (collector)", "bench": "sweep", "import": "imported"}
 LEVEL_COLUMNS = {
     "concurrency": "concurrency",
     "completed": "completed",
@@ -78,22 +77,37 @@ def _measurements(api: AdminClient) -> None:
     st.subheader("Stored measurements")
     latest = api.measurements(limit=LATEST)
     if not latest:
-        st.info("No measurements yet: the collector stores one per backend as traffic flows, "
-                "and each finished sweep level is stored too.")  # fmt: skip
+        st.info(
+            "No measurements yet: the collector stores one per backend as traffic flows, "
+            "and each finished sweep level is stored too."
+        )
         return
-    st.caption(f"The latest {len(latest)}, newest first. Each finished sweep level is stored as "
-               "one, and the collector stores one per backend and window of live traffic; the "
-               "planner fits to them all.")  # fmt: skip
+    st.caption(
+        f"The latest {len(latest)}, newest first. Each finished sweep level is stored as "
+        "one, and the collector stores one per backend and window of live traffic; the "
+        "planner fits to them all."
+    )
     st.dataframe(
-        [{"at": m.measured_at, "backend": m.backend_name, "model": m.model,
-          "GPU": f"{m.gpu_count} x {m.gpu_type}", "method": m.method, "K": m.k,
-          "concurrency": round(m.concurrency, 2), "output tokens/s": round(m.output_tokens_per_s),
-          "acceptance length": None if m.mean_acceptance_length is None
-          else round(m.mean_acceptance_length, 2),
-          "ITL (ms)": None if m.itl_ms is None else round(m.itl_ms, 2),
-          "source": SOURCES.get(m.source, m.source)} for m in latest],
+        [
+            {
+                "at": m.measured_at,
+                "backend": m.backend_name,
+                "model": m.model,
+                "GPU": f"{m.gpu_count} x {m.gpu_type}",
+                "method": m.method,
+                "K": m.k,
+                "concurrency": round(m.concurrency, 2),
+                "output tokens/s": round(m.output_tokens_per_s),
+                "acceptance length": None
+                if m.mean_acceptance_length is None
+                else round(m.mean_acceptance_length, 2),
+                "ITL (ms)": None if m.itl_ms is None else round(m.itl_ms, 2),
+                "source": SOURCES.get(m.source, m.source),
+            }
+            for m in latest
+        ],
         hide_index=True,
-    )  # fmt: skip
+    )
 
 
 def _runs() -> None:

@@ -21,15 +21,20 @@ def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow]) -> None:
     for key in keys:
         spent = _spent(key, usage)
         row = usage.get(key.id)
-        rows.append({
-            "id": key.id, "name": key.name, "prefix": key.key_prefix,
-            "requests (30 days)": row.requests if row else 0,
-            "output tokens (30 days)": row.completion_tokens if row else 0,
-            "spent (USD, 30 days)": round(spent, 6),
-            "budget (USD)": key.budget_usd, "budget period": key.budget_period,
-            "budget used": f"{spent / key.budget_usd:.0%}" if key.budget_usd else "-",
-            "revoked": key.revoked_at is not None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": key.id,
+                "name": key.name,
+                "prefix": key.key_prefix,
+                "requests (30 days)": row.requests if row else 0,
+                "output tokens (30 days)": row.completion_tokens if row else 0,
+                "spent (USD, 30 days)": round(spent, 6),
+                "budget (USD)": key.budget_usd,
+                "budget period": key.budget_period,
+                "budget used": f"{spent / key.budget_usd:.0%}" if key.budget_usd else "-",
+                "revoked": key.revoked_at is not None,
+            }
+        )
     st.dataframe(rows, hide_index=True)
 
 
@@ -42,17 +47,18 @@ def _keyless(row: UsageRow | None) -> None:
     cols[0].metric("Requests", f"{row.requests:,}")
     cols[1].metric("Output tokens", f"{row.completion_tokens:,}")
     cols[2].metric("Capacity cost", f"${row.cost_usd:,.4f}")
-    st.caption("Requests sent with no key: the gateway accepts them when "
-               "DRAFTGATE_REQUIRE_API_KEY is off (as under draftgate up). A request with a key "
-               "counts against that key and its budget above.")  # fmt: skip
+    st.caption(
+        "Requests sent with no key: the gateway accepts them when "
+        "DRAFTGATE_REQUIRE_API_KEY is off (as under draftgate up). A request with a key "
+        "counts against that key and its budget above."
+    )
 
 
 def _create_form(api: AdminClient) -> None:
     with st.form("create-key", clear_on_submit=True):
         st.subheader("Create a key")
         name = st.text_input("Name", key="key-name")
-        budget = st.number_input("Budget, USD per month (0: none)", 0.0, 1e6, 0.0,
-                                 key="key-budget")  # fmt: skip
+        budget = st.number_input("Budget, USD per month (0: none)", 0.0, 1e6, 0.0, key="key-budget")
         if not st.form_submit_button("Create key", key="key-create"):
             return
     created = api.create_key(name, float(budget) or None)

@@ -18,8 +18,10 @@ TRAFFIC_WINDOW = dt.timedelta(hours=1)
 def _choose_model(models: list[ModelInfo], backends: list[Backend]) -> str | None:
     names = sorted({m.name for m in models} | {b.model for b in backends})
     if not names:
-        st.info("No models yet. Register a backend on the Backends page (or in fleet.yaml); "
-                "its model appears here.")  # fmt: skip
+        st.info(
+            "No models yet. Register a backend on the Backends page (or in fleet.yaml); "
+            "its model appears here."
+        )
         return None
     chosen: str = st.selectbox("Model", names, key="methods-model")
     return chosen
@@ -50,8 +52,9 @@ def _cost_table(plans: dict[str, Plan]) -> None:
 def _price_caption(plans: dict[str, Plan]) -> str:
     return "Prices: " + "; ".join(
         f"{gpu} ${p.price.usd_per_gpu_hour:.2f}/GPU-h {p.price.kind} ({p.price.source}, "
-        f"{p.price.date}, {p.price.origin})" for gpu, p in plans.items()
-    )  # fmt: skip
+        f"{p.price.date}, {p.price.origin})"
+        for gpu, p in plans.items()
+    )
 
 
 def _recommendation(plan: Plan) -> None:
@@ -59,17 +62,21 @@ def _recommendation(plan: Plan) -> None:
     crossings = ", ".join(moves) or "none: one method wins at every load"
     st.markdown(f"**Crossovers on {plan.gpu}:** {crossings}")
     low, high = plan.choices[0], plan.choices[-1]
-    st.success(f"Recommendation on {plan.gpu}: {low.method} (K={low.k}) at {low.concurrency} "
-               f"stream(s), {high.method} (K={high.k}) at {high.concurrency} streams; "
-               f"fitted to {plan.fit.measurements} measurement(s).")  # fmt: skip
+    st.success(
+        f"Recommendation on {plan.gpu}: {low.method} (K={low.k}) at {low.concurrency} "
+        f"stream(s), {high.method} (K={high.k}) at {high.concurrency} streams; "
+        f"fitted to {plan.fit.measurements} measurement(s)."
+    )
 
 
 def _curves(api: AdminClient, model: str, plan: Plan) -> None:
     measured = [p for p in api.accuracy().points if p.model == model and p.gpu_type == plan.gpu]
     st.altair_chart(charts.throughput_vs_concurrency(plan.methods, measured, plan.gpu_count))
-    st.caption(f"{plan.gpu}: a line per method at its best K for each load, the planner's "
-               f"(solid: at a measured point, dashed: estimated); diamonds are the "
-               f"{len(measured)} measured point(s).")  # fmt: skip
+    st.caption(
+        f"{plan.gpu}: a line per method at its best K for each load, the planner's "
+        f"(solid: at a measured point, dashed: estimated); diamonds are the "
+        f"{len(measured)} measured point(s)."
+    )
 
 
 def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
@@ -88,8 +95,10 @@ def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
             if level.acceptance_per_position and level.concurrency == 1:
                 curves[backend.name] = level.acceptance_per_position
     if not rows:
-        st.info("No benchmark sweep of this model's backends yet: start one on the Benchmarks "
-                "page for acceptance and ITL at set loads.")  # fmt: skip
+        st.info(
+            "No benchmark sweep of this model's backends yet: start one on the Benchmarks "
+            "page for acceptance and ITL at set loads."
+        )
         return
     st.markdown("**By load, from benchmark sweeps**")
     st.dataframe(rows, hide_index=True)
@@ -111,14 +120,20 @@ def _live_acceptance(backends: list[Backend]) -> None:
     st.markdown("**Now: each backend's latest acceptance**")
     rows = []
     for b, runtime in live:
-        rows.append({
-            "backend": b.name, "method": b.method, "K": b.k,
-            "acceptance length": round(runtime.acceptance_length or 0.0, 2),
-            "accepted per position": " ".join(
-                f"{rate:.0%}" for rate in runtime.acceptance_per_position or []),
-            "from": "live scrape" if runtime.acceptance_source == "scrape"
-            else "last stored measurement",
-        })  # fmt: skip
+        rows.append(
+            {
+                "backend": b.name,
+                "method": b.method,
+                "K": b.k,
+                "acceptance length": round(runtime.acceptance_length or 0.0, 2),
+                "accepted per position": " ".join(
+                    f"{rate:.0%}" for rate in runtime.acceptance_per_position or []
+                ),
+                "from": "live scrape"
+                if runtime.acceptance_source == "scrape"
+                else "last stored measurement",
+            }
+        )
     st.dataframe(rows, hide_index=True)
     curves = {b.name: r.acceptance_per_position for b, r in live if r.acceptance_per_position}
     if curves:
@@ -142,8 +157,11 @@ def _acceptance_row(backend: Backend, level: BenchmarkLevel) -> dict[str, object
 def _traffic(api: AdminClient, model: str) -> None:
     """Which methods served this model in the last hour: where a policy change shows."""
     usage = api.usage(dt.datetime.now(dt.UTC) - TRAFFIC_WINDOW, "model,method")
-    rows = [{"method": r.method, "requests": r.requests, "output tokens": r.completion_tokens}
-            for r in usage.data if r.model == model]  # fmt: skip
+    rows = [
+        {"method": r.method, "requests": r.requests, "output tokens": r.completion_tokens}
+        for r in usage.data
+        if r.model == model
+    ]
     st.subheader("Traffic by method, last hour")
     if rows:
         st.dataframe(rows, hide_index=True)
@@ -154,22 +172,38 @@ def _traffic(api: AdminClient, model: str) -> None:
 def _policy_from_form(current: Policy, methods: list[str]) -> Policy | None:
     """The policy form; the policy to save when it is submitted, else None."""
     with st.form("policy"):
-        mode = st.radio("Mode", ["auto", "pinned"], index=["auto", "pinned"].index(current.mode),
-                        horizontal=True, key="policy-mode")  # fmt: skip
+        mode = st.radio(
+            "Mode",
+            ["auto", "pinned"],
+            index=["auto", "pinned"].index(current.mode),
+            horizontal=True,
+            key="policy-mode",
+        )
         index = methods.index(current.method) if current.method in methods else 0
         method = st.selectbox("Pinned method", methods, index=index, key="policy-method")
-        k = st.number_input("Pinned K (0: the backend's own)", 0, 64, current.k or 0,
-                            key="policy-k")  # fmt: skip
-        itl = st.number_input("ITL objective, ms (0: none)", 0.0, 10_000.0,
-                              current.itl_objective_ms or 0.0, key="policy-itl")  # fmt: skip
-        explore = st.slider("Explore fraction", 0.0, 0.5, current.explore_fraction, 0.01,
-                            key="policy-explore")  # fmt: skip
+        k = st.number_input(
+            "Pinned K (0: the backend's own)", 0, 64, current.k or 0, key="policy-k"
+        )
+        itl = st.number_input(
+            "ITL objective, ms (0: none)",
+            0.0,
+            10_000.0,
+            current.itl_objective_ms or 0.0,
+            key="policy-itl",
+        )
+        explore = st.slider(
+            "Explore fraction", 0.0, 0.5, current.explore_fraction, 0.01, key="policy-explore"
+        )
         if not st.form_submit_button("Save policy", key="policy-save"):
             return None
     pinned = mode == "pinned"
-    return Policy(mode="pinned" if pinned else "auto", method=method if pinned else None,
-                  k=int(k) if pinned and k and method != "plain" else None,
-                  itl_objective_ms=float(itl) or None, explore_fraction=float(explore))  # fmt: skip
+    return Policy(
+        mode="pinned" if pinned else "auto",
+        method=method if pinned else None,
+        k=int(k) if pinned and k and method != "plain" else None,
+        itl_objective_ms=float(itl) or None,
+        explore_fraction=float(explore),
+    )
 
 
 def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: list[str]) -> None:
@@ -185,8 +219,13 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     entries = api.audit("model", model, limit=5)
     if entries:
         st.caption("Recent changes (audit log)")
-        st.dataframe([{"at": e.at, "actor": e.actor, "action": e.action, "after": str(e.after)}
-                      for e in entries], hide_index=True)  # fmt: skip
+        st.dataframe(
+            [
+                {"at": e.at, "actor": e.actor, "action": e.action, "after": str(e.after)}
+                for e in entries
+            ],
+            hide_index=True,
+        )
 
 
 def _describe(policy: Policy) -> str:

@@ -37,16 +37,29 @@ def _ledger(usage: Usage, label: str) -> None:
     cols[1].metric("Output tokens", f"{total.completion_tokens:,}")
     cols[2].metric("Capacity cost", f"${total.cost_usd:,.4f}")
     saved = total.savings_usd / total.baseline_cost_usd if total.baseline_cost_usd else 0.0
-    cols[3].metric("Saved vs plain", f"${total.savings_usd:,.4f}",
-                   f"{saved:.0%} less than plain", delta_arrow="off")  # fmt: skip
+    cols[3].metric(
+        "Saved vs plain",
+        f"${total.savings_usd:,.4f}",
+        f"{saved:.0%} less than plain",
+        delta_arrow="off",
+    )
     st.dataframe(
-        [{"model": r.model, "method": r.method, "requests": r.requests,
-          "input tokens": r.prompt_tokens, "output tokens": r.completion_tokens,
-          "capacity cost (USD)": r.cost_usd, "plain would cost (USD)": r.baseline_cost_usd,
-          "saved (USD)": r.savings_usd, "USD per 1M output tokens": _usd_per_mtok(r)}
-         for r in usage.data],
+        [
+            {
+                "model": r.model,
+                "method": r.method,
+                "requests": r.requests,
+                "input tokens": r.prompt_tokens,
+                "output tokens": r.completion_tokens,
+                "capacity cost (USD)": r.cost_usd,
+                "plain would cost (USD)": r.baseline_cost_usd,
+                "saved (USD)": r.savings_usd,
+                "USD per 1M output tokens": _usd_per_mtok(r),
+            }
+            for r in usage.data
+        ],
         hide_index=True,
-    )  # fmt: skip
+    )
     st.altair_chart(charts.usage_by_model(usage.data))
 
 
@@ -65,11 +78,20 @@ def _spend(spend: Spend, label: str) -> None:
     """GPU-hours held, idle included: the other view, never mixed with capacity cost."""
     st.metric(f"Actual GPU spend ({label}, {spend.price_kind})", f"${spend.total_usd:,.2f}")
     st.dataframe(
-        [{"backend": r.backend, "model": r.model, "method": r.method, "GPU": r.gpu_type,
-          "GPU-hours": round(r.gpu_hours, 4), "USD per GPU-hour": r.usd_per_gpu_hour,
-          "USD": r.usd} for r in spend.data],
+        [
+            {
+                "backend": r.backend,
+                "model": r.model,
+                "method": r.method,
+                "GPU": r.gpu_type,
+                "GPU-hours": round(r.gpu_hours, 4),
+                "USD per GPU-hour": r.usd_per_gpu_hour,
+                "USD": r.usd,
+            }
+            for r in spend.data
+        ],
         hide_index=True,
-    )  # fmt: skip
+    )
 
 
 def _totals_panel(label: str, start: dt.datetime, kind: PriceKind) -> None:
@@ -84,8 +106,10 @@ def _totals_panel(label: str, start: dt.datetime, kind: PriceKind) -> None:
         f"when it was served at {served_at}."
     )
     if not usage.data:
-        st.info(f"No requests in this period ({label}). Send traffic to the gateway's /v1 "
-                "endpoint; the ledger rolls it up here within seconds.")  # fmt: skip
+        st.info(
+            f"No requests in this period ({label}). Send traffic to the gateway's /v1 "
+            "endpoint; the ledger rolls it up here within seconds."
+        )
     else:
         _ledger(usage, label)
     st.subheader("GPU spend")

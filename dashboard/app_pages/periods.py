@@ -33,9 +33,12 @@ def choose_price_kind(key: str) -> PriceKind:
 def price_note(prices: list[Price], kind: str, gpu_types: set[str]) -> str:
     """The price assumption behind $ figures, e.g. `B200 $5.98/GPU-h on-demand (source, date)`,
     for the GPU types in use."""
-    chosen = sorted((p for p in prices if p.kind == kind and p.gpu_type in gpu_types),
-                    key=lambda p: p.gpu_type)  # fmt: skip
+    chosen = sorted(
+        (p for p in prices if p.kind == kind and p.gpu_type in gpu_types), key=lambda p: p.gpu_type
+    )
     if not chosen:
         return f"no {kind} GPU price set for {', '.join(sorted(gpu_types)) or 'any GPU in use'}"
-    return "; ".join(f"{p.gpu_type} ${p.usd_per_gpu_hour:.2f}/GPU-h {kind} ({p.source}, {p.date})"
-                     for p in chosen)  # fmt: skip
+    return "; ".join(
+        f"{p.gpu_type} ${p.usd_per_gpu_hour:.2f}/GPU-h {kind} ({p.source}, {p.date})"
+        for p in chosen
+    )

@@ -64,8 +64,10 @@ def _deploy(api: AdminClient, plan: Plan, best: MethodCapacity, backends: list[B
     st.code(rendering.command, language="bash")
     st.code(rendering.compose_yaml, language="yaml")
     if schedule:
-        st.caption(f"num_speculative_tokens_per_batch_size: {schedule} "
-                   "([batch from, batch to, K]; K 0 where plain decoding is faster)")  # fmt: skip
+        st.caption(
+            f"num_speculative_tokens_per_batch_size: {schedule} "
+            "([batch from, batch to, K]; K 0 where plain decoding is faster)"
+        )
 
 
 @shows_api_errors
@@ -83,10 +85,10 @@ def render() -> None:
     gpu = right.selectbox("GPU", [g.name for g in api.gpus()], key="plan-gpu")
     gpu_count = left.number_input("GPUs per replica", 1, 64, 1, key="plan-gpu-count")
     kind = choose_price_kind("plan-price")
-    requests_per_s = left.number_input("Requests per second", 0.01, 10_000.0, 100.0,
-                                       key="plan-rps")  # fmt: skip
-    output_len = right.number_input("Output tokens per request", 1, 32_768, 500,
-                                    key="plan-output-len")  # fmt: skip
+    requests_per_s = left.number_input("Requests per second", 0.01, 10_000.0, 100.0, key="plan-rps")
+    output_len = right.number_input(
+        "Output tokens per request", 1, 32_768, 500, key="plan-output-len"
+    )
     workload = right.selectbox("Workload (acceptance profile)", WORKLOADS, key="plan-workload")
     itl = left.number_input("ITL objective, ms", 1.0, 1000.0, 50.0, key="plan-itl")
     plan = api.plan(

@@ -55,8 +55,9 @@ class BenchmarkCreate(Strict):
         if self.poisson and self.rate_per_s is None:
             raise InvalidBenchmark("poisson shapes open-loop arrivals: give rate_per_s", "poisson")
         if self.burstiness is not None and not self.poisson:
-            raise InvalidBenchmark("burstiness is the gamma shape of poisson arrivals: set "
-                                   "poisson", "burstiness")  # fmt: skip
+            raise InvalidBenchmark(
+                "burstiness is the gamma shape of poisson arrivals: set poisson", "burstiness"
+            )
         if self.poisson and self.burstiness is None:
             self.burstiness = 1.0
         return self
@@ -74,12 +75,20 @@ class BenchmarkCreate(Strict):
         input_len, output_len = resolve_lengths(self.workload, self.input_len, self.output_len)
         seconds = self.duration_s if self.requests_per_level is None else None
         return BenchConfig(
-            url=url, model=model, concurrency=tuple(self.concurrency),
-            requests_per_level=self.requests_per_level, duration_s=seconds,
-            input_len=input_len, output_len=output_len, rate_per_s=self.rate_per_s,
-            poisson=self.poisson, burstiness=self.burstiness or 1.0, workload=self.workload,
-            seed=self.seed, temperature=self.temperature,
-        )  # fmt: skip
+            url=url,
+            model=model,
+            concurrency=tuple(self.concurrency),
+            requests_per_level=self.requests_per_level,
+            duration_s=seconds,
+            input_len=input_len,
+            output_len=output_len,
+            rate_per_s=self.rate_per_s,
+            poisson=self.poisson,
+            burstiness=self.burstiness or 1.0,
+            workload=self.workload,
+            seed=self.seed,
+            temperature=self.temperature,
+        )
 
 
 class BenchmarkPublic(Public):
@@ -103,8 +112,13 @@ def start_benchmark(
     """Start a sweep in the background; poll it at GET /admin/v1/benchmarks/{id}."""
     backend = queries.get_backend(session, data.backend)
     services = get_services(request)
-    run = BenchmarkRun(status="queued", model=backend.model, url=backend.url,
-                       backend_name=backend.name, params=data.model_dump())  # fmt: skip
+    run = BenchmarkRun(
+        status="queued",
+        model=backend.model,
+        url=backend.url,
+        backend_name=backend.name,
+        params=data.model_dump(),
+    )
     with transaction(services.sessions) as own:  # committed before the task reads it
         own.add(run)
     config = data.config(backend.url, backend.model)

@@ -26,8 +26,9 @@ def get_plan(
     output_tokens_per_s: Annotated[float | None, Query(gt=0)] = None,
 ) -> PlanReport:
     """Per concurrency: the best method and K within the ITL objective, and its cost."""
-    return plans.build_plan(session, model, gpu, gpu_count, workload, itl_objective_ms,
-                            price_kind, output_tokens_per_s)  # fmt: skip
+    return plans.build_plan(
+        session, model, gpu, gpu_count, workload, itl_objective_ms, price_kind, output_tokens_per_s
+    )
 
 
 @accuracy_router.get("")

@@ -25,9 +25,12 @@ def switch_target(row: Backend, data: BackendSwitch) -> BackendCreate:
     current: dict[str, Any] = {
         "name": data.name or derived_name(row.name, row.method, data.method, data.k),
         "url": row.url,  # replaced by the new server's address once it has a port
-        "model": row.model, "gpu_type": row.gpu_type, "gpu_count": row.gpu_count,
-        "enabled": True, "managed": True,
-    }  # fmt: skip
+        "model": row.model,
+        "gpu_type": row.gpu_type,
+        "gpu_count": row.gpu_count,
+        "enabled": True,
+        "managed": True,
+    }
     if data.method == row.method:  # a new K for the same drafter
         current |= {"drafter": row.drafter, "speculative_options": row.speculative_options}
     return merged(BackendCreate, current, data.model_copy(update={"name": current["name"]}))
@@ -55,9 +58,11 @@ def post_switch(
     if queries.find_backend(session, target.name) is not None:
         raise Conflict(f"backend {target.name!r} already exists", param="name")
     settings = services.settings
-    timeouts = SwitchTimeouts(start_s=settings.managed_start_timeout_s,
-                              drain_s=settings.managed_drain_timeout_s,
-                              replica_refresh_s=settings.registry_refresh_s)  # fmt: skip
+    timeouts = SwitchTimeouts(
+        start_s=settings.managed_start_timeout_s,
+        drain_s=settings.managed_drain_timeout_s,
+        replica_refresh_s=settings.registry_refresh_s,
+    )
     switch = Switch(name, target, services.registry, services.sessions, timeouts)
     started = asyncio.run_coroutine_threadsafe(services.managed.begin(switch), services.loop)
     started.result(START_TIMEOUT_S)  # re-raises Conflict when `name` is not switchable

@@ -33,8 +33,10 @@ def extra_required(extra: str) -> Iterator[None]:
     except ModuleNotFoundError as exc:
         if exc.name not in EXTRA_MODULES[extra]:
             raise
-        fail(f"this command needs the {extra} extra ({exc.name} is not installed): "
-             f"pip install 'draftgate[{extra}]'")  # fmt: skip
+        fail(
+            f"this command needs the {extra} extra ({exc.name} is not installed): "
+            f"pip install 'draftgate[{extra}]'"
+        )
 
 
 def settings_from_env(**overrides: object) -> Settings:

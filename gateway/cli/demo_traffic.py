@@ -46,8 +46,12 @@ async def _client(http: httpx.AsyncClient, load: DemoLoad, n: int, active: async
     i = n
     while True:
         await active.wait()
-        body = {"model": load.model, "max_tokens": load.max_tokens, "stream": True,
-                "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}  # fmt: skip
+        body = {
+            "model": load.model,
+            "max_tokens": load.max_tokens,
+            "stream": True,
+            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+        }
         i += 1
         if not await _send(http, body):
             await asyncio.sleep(1.0)  # the gateway is not up yet, or refused: back off
@@ -96,7 +100,11 @@ def start_in_thread(
 ) -> tuple[threading.Thread, threading.Event]:
     """Run the demo load in a daemon thread of its own; set the event to stop it."""
     stop = threading.Event()
-    thread = threading.Thread(target=asyncio.run, args=(run(base_url, load, stop, api_key),),
-                              name="demo-traffic", daemon=True)  # fmt: skip
+    thread = threading.Thread(
+        target=asyncio.run,
+        args=(run(base_url, load, stop, api_key),),
+        name="demo-traffic",
+        daemon=True,
+    )
     thread.start()
     return thread, stop

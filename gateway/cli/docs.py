@@ -156,8 +156,14 @@ def _number(value: object) -> object:
 
 def constraints(schema: dict[str, Any]) -> str:
     """Bounds and patterns of a JSON schema (its `anyOf` branches included)."""
-    keys = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<",
-            "minLength": "length >=", "maxLength": "length <="}  # fmt: skip
+    keys = {
+        "minimum": ">=",
+        "exclusiveMinimum": ">",
+        "maximum": "<=",
+        "exclusiveMaximum": "<",
+        "minLength": "length >=",
+        "maxLength": "length <=",
+    }
     parts = [f"{symbol} {_number(schema[key])}" for key, symbol in keys.items() if key in schema]
     if "pattern" in schema:
         parts.append(f"pattern `{schema['pattern']}`")
@@ -203,8 +209,10 @@ def _parameters(operation: dict[str, Any]) -> list[str]:
     for p in params:
         schema = p.get("schema", {})
         default = _default_json(schema, bool(p.get("required")))
-        rows.append(f"| `{p['name']}` | {p['in']} | {schema_type(schema)} | {default} | "
-                    f"{cell(constraints(schema))} |")  # fmt: skip
+        rows.append(
+            f"| `{p['name']}` | {p['in']} | {schema_type(schema)} | {default} | "
+            f"{cell(constraints(schema))} |"
+        )
     return [*rows, ""]
 
 
@@ -241,8 +249,7 @@ def _schema_section(name: str, schema: dict[str, Any]) -> list[str]:
     lines += ["| field | type | default | constraints |", "|---|---|---|---|"]
     for field, sub in schema.get("properties", {}).items():
         default = _default_json(sub, field in required)
-        lines.append(f"| `{field}` | {schema_type(sub)} | {default} | "
-                     f"{cell(constraints(sub))} |")  # fmt: skip
+        lines.append(f"| `{field}` | {schema_type(sub)} | {default} | {cell(constraints(sub))} |")
     return [*lines, ""]
 
 
@@ -324,9 +331,14 @@ def _cli_section(path: tuple[str, ...], command: Any) -> list[str]:
 
 def cli_page(root: Any) -> str:
     """docs/cli.md: every command under `root` (the `draftgate` command) with its options."""
-    lines = [GENERATED.format(source="the `draftgate` command's own definitions (gateway/cli/)"),
-             "", "# Command reference", "",
-             "Every `draftgate` command, as `draftgate COMMAND --help` shows it.", ""]  # fmt: skip
+    lines = [
+        GENERATED.format(source="the `draftgate` command's own definitions (gateway/cli/)"),
+        "",
+        "# Command reference",
+        "",
+        "Every `draftgate` command, as `draftgate COMMAND --help` shows it.",
+        "",
+    ]
     for path, command in cli_commands(root, ("draftgate",)):
         if len(path) > 1:  # the root's only options are shell completion
             lines += _cli_section(path, command)

@@ -113,8 +113,9 @@ def up(
     log_dir = Path(".draftgate") / "logs"
     try:
         if real_vllm:
-            servers, launch, demo_key = _start_real_vllm(settings, methods.split(","),
-                                                         sim_base_port, log_dir)  # fmt: skip
+            servers, launch, demo_key = _start_real_vllm(
+                settings, methods.split(","), sim_base_port, log_dir
+            )
         else:
             demo_key = _prepare(settings, lambda db: stack.seed_demo(db, sim_base_port))
             servers = stack.start_simulators(sim_base_port, time_scale, log_dir)
@@ -205,8 +206,10 @@ def _print_banner(
     kind, model = ("vLLM" if real_vllm else "simulated vLLM"), _model(real_vllm)
     traffic = "on: 1 to 24 streaming clients, rising and falling every 2 minutes"
     traffic = traffic if demo_traffic else "off (--demo-traffic turns it on)"
-    sims = "\n".join(f"  {s.name:<13}{s.url}   ({kind if s.name != 'dashboard' else 'Streamlit'})"
-                     for s in servers)  # fmt: skip
+    sims = "\n".join(
+        f"  {s.name:<13}{s.url}   ({kind if s.name != 'dashboard' else 'Streamlit'})"
+        for s in servers
+    )
     typer.echo(
         f"""
 draftgate is starting
@@ -343,11 +346,21 @@ def sim(
 
     faults = Faults(error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s, delay_s)
     config = SimConfig(
-        model=model, method=method, k=k, gpu=gpu, gpu_count=gpu_count, workload=workload,
-        served_model_name=served_model_name, time_scale=time_scale, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, adaptive_verification=adaptive_verification,
-        per_request_spec_metrics=per_request_spec_metrics, seed=seed, faults=faults,
-    )  # fmt: skip
+        model=model,
+        method=method,
+        k=k,
+        gpu=gpu,
+        gpu_count=gpu_count,
+        workload=workload,
+        served_model_name=served_model_name,
+        time_scale=time_scale,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        adaptive_verification=adaptive_verification,
+        per_request_spec_metrics=per_request_spec_metrics,
+        seed=seed,
+        faults=faults,
+    )
     try:
         server = SimServer(config)
     except (ValueError, KeyError) as exc:

@@ -67,10 +67,22 @@ def bench(
         requests = DEFAULT_BENCH_REQUESTS
     seconds = duration if requests is None else None
     prompt_len, answer_len = resolve_lengths(workload, input_len, output_len)
-    config = BenchConfig(url.rstrip("/"), model, levels, requests, seconds, api_key=api_key,
-                         input_len=prompt_len, output_len=answer_len, rate_per_s=rate,
-                         poisson=poisson, burstiness=burstiness or 1.0, workload=workload,
-                         seed=seed, temperature=temperature)  # fmt: skip
+    config = BenchConfig(
+        url.rstrip("/"),
+        model,
+        levels,
+        requests,
+        seconds,
+        api_key=api_key,
+        input_len=prompt_len,
+        output_len=answer_len,
+        rate_per_s=rate,
+        poisson=poisson,
+        burstiness=burstiness or 1.0,
+        workload=workload,
+        seed=seed,
+        temperature=temperature,
+    )
     results = asyncio.run(run_sweep(config, lambda line: typer.echo(line, err=True)))
     _print_levels(results)
     if save_result is not None:
@@ -87,15 +99,19 @@ def _check_arrivals(rate: float | None, poisson: bool, burstiness: float | None)
 
 
 def _print_levels(results: list[Any]) -> None:
-    typer.echo(f"{'c':>4} {'done':>5} {'fail':>4} {'req/s':>7} {'tok/s':>9} {'TTFT ms':>8} "
-               f"{'ITL ms':>7} {'e2e ms':>8} {'AL':>5}")  # fmt: skip
+    typer.echo(
+        f"{'c':>4} {'done':>5} {'fail':>4} {'req/s':>7} {'tok/s':>9} {'TTFT ms':>8} "
+        f"{'ITL ms':>7} {'e2e ms':>8} {'AL':>5}"
+    )
     for r in results:
         al = "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}"
         done_per_s = r.completed / r.duration_s if r.duration_s else 0.0
         rate = r.achieved_request_rate_per_s or done_per_s  # closed loop: sent as they finish
-        typer.echo(f"{r.concurrency:>4} {r.completed:>5} {r.failed:>4} {rate:>7.2f} "
-                   f"{r.output_tokens_per_s:>9.0f} {_mean(r.ttft_ms):>8.1f} "
-                   f"{_mean(r.itl_ms):>7.2f} {_mean(r.e2e_ms):>8.0f} {al:>5}")  # fmt: skip
+        typer.echo(
+            f"{r.concurrency:>4} {r.completed:>5} {r.failed:>4} {rate:>7.2f} "
+            f"{r.output_tokens_per_s:>9.0f} {_mean(r.ttft_ms):>8.1f} "
+            f"{_mean(r.itl_ms):>7.2f} {_mean(r.e2e_ms):>8.0f} {al:>5}"
+        )
 
 
 def _mean(values: list[float]) -> float:
@@ -147,8 +163,14 @@ def import_vllm_bench(
     """Import result files as measurements (source import); all or nothing."""
     from backends.importers import read_vllm_bench
 
-    _import(lambda f: [read_vllm_bench(f, model=model, concurrency=concurrency)], files,
-            method, k, gpu, gpu_count)  # fmt: skip
+    _import(
+        lambda f: [read_vllm_bench(f, model=model, concurrency=concurrency)],
+        files,
+        method,
+        k,
+        gpu,
+        gpu_count,
+    )
 
 
 @import_app.command("guidellm")
@@ -187,11 +209,20 @@ def _import(
         fail(f"nothing imported: {exc}")
     with session() as db:
         db.add_all(
-            Measurement(model=p.model, method=method, k=k, gpu_type=gpu, gpu_count=gpu_count,
-                        concurrency=p.concurrency, output_tokens_per_s=p.output_tokens_per_s,
-                        mean_acceptance_length=p.mean_acceptance_length,
-                        acceptance_per_position=p.acceptance_per_position, ttft_ms=p.ttft_ms,
-                        itl_ms=p.itl_ms, source="import")
+            Measurement(
+                model=p.model,
+                method=method,
+                k=k,
+                gpu_type=gpu,
+                gpu_count=gpu_count,
+                concurrency=p.concurrency,
+                output_tokens_per_s=p.output_tokens_per_s,
+                mean_acceptance_length=p.mean_acceptance_length,
+                acceptance_per_position=p.acceptance_per_position,
+                ttft_ms=p.ttft_ms,
+                itl_ms=p.itl_ms,
+                source="import",
+            )
             for p in points
-        )  # fmt: skip
+        )
     typer.echo(f"imported {len(points)} measurement(s)")

@@ -41,8 +41,10 @@ def plan_table(
         if key not in best or p.output_tokens_per_s > best[key].output_tokens_per_s:
             best[key] = p
     band = "" if fitted.error_band is None else f", fit error +-{fitted.error_band:.0%}"
-    typer.echo(f"{spec.name} on {gpu_count}x {hardware.name} at ${usd:.2f}/GPU-hour, {workload} "
-               f"traffic; {fitted.points} measurements{band}; K = best per cell")  # fmt: skip
+    typer.echo(
+        f"{spec.name} on {gpu_count}x {hardware.name} at ${usd:.2f}/GPU-hour, {workload} "
+        f"traffic; {fitted.points} measurements{band}; K = best per cell"
+    )
     typer.echo(f"{'method':<8} {'c':>4} {'K':>2} {'tok/s':>10} {'ITL ms':>8} {'$/1M':>8}")
     for (method, c), p in sorted(best.items()):
         seen = measured.get((p.method, p.k, float(c)))

@@ -80,8 +80,13 @@ def vllm_launcher(vllm_python: Path | None, target: Path) -> Launch:
     """How a managed real backend starts: `vllm serve` of the tiny target with its method."""
 
     def launch(backend: BackendCreate, port: int, log_path: Path) -> LocalServer:
-        argv = vllm_argv(str(target), backend.method_spec(), port, vllm_python=vllm_python,
-                         served_model_name=backend.model)  # fmt: skip
+        argv = vllm_argv(
+            str(target),
+            backend.method_spec(),
+            port,
+            vllm_python=vllm_python,
+            served_model_name=backend.model,
+        )
         return LocalServer(backend.name, argv, port, log_path, env=vllm_env(vllm_python))
 
     return launch

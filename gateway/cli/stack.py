@@ -82,8 +82,9 @@ def sim_launcher(time_scale: float) -> Launch:
     """How `draftgate up` starts a simulated backend (for switches of managed backends)."""
 
     def launch(backend: BackendCreate, port: int, log_path: Path) -> LocalServer:
-        argv = sim_argv(backend.model, backend.method, port, gpu=backend.gpu_type,
-                        time_scale=time_scale)  # fmt: skip
+        argv = sim_argv(
+            backend.model, backend.method, port, gpu=backend.gpu_type, time_scale=time_scale
+        )
         argv += ["--gpu-count", str(backend.gpu_count)]
         if backend.k is not None:
             argv += ["--k", str(backend.k)]
@@ -96,8 +97,9 @@ def start_simulators(base_port: int, time_scale: float, log_dir: Path) -> list[L
     """Start one simulator per demo method and wait until all are healthy."""
     servers = []
     for i, backend in enumerate(demo_backends(base_port)):
-        argv = sim_argv(DEMO_MODEL, backend.method, base_port + i, gpu=DEMO_GPU,
-                        time_scale=time_scale)  # fmt: skip
+        argv = sim_argv(
+            DEMO_MODEL, backend.method, base_port + i, gpu=DEMO_GPU, time_scale=time_scale
+        )
         log_path = log_dir / f"{backend.name}.log"
         servers.append(LocalServer(backend.name, argv, base_port + i, log_path))
     try:
@@ -135,8 +137,10 @@ def start_dashboard(
     The token travels in the environment, not the command line other users can read.
     """
     draftgate = Path(sys.executable).parent / "draftgate"
-    env = {"DRAFTGATE_DASHBOARD_GATEWAY_URL": gateway_url,
-           "DRAFTGATE_ADMIN_TOKEN": admin_token.get_secret_value()}  # fmt: skip
+    env = {
+        "DRAFTGATE_DASHBOARD_GATEWAY_URL": gateway_url,
+        "DRAFTGATE_ADMIN_TOKEN": admin_token.get_secret_value(),
+    }
     argv = [str(draftgate), "dashboard", "--port", str(port)]
     server = LocalServer("dashboard", argv, port, log_dir / "dashboard.log", env=env)
     server.start()

@@ -102,15 +102,20 @@ def _mean(values: list[float]) -> float | None:
 
 def _level_json(level: LevelResult) -> dict[str, Any]:
     return {
-        "concurrency": level.concurrency, "completed": level.completed, "failed": level.failed,
-        "duration_s": level.duration_s, "request_rate_per_s": level.request_rate_per_s,
+        "concurrency": level.concurrency,
+        "completed": level.completed,
+        "failed": level.failed,
+        "duration_s": level.duration_s,
+        "request_rate_per_s": level.request_rate_per_s,
         "achieved_request_rate_per_s": level.achieved_request_rate_per_s,
         "mean_in_flight": level.mean_in_flight,
-        "output_tokens_per_s": level.output_tokens_per_s, "mean_ttft_ms": _mean(level.ttft_ms),
-        "mean_itl_ms": _mean(level.itl_ms), "mean_e2e_ms": _mean(level.e2e_ms),
+        "output_tokens_per_s": level.output_tokens_per_s,
+        "mean_ttft_ms": _mean(level.ttft_ms),
+        "mean_itl_ms": _mean(level.itl_ms),
+        "mean_e2e_ms": _mean(level.e2e_ms),
         "acceptance_length": level.acceptance_length,
         "acceptance_per_position": level.acceptance_per_position,
-    }  # fmt: skip
+    }
 
 
 def level_measurement(level: LevelResult, backend: dict[str, Any]) -> Measurement:
@@ -118,11 +123,17 @@ def level_measurement(level: LevelResult, backend: dict[str, Any]) -> Measuremen
     it really ran at (open-loop: the requests in flight on average, not the cap)."""
     figures = _level_json(level)
     return Measurement(
-        model=backend["model"], method=backend["method"], k=backend.get("k") or 0,
-        gpu_type=backend["gpu_type"], gpu_count=backend["gpu_count"],
-        concurrency=level.load_concurrency, output_tokens_per_s=level.output_tokens_per_s,
+        model=backend["model"],
+        method=backend["method"],
+        k=backend.get("k") or 0,
+        gpu_type=backend["gpu_type"],
+        gpu_count=backend["gpu_count"],
+        concurrency=level.load_concurrency,
+        output_tokens_per_s=level.output_tokens_per_s,
         mean_acceptance_length=level.acceptance_length,
         acceptance_per_position=level.acceptance_per_position,
-        ttft_ms=figures["mean_ttft_ms"], itl_ms=figures["mean_itl_ms"],
-        source="bench", backend_name=backend.get("name"),
-    )  # fmt: skip
+        ttft_ms=figures["mean_ttft_ms"],
+        itl_ms=figures["mean_itl_ms"],
+        source="bench",
+        backend_name=backend.get("name"),
+    )

@@ -184,8 +184,11 @@ class Collector:
 
     async def flush(self) -> None:
         """Write one measurement per backend of the window; start a new window."""
-        rows = [m for backend, tally in self._tallies.values()
-                if (m := tally.measurement(backend)) is not None]  # fmt: skip
+        rows = [
+            m
+            for backend, tally in self._tallies.values()
+            if (m := tally.measurement(backend)) is not None
+        ]
         self._tallies, self._window_start = {}, time.monotonic()
         if not rows:
             return

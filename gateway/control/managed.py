@@ -70,8 +70,7 @@ class ManagedBackends:
     def check_switchable(self, name: str) -> None:
         """Raise Conflict unless `name` is a server this process runs and is not switching."""
         if self.launch is None or name not in self.servers:
-            raise Conflict(f"backend {name!r} is not managed by this gateway process",
-                           param="name")  # fmt: skip
+            raise Conflict(f"backend {name!r} is not managed by this gateway process", param="name")
         if name in self._switching:
             raise Conflict(f"backend {name!r} is already being switched", param="name")
 
@@ -151,9 +150,13 @@ class Switch:
             old.enabled = False
             new = create_backend(session, self.target, ACTOR)
             queries.record_audit(
-                session, actor=ACTOR, action="switch", resource=("backend", self.old_name),
-                before=before, after=backend_public(new).model_dump(mode="json"),
-            )  # fmt: skip
+                session,
+                actor=ACTOR,
+                action="switch",
+                resource=("backend", self.old_name),
+                before=before,
+                after=backend_public(new).model_dump(mode="json"),
+            )
             return old.url
 
     async def _drain(self, url: str) -> None:
@@ -166,8 +169,11 @@ class Switch:
                 if settled and self._idle_here() and await _idle_upstream(client):
                     return
                 await asyncio.sleep(DRAIN_POLL_S)
-        logger.warning("backend %r still busy after %.0f s; stopping it anyway",
-                       self.old_name, self.timeouts.drain_s)  # fmt: skip
+        logger.warning(
+            "backend %r still busy after %.0f s; stopping it anyway",
+            self.old_name,
+            self.timeouts.drain_s,
+        )
 
     def _idle_here(self) -> bool:
         state = self.registry.states.get(self.old_name)
@@ -183,8 +189,14 @@ class Switch:
         after: dict[str, Any] = {"target": self.target.model_dump(mode="json"), "error": reason}
         with transaction(self.sessions) as session:
             resource = ("backend", self.old_name)
-            queries.record_audit(session, actor=ACTOR, action="switch-failed",
-                                 resource=resource, before=None, after=after)  # fmt: skip
+            queries.record_audit(
+                session,
+                actor=ACTOR,
+                action="switch-failed",
+                resource=resource,
+                before=None,
+                after=after,
+            )
 
 
 async def _idle_upstream(client: httpx.AsyncClient) -> bool:

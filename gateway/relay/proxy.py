@@ -194,8 +194,9 @@ class Relay:
             if attempt:
                 self.metrics.retries.labels(x.model).inc()
             try:
-                await self._attempt(path, body, backend, plan.fallback, x, stream, wants_usage,
-                                    receive, send)  # fmt: skip
+                await self._attempt(
+                    path, body, backend, plan.fallback, x, stream, wants_usage, receive, send
+                )
                 return
             except _Retryable as retryable:
                 last_error = retryable.error

@@ -103,10 +103,13 @@ def with_runtime(
     state = registry.states.get(row.name)
     if state is not None and row.enabled:
         public.runtime = BackendRuntime(
-            healthy=state.healthy, circuit_open=state.open_until > time.monotonic(),
-            in_flight=state.in_flight, waiting=state.waiting, kv_cache_usage=state.kv_usage,
+            healthy=state.healthy,
+            circuit_open=state.open_until > time.monotonic(),
+            in_flight=state.in_flight,
+            waiting=state.waiting,
+            kv_cache_usage=state.kv_usage,
             method_mismatch=state.mismatch,
-        )  # fmt: skip
+        )
         stored = measured.get(row.name)
         if state.acceptance_length is not None and row.method != "plain":
             public.runtime.acceptance_length = state.acceptance_length

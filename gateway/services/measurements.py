@@ -43,8 +43,9 @@ def per_gpu_points(session: Session, model: str, gpu: str) -> list[MeasuredPoint
 
 def per_gpu(r: Measurement) -> MeasuredPoint:
     """A stored measurement as the planner fits it: output tokens/s per GPU."""
-    return MeasuredPoint(r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count,
-                         r.mean_acceptance_length)  # fmt: skip
+    return MeasuredPoint(
+        r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count, r.mean_acceptance_length
+    )
 
 
 def by_hardware(session: Session) -> dict[tuple[str, str], list[Measurement]]:
@@ -58,11 +59,20 @@ def by_hardware(session: Session) -> dict[tuple[str, str], list[Measurement]]:
 def aggregates(session: Session) -> list[Aggregate]:
     """Every measured point, averaged per (model, method, GPU type, concurrency bin)."""
     m = Measurement
-    query = select(
-        m.model, m.method, m.gpu_type, m.concurrency, func.max(m.k), func.count(),
-        func.avg(m.output_tokens_per_s / m.gpu_count), func.avg(m.mean_acceptance_length),
-    ).where(m.concurrency > 0, m.output_tokens_per_s > 0).group_by(
-        m.model, m.method, m.gpu_type, m.concurrency)  # fmt: skip
+    query = (
+        select(
+            m.model,
+            m.method,
+            m.gpu_type,
+            m.concurrency,
+            func.max(m.k),
+            func.count(),
+            func.avg(m.output_tokens_per_s / m.gpu_count),
+            func.avg(m.mean_acceptance_length),
+        )
+        .where(m.concurrency > 0, m.output_tokens_per_s > 0)
+        .group_by(m.model, m.method, m.gpu_type, m.concurrency)
+    )
     bins: dict[tuple[CurveKey, float], list[tuple[int, int, float, float | None]]]
     bins = defaultdict(list)
     for model, method, gpu, c, k, n, tps, al in session.execute(query):

@@ -53,11 +53,21 @@ def plan_price(session: Session, gpu: str, kind: str) -> PlanPrice:
     """The price the plan assumes: the database's, else the shipped default."""
     row = queries.find_price(session, gpu, kind)
     if row is not None:
-        return PlanPrice(usd_per_gpu_hour=row.usd_per_gpu_hour, kind=kind, source=row.source,
-                         date=row.date.isoformat(), origin="database")  # fmt: skip
+        return PlanPrice(
+            usd_per_gpu_hour=row.usd_per_gpu_hour,
+            kind=kind,
+            source=row.source,
+            date=row.date.isoformat(),
+            origin="database",
+        )
     default = catalog.default_price(gpu, kind)  # type: ignore[arg-type]
-    return PlanPrice(usd_per_gpu_hour=default.usd_per_gpu_hour, kind=kind, source=default.source,
-                     date=default.date.isoformat(), origin="default")  # fmt: skip
+    return PlanPrice(
+        usd_per_gpu_hour=default.usd_per_gpu_hour,
+        kind=kind,
+        source=default.source,
+        date=default.date.isoformat(),
+        origin="default",
+    )
 
 
 def _by_config(points: list[MeasuredPoint]) -> Measured:
@@ -71,11 +81,15 @@ def _by_config(points: list[MeasuredPoint]) -> Measured:
 def _point(p: Point, measured: Measured, gpu_count: int) -> PlanPoint:
     seen = measured.get((p.method, p.k, float(p.concurrency)))
     return PlanPoint(
-        method=p.method, k=p.k, concurrency=p.concurrency,
-        output_tokens_per_s=p.output_tokens_per_s, itl_ms=p.itl_ms, usd_per_mtok=p.usd_per_mtok,
+        method=p.method,
+        k=p.k,
+        concurrency=p.concurrency,
+        output_tokens_per_s=p.output_tokens_per_s,
+        itl_ms=p.itl_ms,
+        usd_per_mtok=p.usd_per_mtok,
         measured_output_tokens_per_s=None if seen is None else seen * gpu_count,
         source="measured" if seen is not None else "estimated",
-    )  # fmt: skip
+    )
 
 
 def measured_grid(
@@ -88,10 +102,17 @@ def measured_grid(
 ) -> tuple[list[Point], Measured, FittedModel]:
     """The planner's grid fitted to this (model, GPU)'s stored measurements, and those."""
     observed = measurements.per_gpu_points(session, spec.name, hardware.name)
-    fitted = fit_measurements(Hardware(spec, hardware, 1, calibration.workloads()[workload]),
-                              observed)  # fmt: skip
-    points = grid(spec.name, hardware.name, gpu_count=gpu_count, workload=workload,
-                  price_usd_per_gpu_hour=usd_per_gpu_hour, cal=fitted.calibration)  # fmt: skip
+    fitted = fit_measurements(
+        Hardware(spec, hardware, 1, calibration.workloads()[workload]), observed
+    )
+    points = grid(
+        spec.name,
+        hardware.name,
+        gpu_count=gpu_count,
+        workload=workload,
+        price_usd_per_gpu_hour=usd_per_gpu_hour,
+        cal=fitted.calibration,
+    )
     return points, _by_config(observed), fitted
 
 
@@ -122,19 +143,28 @@ def build_plan(
     return PlanReport(
         fit=PlanFit(measurements=fitted.points, error_band=fitted.error_band),
         capacity=capacity,
-        model=spec.name, gpu=hardware.name, gpu_count=gpu_count,
-        workload=workload, itl_objective_ms=itl_objective_ms, price=price,
+        model=spec.name,
+        gpu=hardware.name,
+        gpu_count=gpu_count,
+        workload=workload,
+        itl_objective_ms=itl_objective_ms,
+        price=price,
         choices=[
-            PlanChoice(**_point(c.best, measured, gpu_count).model_dump(),
-                       speedup_vs_plain=c.best.output_tokens_per_s / c.plain.output_tokens_per_s)
+            PlanChoice(
+                **_point(c.best, measured, gpu_count).model_dump(),
+                speedup_vs_plain=c.best.output_tokens_per_s / c.plain.output_tokens_per_s,
+            )
             for c in choices
         ],
-        crossovers=[Crossover(concurrency=c, from_method=a, to_method=b)
-                    for c, a, b in crossovers(choices)],
-        methods={m: [_point(p, measured, gpu_count) for p in curve]
-                 for m, curve in best_per_method(points, itl_objective_ms).items()},
+        crossovers=[
+            Crossover(concurrency=c, from_method=a, to_method=b) for c, a, b in crossovers(choices)
+        ],
+        methods={
+            m: [_point(p, measured, gpu_count) for p in curve]
+            for m, curve in best_per_method(points, itl_objective_ms).items()
+        },
         schedules={m: [list(s) for s in k_schedule(points, m)] for m in methods},
-    )  # fmt: skip
+    )
 
 
 def _capacity(
@@ -146,9 +176,13 @@ def _capacity(
 ) -> CapacityPlan:
     """GPUs and $/month per method for a traffic, and savings against plain and EAGLE-3."""
     objective = itl_objective_ms or DEFAULT_ITL_OBJECTIVE_MS
-    plans = plan_capacity(points, output_tokens_per_s=output_tokens_per_s,
-                          itl_objective_ms=objective, gpu_count=gpu_count,
-                          price_usd_per_gpu_hour=usd_per_gpu_hour)  # fmt: skip
+    plans = plan_capacity(
+        points,
+        output_tokens_per_s=output_tokens_per_s,
+        itl_objective_ms=objective,
+        gpu_count=gpu_count,
+        price_usd_per_gpu_hour=usd_per_gpu_hour,
+    )
     return CapacityPlan(
         output_tokens_per_s=output_tokens_per_s,
         itl_objective_ms=objective,
@@ -166,8 +200,9 @@ def accuracy(session: Session, workload: str) -> AccuracyReport:
     points: list[AccuracyPoint] = []
     for (model, gpu), rows in sorted(measurements.by_hardware(session).items()):
         try:
-            hw = Hardware(catalog.model(model), catalog.gpu(gpu), 1,
-                          calibration.workloads()[workload])  # fmt: skip
+            hw = Hardware(
+                catalog.model(model), catalog.gpu(gpu), 1, calibration.workloads()[workload]
+            )
         except UnknownCatalogEntry:
             continue  # not a catalogued model or GPU: nothing to predict it from
         measured = [measurements.per_gpu(r) for r in rows]
@@ -175,12 +210,19 @@ def accuracy(session: Session, workload: str) -> AccuracyReport:
         predicted: list[float | None] = list(held_out) if held_out else [None] * len(rows)
         for row, point, guess in zip(rows, measured, predicted, strict=True):
             error = None if guess is None else guess / point.output_tokens_per_s - 1
-            points.append(AccuracyPoint(
-                model=model, gpu_type=gpu, method=row.method, k=row.k,
-                concurrency=row.concurrency, source=row.source,
-                measured_output_tokens_per_s=point.output_tokens_per_s,
-                predicted_output_tokens_per_s=guess, error=error,
-            ))  # fmt: skip
+            points.append(
+                AccuracyPoint(
+                    model=model,
+                    gpu_type=gpu,
+                    method=row.method,
+                    k=row.k,
+                    concurrency=row.concurrency,
+                    source=row.source,
+                    measured_output_tokens_per_s=point.output_tokens_per_s,
+                    predicted_output_tokens_per_s=guess,
+                    error=error,
+                )
+            )
     errors = [abs(p.error) for p in points if p.error is not None]
     mean = sum(errors) / len(errors) if errors else None
     return AccuracyReport(points=points, mean_absolute_error=mean, predicted=len(errors))

@@ -11,8 +11,12 @@ from gateway.db.tables import UsageHourly
 from gateway.errors import ValidationFailed
 from gateway.reports import SavingsReport, SavingsRow
 
-GROUPS = {"model": UsageHourly.model, "method": UsageHourly.method,
-          "key": UsageHourly.api_key_id, "backend": UsageHourly.backend_name}  # fmt: skip
+GROUPS = {
+    "model": UsageHourly.model,
+    "method": UsageHourly.method,
+    "key": UsageHourly.api_key_id,
+    "backend": UsageHourly.backend_name,
+}
 DEFAULT_PERIOD = dt.timedelta(days=30)
 
 
@@ -52,9 +56,15 @@ def savings(
         dims = row[: len(names)]
         totals = [float(v or 0) for v in row[len(names) :]]  # type: ignore[arg-type]
         requests, prompt, completion, cost, baseline = totals
-        rows.append(SavingsRow(
-            **dict(zip(names, dims, strict=True)), requests=int(requests),
-            prompt_tokens=int(prompt), completion_tokens=int(completion), cost_usd=cost,
-            baseline_cost_usd=baseline, savings_usd=baseline - cost,
-        ))  # fmt: skip
+        rows.append(
+            SavingsRow(
+                **dict(zip(names, dims, strict=True)),
+                requests=int(requests),
+                prompt_tokens=int(prompt),
+                completion_tokens=int(completion),
+                cost_usd=cost,
+                baseline_cost_usd=baseline,
+                savings_usd=baseline - cost,
+            )
+        )
     return SavingsReport(start=start.isoformat(), end=end.isoformat(), group_by=names, data=rows)

@@ -68,12 +68,22 @@ def spend(
     for name, (backend, intervals) in sorted(held.items()):
         gpu_hours = _overlap_hours(intervals, start, end) * int(backend.get("gpu_count") or 1)
         price = queries.find_price(session, str(backend.get("gpu_type")), price_kind)
-        rows.append(SpendRow(
-            model=backend.get("model"), method=backend.get("method"),
-            gpu_type=backend.get("gpu_type"), backend=name, gpu_hours=gpu_hours,
-            usd=None if price is None else gpu_hours * price.usd_per_gpu_hour,
-            usd_per_gpu_hour=None if price is None else price.usd_per_gpu_hour,
-        ))  # fmt: skip
+        rows.append(
+            SpendRow(
+                model=backend.get("model"),
+                method=backend.get("method"),
+                gpu_type=backend.get("gpu_type"),
+                backend=name,
+                gpu_hours=gpu_hours,
+                usd=None if price is None else gpu_hours * price.usd_per_gpu_hour,
+                usd_per_gpu_hour=None if price is None else price.usd_per_gpu_hour,
+            )
+        )
     total = sum(r.usd for r in rows if r.usd is not None)
-    return SpendReport(start=start.isoformat(), end=end.isoformat(), price_kind=price_kind,
-                       data=rows, total_usd=total)  # fmt: skip
+    return SpendReport(
+        start=start.isoformat(),
+        end=end.isoformat(),
+        price_kind=price_kind,
+        data=rows,
+        total_usd=total,
+    )

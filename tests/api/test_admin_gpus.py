@@ -32,14 +32,24 @@ async def test_gpus_need_the_admin_token(client: httpx.AsyncClient) -> None:
     assert_envelope(response, 401)
 
 
-def _measure(app: FastAPI, k: int, acceptance: float | None, per_position: list[float] | None
-             ) -> None:  # fmt: skip
+def _measure(
+    app: FastAPI, k: int, acceptance: float | None, per_position: list[float] | None
+) -> None:
     with transaction(app.state.services.sessions) as session:
-        session.add(Measurement(model=EAGLE3["model"], method="eagle3", k=k, gpu_type="B200",
-                                concurrency=4, output_tokens_per_s=500.0,
-                                mean_acceptance_length=acceptance,
-                                acceptance_per_position=per_position, source="scrape",
-                                backend_name=EAGLE3["name"]))  # fmt: skip
+        session.add(
+            Measurement(
+                model=EAGLE3["model"],
+                method="eagle3",
+                k=k,
+                gpu_type="B200",
+                concurrency=4,
+                output_tokens_per_s=500.0,
+                mean_acceptance_length=acceptance,
+                acceptance_per_position=per_position,
+                source="scrape",
+                backend_name=EAGLE3["name"],
+            )
+        )
 
 
 async def _runtime(client: httpx.AsyncClient) -> dict[str, object]:

@@ -16,19 +16,30 @@ def _store(app: FastAPI, *rows: Measurement) -> None:
 
 
 def _point(method: str, c: float, source: str, backend: str | None) -> Measurement:
-    return Measurement(model="openai/gpt-oss-20b", method=method, k=3, gpu_type="B200",
-                       concurrency=c, output_tokens_per_s=100.0 * c, source=source,
-                       mean_acceptance_length=2.5 if method != "plain" else None,
-                       acceptance_per_position=[0.8, 0.5, 0.2] if method != "plain" else None,
-                       backend_name=backend)  # fmt: skip
+    return Measurement(
+        model="openai/gpt-oss-20b",
+        method=method,
+        k=3,
+        gpu_type="B200",
+        concurrency=c,
+        output_tokens_per_s=100.0 * c,
+        source=source,
+        mean_acceptance_length=2.5 if method != "plain" else None,
+        acceptance_per_position=[0.8, 0.5, 0.2] if method != "plain" else None,
+        backend_name=backend,
+    )
 
 
 async def test_measurements_newest_first_and_filtered(
     client: httpx.AsyncClient, app: FastAPI
 ) -> None:
     assert (await client.get("/admin/v1/measurements")).json()["data"] == []
-    _store(app, _point("plain", 1, "bench", "b-plain"), _point("eagle3", 4, "scrape", "b-e3"),
-           _point("eagle3", 16, "import", None))  # fmt: skip
+    _store(
+        app,
+        _point("plain", 1, "bench", "b-plain"),
+        _point("eagle3", 4, "scrape", "b-e3"),
+        _point("eagle3", 16, "import", None),
+    )
     listed = (await client.get("/admin/v1/measurements")).json()["data"]
     assert [(m["method"], m["concurrency"], m["source"]) for m in listed] == [
         ("eagle3", 16, "import"),

@@ -31,8 +31,10 @@ async def test_plan_recommends_per_concurrency_with_the_default_price(
     curves = plan["methods"]
     assert {"plain", "eagle3", "p-eagle", "dflash", "dspark"} <= set(curves)
     for choice in plan["choices"]:
-        here = {m: next(p for p in curve if p["concurrency"] == choice["concurrency"])
-                for m, curve in curves.items()}  # fmt: skip
+        here = {
+            m: next(p for p in curve if p["concurrency"] == choice["concurrency"])
+            for m, curve in curves.items()
+        }
         fastest = max(here.values(), key=lambda p: p["output_tokens_per_s"])
         assert choice["output_tokens_per_s"] == fastest["output_tokens_per_s"]
         assert here["plain"]["k"] == 0
@@ -53,12 +55,25 @@ async def test_plan_uses_database_prices_and_marks_measured_points(
     before = (await client.get(PLAN, params={"model": "openai/gpt-oss-20b"})).json()["choices"][0]
     assert before["source"] == "estimated"
     with transaction(app.state.services.sessions) as session:
-        session.add(Measurement(model="openai/gpt-oss-20b", method=before["method"],
-                                k=before["k"], gpu_type="B200", concurrency=1,
-                                output_tokens_per_s=900.0, source="bench"))  # fmt: skip
+        session.add(
+            Measurement(
+                model="openai/gpt-oss-20b",
+                method=before["method"],
+                k=before["k"],
+                gpu_type="B200",
+                concurrency=1,
+                output_tokens_per_s=900.0,
+                source="bench",
+            )
+        )
     plan = (await client.get(PLAN, params={"model": "openai/gpt-oss-20b"})).json()
-    assert plan["price"] == {"usd_per_gpu_hour": 3.6, "kind": "on-demand", "source": "contract",
-                             "date": "2026-11-01", "origin": "database"}  # fmt: skip
+    assert plan["price"] == {
+        "usd_per_gpu_hour": 3.6,
+        "kind": "on-demand",
+        "source": "contract",
+        "date": "2026-11-01",
+        "origin": "database",
+    }
     first = plan["choices"][0]
     assert (first["source"], first["measured_output_tokens_per_s"]) == ("measured", 900.0)
     assert plan["fit"] == {"measurements": 1, "error_band": None}  # a band needs 3 points
@@ -104,12 +119,20 @@ async def test_accuracy_predicts_each_measurement_from_the_others(
     body = (await client.get("/admin/v1/accuracy")).json()
     assert body["predicted"] == 4  # the uncatalogued model is left out
     assert [(p["method"], p["concurrency"]) for p in body["points"]] == [
-        (m, float(c)) for m, _, c in configs]  # fmt: skip
+        (m, float(c)) for m, _, c in configs
+    ]
     # Measurements the shipped model itself produced are predicted almost exactly.
     assert body["mean_absolute_error"] < 0.02
     assert all(abs(p["error"]) < 0.05 for p in body["points"])
 
 
 def measurement(model: str, method: str, k: int, c: float, tps: float) -> Measurement:
-    return Measurement(model=model, method=method, k=k, gpu_type="H100", concurrency=c,
-                       output_tokens_per_s=tps, source="bench")  # fmt: skip
+    return Measurement(
+        model=model,
+        method=method,
+        k=k,
+        gpu_type="H100",
+        concurrency=c,
+        output_tokens_per_s=tps,
+        source="bench",
+    )

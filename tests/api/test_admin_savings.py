@@ -15,16 +15,28 @@ from tests.api.test_ledger import HOUR, entry
 
 async def test_savings_equal_the_records_sum(client: httpx.AsyncClient, app: FastAPI) -> None:
     records = [
-        entry(n, method=method, completion_tokens=tokens, cost_usd=cost, baseline_cost_usd=base,
-              api_key_id=None)
-        for n, (method, tokens, cost, base) in enumerate([
-            ("p-eagle", 100, 0.0010, 0.0030), ("p-eagle", 50, 0.0005, 0.0015),
-            ("plain", 80, 0.0024, 0.0024), ("dflash", 40, 0.0006, 0.0012),
-        ])
-    ]  # fmt: skip
+        entry(
+            n,
+            method=method,
+            completion_tokens=tokens,
+            cost_usd=cost,
+            baseline_cost_usd=base,
+            api_key_id=None,
+        )
+        for n, (method, tokens, cost, base) in enumerate(
+            [
+                ("p-eagle", 100, 0.0010, 0.0030),
+                ("p-eagle", 50, 0.0005, 0.0015),
+                ("plain", 80, 0.0024, 0.0024),
+                ("dflash", 40, 0.0006, 0.0012),
+            ]
+        )
+    ]
     write_batch(app.state.services.sessions, records)
-    params = {"from": (HOUR - dt.timedelta(hours=1)).isoformat(),
-              "to": (HOUR + dt.timedelta(hours=2)).isoformat()}  # fmt: skip
+    params = {
+        "from": (HOUR - dt.timedelta(hours=1)).isoformat(),
+        "to": (HOUR + dt.timedelta(hours=2)).isoformat(),
+    }
     body = (await client.get("/admin/v1/savings", params=params)).json()
     by_method = {row["method"]: row for row in body["data"]}
     assert by_method["p-eagle"]["completion_tokens"] == 150

@@ -16,8 +16,15 @@ T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 
 def audit(hours: float, action: str, after: dict[str, object] | None) -> AuditEntry:
     at = T0 + dt.timedelta(hours=hours)
-    return AuditEntry(at=at, actor="t", action=action, resource_type="backend",
-                      resource_id="b", before=None, after=after)  # fmt: skip
+    return AuditEntry(
+        at=at,
+        actor="t",
+        action=action,
+        resource_type="backend",
+        resource_id="b",
+        before=None,
+        after=after,
+    )
 
 
 def test_held_intervals_follow_enable_disable_and_delete() -> None:
@@ -30,8 +37,9 @@ def test_held_intervals_follow_enable_disable_and_delete() -> None:
     [(name, (described, intervals))] = held_intervals(entries, T0 + dt.timedelta(hours=99)).items()
     assert name == "b"
     assert described["gpu_count"] == 2
-    hours = [((a - T0) / dt.timedelta(hours=1), (b - T0) / dt.timedelta(hours=1))
-             for a, b in intervals]  # fmt: skip
+    hours = [
+        ((a - T0) / dt.timedelta(hours=1), (b - T0) / dt.timedelta(hours=1)) for a, b in intervals
+    ]
     assert hours == [(0, 5), (8, 10)]
 
 

@@ -68,14 +68,16 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
         migrate.upgrade(engine)
         sessions = make_sessionmaker(engine)
         for n in range(5):
-            write_batch(sessions, [entry(10 * n + i, method=("plain", "dflash")[i % 2])
-                                   for i in range(7)])  # fmt: skip
+            write_batch(
+                sessions, [entry(10 * n + i, method=("plain", "dflash")[i % 2]) for i in range(7)]
+            )
 
         def rollups() -> list[tuple[object, ...]]:
             with sessions() as session:
                 rows = session.scalars(select(UsageHourly).order_by(UsageHourly.method)).all()
-                return [(r.method, r.requests, r.completion_tokens, round(r.cost_usd, 9))
-                        for r in rows]  # fmt: skip
+                return [
+                    (r.method, r.requests, r.completion_tokens, round(r.cost_usd, 9)) for r in rows
+                ]
 
         incremental = rollups()
         with transaction(sessions) as session:
@@ -94,8 +96,13 @@ def test_key_spend_in_the_snapshot_comes_from_the_rollups(database_url: str) -> 
         migrate.upgrade(engine)
         sessions = make_sessionmaker(engine)
         with transaction(sessions) as session:
-            key = ApiKey(name="k", key_prefix="dg-x", key_hash="h" * 64, budget_usd=1.0,
-                         budget_period="total")  # fmt: skip
+            key = ApiKey(
+                name="k",
+                key_prefix="dg-x",
+                key_hash="h" * 64,
+                budget_usd=1.0,
+                budget_period="total",
+            )
             session.add(key)
         write_batch(sessions, [entry(n, api_key_id=key.id, cost_usd=0.25) for n in range(3)])
         with sessions() as session:

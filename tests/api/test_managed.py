@@ -36,8 +36,9 @@ async def managed_client(
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test",
-                                     headers=headers) as http:  # fmt: skip
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway.test", headers=headers
+        ) as http:
             yield http, managed
 
 
@@ -45,13 +46,25 @@ async def test_failed_start_is_audited_and_the_old_backend_keeps_serving(
     managed_client: tuple[httpx.AsyncClient, ManagedBackends],
 ) -> None:
     http, managed = managed_client
-    backend = {"name": "sim-a", "url": "http://127.0.0.1:9", "model": "m", "method": "eagle3",
-               "k": 3, "drafter": "acme/m-eagle3", "managed": True}  # fmt: skip
+    backend = {
+        "name": "sim-a",
+        "url": "http://127.0.0.1:9",
+        "model": "m",
+        "method": "eagle3",
+        "k": 3,
+        "drafter": "acme/m-eagle3",
+        "managed": True,
+    }
     assert (await http.post("/admin/v1/backends", json=backend)).status_code == 201
     accepted = await http.post("/admin/v1/backends/sim-a/switch", json=DFLASH)
     assert accepted.status_code == 202, accepted.text
-    assert accepted.json() == {"old_name": "sim-a", "new_name": "sim-a-dflash-k7",
-                               "method": "dflash", "k": 7, "status": "starting"}  # fmt: skip
+    assert accepted.json() == {
+        "old_name": "sim-a",
+        "new_name": "sim-a-dflash-k7",
+        "method": "dflash",
+        "k": 7,
+        "status": "starting",
+    }
     await managed.wait_idle()
 
     audit = (await http.get("/admin/v1/audit", params={"resource_type": "backend"})).json()

@@ -30,14 +30,16 @@ COSTS = {"plain": 1.0, "eagle3": 0.8, "p-eagle": 0.6}
 def test_decide(
     current: str | None, costs: dict[str, float], since: float, expected: str | None
 ) -> None:
-    decision = decide("m", current, costs, 4.0, since_switch_s=since, min_dwell_s=60,
-                      switch_margin=0.05)  # fmt: skip
+    decision = decide(
+        "m", current, costs, 4.0, since_switch_s=since, min_dwell_s=60, switch_margin=0.05
+    )
     assert (decision.after if decision else None) == expected
 
 
 def backend(name: str, method: str) -> BackendView:
-    return BackendView(name, f"http://{name}", "m", method, 7 if method != "plain" else None,
-                       "B200", 1)  # fmt: skip
+    return BackendView(
+        name, f"http://{name}", "m", method, 7 if method != "plain" else None, "B200", 1
+    )
 
 
 async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -> None:
@@ -67,7 +69,11 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
         [entry] = entries
         assert (entry.actor, entry.action, entry.before, entry.resource_id) == (
-            "auto", "switch", {"method": "p-eagle"}, "m")  # fmt: skip
+            "auto",
+            "switch",
+            {"method": "p-eagle"},
+            "m",
+        )
         assert entry.after is not None
         assert entry.after["method"] == "plain"
         assert entry.after["concurrency"] > 16

@@ -47,8 +47,11 @@ class Stack:
 
 
 def _chat(base_url: str, i: int) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": f"hello {i}"}],
-            "max_tokens": 24}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"hello {i}"}],
+        "max_tokens": 24,
+    }
     response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200, response.text
 

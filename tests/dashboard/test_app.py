@@ -56,8 +56,9 @@ def test_an_unreachable_gateway_is_a_message_not_a_traceback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url = closed_url()
-    message = _overview_error(monkeypatch, DRAFTGATE_DASHBOARD_GATEWAY_URL=url,
-                              DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN)  # fmt: skip
+    message = _overview_error(
+        monkeypatch, DRAFTGATE_DASHBOARD_GATEWAY_URL=url, DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN
+    )
     assert message.startswith(f"cannot reach the gateway at {url}")
 
 

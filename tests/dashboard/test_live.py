@@ -164,8 +164,10 @@ def test_benchmarks_lists_the_stored_measurements(dashboard_env: Stack) -> None:
         with dashboard_env.admin() as admin:
             rows = admin.get("/admin/v1/measurements", params={"limit": 20}).json()["data"]
         labels = {"scrape": "live traffic (collector)", "bench": "sweep", "import": "imported"}
-        return [(m["backend_name"], m["method"], round(m["concurrency"], 2), labels[m["source"]])
-                for m in rows]  # fmt: skip
+        return [
+            (m["backend_name"], m["method"], round(m["concurrency"], 2), labels[m["source"]])
+            for m in rows
+        ]
 
     before = newest()
     at = _run(_benchmarks)
@@ -183,8 +185,9 @@ def test_overview_keeps_capacity_cost_and_gpu_spend_apart(dashboard_env: Stack) 
         with dashboard_env.admin() as admin:
             rows = admin.get("/admin/v1/savings").json()["data"]
             start = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-            spend = admin.get("/admin/v1/spend", params={
-                "from": (start - dt.timedelta(days=7)).isoformat()}).json()  # fmt: skip
+            spend = admin.get(
+                "/admin/v1/spend", params={"from": (start - dt.timedelta(days=7)).isoformat()}
+            ).json()
         return rows, float(spend["total_usd"])
 
     refresh_reads()  # an earlier test's page read the same spend, cached for a few seconds

@@ -68,8 +68,13 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
     with dashboard_env.admin() as admin:
         policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
         audit = admin.get("/admin/v1/audit", params={"resource_type": "model"}).json()["data"]
-    assert policy == {"mode": "pinned", "method": "dflash", "k": 5, "itl_objective_ms": 40.0,
-                      "explore_fraction": 0.1}  # fmt: skip
+    assert policy == {
+        "mode": "pinned",
+        "method": "dflash",
+        "k": 5,
+        "itl_objective_ms": 40.0,
+        "explore_fraction": 0.1,
+    }
     assert any((e["after"] or {}).get("policy", {}).get("method") == "dflash" for e in audit)
 
     at.radio(key="policy-mode").set_value("auto")

@@ -50,8 +50,12 @@ def _run(script: object) -> AppTest:
 def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_env: Stack) -> None:
     at = _run(_planner)
     with dashboard_env.admin() as admin:
-        params = {"model": MODEL, "gpu": "B200", "itl_objective_ms": 50.0,
-                  "output_tokens_per_s": 50_000.0}  # fmt: skip
+        params = {
+            "model": MODEL,
+            "gpu": "B200",
+            "itl_objective_ms": 50.0,
+            "output_tokens_per_s": 50_000.0,
+        }
         plan = admin.get("/admin/v1/plan", params=params).json()
     capacity = plan["capacity"]
     table = at.dataframe[0].value
@@ -159,6 +163,8 @@ def test_accuracy_lists_every_measured_point_with_the_mean_error(dashboard_env: 
     assert set(rows["method"]) <= {p["method"] for p in after["points"]}
     assert set(rows["model"]) == {MODEL}
     shown = at.metric[0].value
-    expected = {f"{d['mean_absolute_error']:.1%}" if d["mean_absolute_error"] is not None else "—"
-                for d in (before, after)}  # fmt: skip
+    expected = {
+        f"{d['mean_absolute_error']:.1%}" if d["mean_absolute_error"] is not None else "—"
+        for d in (before, after)
+    }
     assert shown in expected

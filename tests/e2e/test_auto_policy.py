@@ -60,8 +60,13 @@ class Load:
             await asyncio.gather(*(self._worker(http) for _ in range(self.workers)))
 
     async def _worker(self, http: httpx.AsyncClient) -> None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "explain"}],
-                "max_tokens": ANSWER_TOKENS, "ignore_eos": True, "stream": True}  # fmt: skip
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "explain"}],
+            "max_tokens": ANSWER_TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+        }
         while not self.stop.is_set():
             started = time.monotonic()
             try:
@@ -118,8 +123,10 @@ def _to_parallel(entry: dict[str, Any]) -> bool:
 
 def _moves(admin: httpx.Client) -> list[tuple[str | None, str, float]]:
     """Every switch so far: from, to, at what load (for failure messages)."""
-    return [(e["before"]["method"], e["after"]["method"], e["after"]["concurrency"])
-            for e in _switches(admin)]  # fmt: skip
+    return [
+        (e["before"]["method"], e["after"]["method"], e["after"]["concurrency"])
+        for e in _switches(admin)
+    ]
 
 
 def _share(served: Counter[str], methods: set[str]) -> float:

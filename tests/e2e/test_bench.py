@@ -53,12 +53,15 @@ def test_bench_sweep_stores_measurements_and_saves_vllm_bench_json(
     assert done.returncode == 0, done.stderr
     rows = query_rows(database_url, "SELECT * FROM measurements ORDER BY concurrency")
     assert [(r["concurrency"], r["source"], r["method"]) for r in rows] == [
-        (1.0, "bench", "p-eagle"), (4.0, "bench", "p-eagle")]  # fmt: skip
+        (1.0, "bench", "p-eagle"),
+        (4.0, "bench", "p-eagle"),
+    ]
     assert rows[1]["output_tokens_per_s"] > rows[0]["output_tokens_per_s"] > 0
     profile = acceptance_profile(SimConfig(model=SIM_MODEL, method="p-eagle", k=7))
     assert profile is not None
     assert rows[0]["mean_acceptance_length"] == pytest.approx(
-        profile.mean_acceptance_length(7), rel=0.2)  # fmt: skip
+        profile.mean_acceptance_length(7), rel=0.2
+    )
 
     result = json.loads((tmp_path / "result-c4.json").read_text())
     assert (result["max_concurrency"], result["completed"], result["failed"]) == (4, 12, 0)
@@ -75,12 +78,17 @@ def test_benchmarks_through_the_admin_api_run_in_the_background(
     start_module_servers: ModuleServerStarter, start_module_gateway: ModuleGatewayStarter
 ) -> None:
     [sim] = start_module_servers(sim_args("--method", "p-eagle", "--k", "7", "--time-scale", "20"))
-    server, database_url = start_module_gateway([fleet_backend("sim-peagle", sim.base_url,
-                                                               "p-eagle")])  # fmt: skip
+    server, database_url = start_module_gateway(
+        [fleet_backend("sim-peagle", sim.base_url, "p-eagle")]
+    )
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     with httpx.Client(base_url=server.base_url, headers=admin, timeout=10) as http:
-        body = {"backend": "sim-peagle", "concurrency": [1, 2], "requests_per_level": 6,
-                "output_len": 32}  # fmt: skip
+        body = {
+            "backend": "sim-peagle",
+            "concurrency": [1, 2],
+            "requests_per_level": 6,
+            "output_len": 32,
+        }
         started = http.post("/admin/v1/benchmarks", json=body)
         assert started.status_code == 202, started.text
         run = _wait_for(http, started.json()["id"], {"succeeded", "failed"})
@@ -90,10 +98,13 @@ def test_benchmarks_through_the_admin_api_run_in_the_background(
         assert all(lvl["completed"] == 6 for lvl in run["result"]["levels"])
         rows = query_rows(database_url, "SELECT * FROM measurements WHERE source = 'bench'")
         assert sorted((r["concurrency"], r["method"], r["backend_name"]) for r in rows) == [
-            (1.0, "p-eagle", "sim-peagle"), (2.0, "p-eagle", "sim-peagle")]  # fmt: skip
+            (1.0, "p-eagle", "sim-peagle"),
+            (2.0, "p-eagle", "sim-peagle"),
+        ]
 
-        long = http.post("/admin/v1/benchmarks", json={"backend": "sim-peagle",
-                                                       "duration_s": 60}).json()  # fmt: skip
+        long = http.post(
+            "/admin/v1/benchmarks", json={"backend": "sim-peagle", "duration_s": 60}
+        ).json()
         _wait_for(http, long["id"], {"running"})
         assert http.delete(f"/admin/v1/benchmarks/{long['id']}").status_code == 200
         assert _wait_for(http, long["id"], {"cancelled"})["status"] == "cancelled"
@@ -124,7 +135,10 @@ def test_open_loop_poisson_bench_reaches_the_requested_rate(
     assert done.returncode == 0, done.stderr
     result = json.loads(saved.read_text())
     assert (result["request_rate"], result["burstiness"], result["max_concurrency"]) == (
-        20.0, 1.0, 8)  # fmt: skip
+        20.0,
+        1.0,
+        8,
+    )
     assert (result["completed"], result["failed"]) == (40, 0)
     assert RATE_LOW * 20 <= result["achieved_request_rate"] <= RATE_HIGH * 20
     assert result["duration"] >= 40 / 20  # the last arrival is due at count / rate
@@ -149,8 +163,11 @@ def test_open_loop_even_arrivals_for_a_duration_are_stored_at_their_real_concurr
                    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(saved.read_text())
-    due = list(arrival_schedule_s(BenchConfig(sim.base_url, SIM_MODEL, (4,), duration_s=1.05,
-                                              rate_per_s=10.0)))  # fmt: skip
+    due = list(
+        arrival_schedule_s(
+            BenchConfig(sim.base_url, SIM_MODEL, (4,), duration_s=1.05, rate_per_s=10.0)
+        )
+    )
     assert len(due) == 10  # one every 0.1 s until 1.05 s
     assert (result["request_rate"], result["burstiness"]) == (10.0, "inf")
     assert (result["completed"], result["failed"]) == (10, 0)
@@ -183,13 +200,21 @@ def test_bench_refuses_arrival_and_workload_options_that_make_no_sense(
 def test_admin_api_runs_a_rate_limited_workload_benchmark(
     sim: Server, start_module_gateway: ModuleGatewayStarter
 ) -> None:
-    server, database_url = start_module_gateway([fleet_backend("sim-rate", sim.base_url,
-                                                               "p-eagle")])  # fmt: skip
+    server, database_url = start_module_gateway(
+        [fleet_backend("sim-rate", sim.base_url, "p-eagle")]
+    )
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     with httpx.Client(base_url=server.base_url, headers=admin, timeout=10) as http:
-        body = {"backend": "sim-rate", "concurrency": [4], "requests_per_level": 20,
-                "rate_per_s": 25, "poisson": True, "seed": 3, "workload": "math",
-                "output_len": 24}  # fmt: skip
+        body = {
+            "backend": "sim-rate",
+            "concurrency": [4],
+            "requests_per_level": 20,
+            "rate_per_s": 25,
+            "poisson": True,
+            "seed": 3,
+            "workload": "math",
+            "output_len": 24,
+        }
         started = http.post("/admin/v1/benchmarks", json=body)
         assert started.status_code == 202, started.text
         params = started.json()["params"]

@@ -182,8 +182,11 @@ def test_up_generates_token_and_reuses_database(
     assert len(token) >= 32
     _create_backend_and_check_audit(server, token)
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
-        chat = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 5}  # fmt: skip
+        chat = {
+            "model": "openai/gpt-oss-20b",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+        }
         answer = http.post("/v1/chat/completions", json=chat)  # no API key in the demo
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-draftgate-backend"].startswith("demo-")
@@ -256,8 +259,15 @@ def test_plan_predict_contract(run_cli: CliRunner, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     predictions = json.loads(done.stdout)["predictions"]
     assert [p["concurrency"] for p in predictions] == [1, 4, 8, 16, 32]
-    keys = {"concurrency", "plain_output_tokens_per_s", "method_output_tokens_per_s", "speedup",
-            "itl_ms", "usd_per_mtok", "source"}  # fmt: skip
+    keys = {
+        "concurrency",
+        "plain_output_tokens_per_s",
+        "method_output_tokens_per_s",
+        "speedup",
+        "itl_ms",
+        "usd_per_mtok",
+        "source",
+    }
     assert all(set(p) == keys for p in predictions)
     assert predictions[0]["source"] == "measured"
 
@@ -276,10 +286,20 @@ def test_plan_table_marks_stored_measurements(run_cli: CliRunner, tmp_path: Path
     with engine.begin() as conn:
         conn.execute(
             Measurement.__table__.insert(),
-            [{"model": "Qwen/Qwen3-8B", "method": "plain", "k": 0, "gpu_type": "H100",
-              "gpu_count": 1, "concurrency": 4.0, "output_tokens_per_s": 777.0,
-              "source": "bench", "measured_at": dt.datetime.now(dt.UTC)}],
-        )  # fmt: skip
+            [
+                {
+                    "model": "Qwen/Qwen3-8B",
+                    "method": "plain",
+                    "k": 0,
+                    "gpu_type": "H100",
+                    "gpu_count": 1,
+                    "concurrency": 4.0,
+                    "output_tokens_per_s": 777.0,
+                    "source": "bench",
+                    "measured_at": dt.datetime.now(dt.UTC),
+                }
+            ],
+        )
     engine.dispose()
     done = run_cli("plan", "table", "--model", "Qwen/Qwen3-8B", "--gpu", "H100", env=env)
     assert done.returncode == 0, done.stderr
@@ -327,8 +347,9 @@ def test_a_command_whose_extra_is_missing_names_what_to_install(
         "import sys\nfor name in ('numpy', 'safetensors', 'tokenizers'):\n"
         "    sys.modules[name] = None  # import raises ModuleNotFoundError\n"
     )
-    done = run_cli("dev", "tiny-models", str(tmp_path / "models"),
-                   env=draftgate_env(PYTHONPATH=str(site)))  # fmt: skip
+    done = run_cli(
+        "dev", "tiny-models", str(tmp_path / "models"), env=draftgate_env(PYTHONPATH=str(site))
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         "draftgate: this command needs the tiny-models extra (numpy is not installed): "

@@ -20,8 +20,12 @@ from tests.e2e.conftest import (
     sim_args,
 )
 
-CHAT = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64,
-        "ignore_eos": True}  # fmt: skip
+CHAT = {
+    "model": SIM_MODEL,
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 64,
+    "ignore_eos": True,
+}
 WAIT_S = 30.0  # deadline of polls: windows close and scrapes land late on a busy machine
 SETTINGS = {"COLLECT_INTERVAL_S": "0.3", "MEASUREMENT_WINDOW_S": "1.5", "REGISTRY_REFRESH_S": "0.5"}
 
@@ -61,8 +65,9 @@ def test_scrapes_become_measurements_and_auto_moves_to_the_cheapest_method(
     server, database_url = stack
     admin = {"Authorization": "Bearer e2e-admin-token-0123456789abcdef"}
     explore = {"mode": "auto", "explore_fraction": 0.5}  # both methods get measured
-    httpx.put(f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy", json=explore,
-              headers=admin).raise_for_status()  # fmt: skip
+    httpx.put(
+        f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy", json=explore, headers=admin
+    ).raise_for_status()
     price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
     httpx.post(f"{server.base_url}/admin/v1/prices", json=price, headers=admin)
     _traffic(server, 4.0)
@@ -82,8 +87,11 @@ def test_scrapes_become_measurements_and_auto_moves_to_the_cheapest_method(
     assert measured == pytest.approx(profile.mean_acceptance_length(7), rel=0.15)
     assert float(by_method["p-eagle"]["output_tokens_per_s"]) > 0  # type: ignore[arg-type]
 
-    httpx.put(f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy", json={"mode": "auto"},
-              headers=admin).raise_for_status()  # fmt: skip
+    httpx.put(
+        f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy",
+        json={"mode": "auto"},
+        headers=admin,
+    ).raise_for_status()
     time.sleep(1.0)  # the registry reloads the measurements
     methods = _traffic(server, 1.5)
     assert methods

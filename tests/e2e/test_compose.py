@@ -228,8 +228,11 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
 def test_every_draftgate_command_is_a_real_sub_command_with_valid_flags(
     compose: dict[str, Any],
 ) -> None:
-    commands = {name: s["command"] for name, s in compose["services"].items()
-                if s.get("command", [""])[0] == "draftgate"}  # fmt: skip
+    commands = {
+        name: s["command"]
+        for name, s in compose["services"].items()
+        if s.get("command", [""])[0] == "draftgate"
+    }
     assert set(commands) >= {"migrate", "gateway", "dashboard", *services_in(compose, "sim")}
     for name, argv in commands.items():
         context = parse_draftgate(argv)
@@ -334,7 +337,10 @@ def test_sim_services_are_draftgate_up_s_simulators(compose: dict[str, Any]) -> 
         params = parse_draftgate(service["command"]).params
         assert name == f"sim-{backend.method}"
         assert (params["model"], params["method"], params["gpu"]) == (
-            stack.DEMO_MODEL, backend.method, stack.DEMO_GPU)  # fmt: skip
+            stack.DEMO_MODEL,
+            backend.method,
+            stack.DEMO_GPU,
+        )
         assert params["k"] == DEFAULT_K.get(backend.method)
         assert params["port"] == backend.url.port
         assert params["host"] == "0.0.0.0"  # noqa: S104
@@ -350,7 +356,11 @@ def test_sim_fleet_registers_every_simulator_as_draftgate_up_does(compose: dict[
         params, entry = parse_draftgate(service["command"]).params, fleet[name]
         assert str(entry.url) == f"http://{name}:{params['port']}/"
         assert (entry.model, entry.method, entry.k, entry.gpu_type) == (
-            params["model"], params["method"], params["k"], params["gpu"])  # fmt: skip
+            params["model"],
+            params["method"],
+            params["k"],
+            params["gpu"],
+        )
         assert entry.drafter == demo[entry.method].drafter
 
 
@@ -367,7 +377,10 @@ def test_gpu_services_serve_every_method_with_the_rendered_speculative_config(
         entry = fleet[name]
         assert str(entry.url) == f"http://{name}:8000/"
         assert (entry.model, entry.drafter, entry.k) == (
-            GPU_MODEL, GPU_DRAFTERS[entry.method], GPU_K.get(entry.method))  # fmt: skip
+            GPU_MODEL,
+            GPU_DRAFTERS[entry.method],
+            GPU_K.get(entry.method),
+        )
         spec = make_spec(entry.method, entry.k, entry.drafter)
         assert service["command"] == vllm_command(entry.model, spec), name
         argv, flag = service["command"], "--speculative-config"
@@ -386,11 +399,15 @@ def test_gpu_speculative_configs_are_the_design_s(compose: dict[str, Any]) -> No
     assert configs == {
         "vllm-plain": None,
         "vllm-eagle3": {"method": "eagle3", "model": GPU_DRAFTERS["eagle3"], k: 3},
-        "vllm-p-eagle": {"method": "eagle3", "model": GPU_DRAFTERS["p-eagle"], k: 7,
-                         "parallel_drafting": True},
+        "vllm-p-eagle": {
+            "method": "eagle3",
+            "model": GPU_DRAFTERS["p-eagle"],
+            k: 7,
+            "parallel_drafting": True,
+        },
         "vllm-dflash": {"method": "dflash", "model": GPU_DRAFTERS["dflash"], k: 15},
         "vllm-dspark": {"method": "dspark", "model": GPU_DRAFTERS["dspark"], k: 7},
-    }  # fmt: skip
+    }
 
 
 def test_gpu_services_reserve_a_gpu_cache_weights_and_check_health(compose: dict[str, Any]) -> None:
@@ -416,7 +433,10 @@ def test_fleet_files_load_and_price_their_gpus_at_the_planner_s_list_prices() ->
         for price in fleet.prices:
             default = defaults[(price.gpu_type, price.kind)]
             assert (price.usd_per_gpu_hour, price.source, price.date) == (
-                default.usd_per_gpu_hour, default.source, default.date)  # fmt: skip
+                default.usd_per_gpu_hour,
+                default.source,
+                default.date,
+            )
 
 
 # --- Prometheus and Grafana ---

@@ -143,20 +143,25 @@ def sim_stack(
     assert done.returncode == 0, done.stderr
     assert re.search(r"database upgraded from empty to revision \w+", done.stdout), done.stdout
 
-    sims = {name: start_server(*local_args(s["command"]), env=draftgate_env(), wait=False)
-            for name, s in services_in(compose, "sim").items()}  # fmt: skip
+    sims = {
+        name: start_server(*local_args(s["command"]), env=draftgate_env(), wait=False)
+        for name, s in services_in(compose, "sim").items()
+    }
     for sim in sims.values():
         sim.wait_healthy(READY_TIMEOUT_S)
 
     gateway = services["gateway"]
-    fleet = local_fleet(compose, interpolate(gateway["environment"]["DRAFTGATE_FLEET"], variables),
-                        sims, tmp_path)  # fmt: skip
+    fleet = local_fleet(
+        compose, interpolate(gateway["environment"]["DRAFTGATE_FLEET"], variables), sims, tmp_path
+    )
     env = local_env(gateway, variables, DRAFTGATE_FLEET=str(fleet), **database)
     assert env["DRAFTGATE_MIGRATE_ON_START"] == "false"
     assert env["DRAFTGATE_REQUIRE_API_KEY"] == "true"
     # Every replica starts at once, as `deploy.replicas` starts them, applying the same fleet.
-    replicas = [start_server(*local_args(gateway["command"]), env=env, wait=False)
-                for _ in range(gateway["deploy"]["replicas"])]  # fmt: skip
+    replicas = [
+        start_server(*local_args(gateway["command"]), env=env, wait=False)
+        for _ in range(gateway["deploy"]["replicas"])
+    ]
     for replica in replicas:
         replica.wait_healthy(READY_TIMEOUT_S)
 
@@ -199,8 +204,9 @@ def test_sim_profile_serves_openai_clients_through_every_replica(
 
     request_ids = []
     for replica in replicas:
-        client = openai.OpenAI(base_url=f"{replica.base_url}/v1", api_key=key,
-                               max_retries=0, timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+        client = openai.OpenAI(
+            base_url=f"{replica.base_url}/v1", api_key=key, max_retries=0, timeout=REQUEST_TIMEOUT_S
+        )
         request_ids.append(_serve_through(client, set(sims)))
         with (
             pytest.raises(openai.AuthenticationError),
@@ -226,8 +232,11 @@ def test_sim_profile_serves_openai_clients_through_every_replica(
 
     # The dashboard's command serves Streamlit where its healthcheck looks.
     dashboard = compose["services"]["dashboard"]
-    env = local_env(dashboard, {"DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN},
-                    DRAFTGATE_DASHBOARD_GATEWAY_URL=replicas[0].base_url)  # fmt: skip
+    env = local_env(
+        dashboard,
+        {"DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN},
+        DRAFTGATE_DASHBOARD_GATEWAY_URL=replicas[0].base_url,
+    )
     streamlit = start_server(*local_args(dashboard["command"]), env=env, wait=False)
     assert wait_for_body(streamlit, "/_stcore/health") == "ok"
 

@@ -21,7 +21,12 @@ def test_vllm_bench_result_becomes_a_measurement(run_cli: CliRunner, tmp_path: P
     assert done.returncode == 0, done.stderr
     [row] = query_rows(database_url, "SELECT * FROM measurements")
     assert (row["model"], row["method"], row["k"], row["gpu_type"], row["source"]) == (
-        "openai/gpt-oss-20b", "p-eagle", 7, "B200", "import")  # fmt: skip
+        "openai/gpt-oss-20b",
+        "p-eagle",
+        7,
+        "B200",
+        "import",
+    )
     assert (row["concurrency"], row["output_tokens_per_s"]) == (8.0, 5189.4)
     assert (row["mean_acceptance_length"], row["ttft_ms"], row["itl_ms"]) == (3.84, 31.2, 5.61)
     assert json.loads(row["acceptance_per_position"])[:2] == [0.83, 0.69]
@@ -70,7 +75,9 @@ def test_guidellm_report_becomes_one_measurement_per_benchmark(
     rows = query_rows(database_url, "SELECT * FROM measurements ORDER BY concurrency")
     # Concurrency: the measured mean where reported, else the strategy's stream count.
     assert [(r["concurrency"], r["output_tokens_per_s"], r["ttft_ms"]) for r in rows] == [
-        (3.9, 1830.5, 41.2), (16.0, 5210.0, 77.0)]  # fmt: skip
+        (3.9, 1830.5, 41.2),
+        (16.0, 5210.0, 77.0),
+    ]
     assert all(r["mean_acceptance_length"] is None for r in rows)  # GuideLLM has none
 
     broken = tmp_path / "broken.json"

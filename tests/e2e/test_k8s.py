@@ -47,9 +47,13 @@ def _spawn(argv: list[str], port: int, env: dict[str, str], log_dir: Path, name:
     log_path = log_dir / f"{name}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [str(DRAFTGATE), *argv[1:]], env=env, cwd=log_dir, stdin=subprocess.DEVNULL,
-        stdout=log_file, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [str(DRAFTGATE), *argv[1:]],
+        env=env,
+        cwd=log_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
     return Server(process=process, port=port, log_path=log_path, log_file=log_file)
 
 
@@ -121,9 +125,14 @@ def test_sim_overlay_runs_as_its_manifests_say(
 
     job = only_container(stack.named("Job", "draftgate-migrate"))
     migrate = subprocess.run(
-        [str(DRAFTGATE), *job["command"][1:]], env=draftgate_env(**_pod_env(job, secrets)),
-        cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
-    )  # fmt: skip
+        [str(DRAFTGATE), *job["command"][1:]],
+        env=draftgate_env(**_pod_env(job, secrets)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
     assert migrate.returncode == 0, migrate.stderr
     assert "upgraded from empty to revision" in migrate.stdout
 
@@ -136,16 +145,24 @@ def test_sim_overlay_runs_as_its_manifests_say(
     env = _pod_env(gateway, secrets)
     port = free_port()
     fleet = _loopback_fleet(stack, urls, tmp_path / "fleet.yaml")
-    env |= {"DRAFTGATE_HOST": "127.0.0.1", "DRAFTGATE_PORT": str(port),
-            "DRAFTGATE_FLEET": str(fleet)}  # fmt: skip
+    env |= {
+        "DRAFTGATE_HOST": "127.0.0.1",
+        "DRAFTGATE_PORT": str(port),
+        "DRAFTGATE_FLEET": str(fleet),
+    }
     servers.append(_spawn(gateway["command"], port, draftgate_env(**env), tmp_path, "gateway"))
     _wait_ready(servers[-1], gateway["readinessProbe"]["httpGet"]["path"])
 
     # API keys are required, as in the manifest: create one the way the README says.
     created = subprocess.run(
-        [str(DRAFTGATE), "keys", "create", "k8s-e2e"], env=draftgate_env(**env), cwd=tmp_path,
-        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
-    )  # fmt: skip
+        [str(DRAFTGATE), "keys", "create", "k8s-e2e"],
+        env=draftgate_env(**env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip().splitlines()[-1]
 
@@ -155,17 +172,23 @@ def test_sim_overlay_runs_as_its_manifests_say(
         while True:
             reply = client.post(
                 "/v1/chat/completions",
-                json={"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 8},
-            )  # fmt: skip
+                json={
+                    "model": "Qwen/Qwen3-8B",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 8,
+                },
+            )
             if reply.status_code != 401 or time.monotonic() > deadline:
                 break
             time.sleep(POLL_INTERVAL_S * 10)
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] > 0
         served_by = reply.headers["x-draftgate-backend"]
-        refused = client.post("/v1/chat/completions", headers={"Authorization": "Bearer nope"},
-                              json={"model": "Qwen/Qwen3-8B", "messages": []})  # fmt: skip
+        refused = client.post(
+            "/v1/chat/completions",
+            headers={"Authorization": "Bearer nope"},
+            json={"model": "Qwen/Qwen3-8B", "messages": []},
+        )
         assert refused.status_code == 401
     # The dashboard answers its probe's path, reading this gateway's admin API.
     dashboard = only_container(stack.named("Deployment", "draftgate-dashboard"))
@@ -184,6 +207,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
     assert set(by_url) == set(urls.values())
     assert served_by in {b["name"] for b in backends}
     assert {urlsplit(u).hostname for u in urls} == {
-        o["metadata"]["name"] for o in stack.objects
+        o["metadata"]["name"]
+        for o in stack.objects
         if o["kind"] == "Service" and o["metadata"]["name"].startswith("vllm-")
-    }  # fmt: skip
+    }

@@ -40,8 +40,13 @@ class Outcome:
 
 
 def _stream_once(http: httpx.Client) -> Outcome:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "count"}], "max_tokens": 40,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "count"}],
+        "max_tokens": 40,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     try:
         with http.stream("POST", "/v1/chat/completions", json=body) as response:
             text = "".join(response.iter_text())
@@ -118,8 +123,7 @@ def test_managed_simulator_switches_from_eagle3_to_dflash_under_load_with_no_fai
             load = pool.submit(_steady_load, server.base_url, stop)
             try:
                 _wait_served(server, "eagle3", SERVED_EACH)  # traffic flowing to eagle3
-                accepted = admin.post("/admin/v1/backends/demo-eagle3/switch",
-                                      json=DFLASH)  # fmt: skip
+                accepted = admin.post("/admin/v1/backends/demo-eagle3/switch", json=DFLASH)
                 assert accepted.status_code == 202, accepted.text
                 assert accepted.json()["new_name"] == "demo-dflash-k7"
                 _wait_until_gone(admin, "demo-eagle3", server)
@@ -148,7 +152,10 @@ def test_managed_simulator_switches_from_eagle3_to_dflash_under_load_with_no_fai
             httpx.get(f"http://127.0.0.1:{eagle3_port}/health", timeout=2)
         actions = [e["action"] for e in _audit(admin, "demo-eagle3")]
         assert actions[:3] == ["delete", "switch", "create"] or actions[-3:] == [
-            "create", "switch", "delete"], actions  # fmt: skip
+            "create",
+            "switch",
+            "delete",
+        ], actions
         switch = next(e for e in _audit(admin, "demo-eagle3") if e["action"] == "switch")
         assert switch["before"]["method"] == "eagle3"
         assert switch["after"]["name"] == "demo-dflash-k7"
@@ -162,17 +169,21 @@ def test_only_backends_this_process_started_can_be_switched(
 ) -> None:
     server, token, _ = _start_up(start_server, tmp_path)
     with server.client(token) as admin:
-        external = {"name": "outside", "url": "http://127.0.0.1:9", "model": MODEL,
-                    "method": "plain"}  # fmt: skip
+        external = {
+            "name": "outside",
+            "url": "http://127.0.0.1:9",
+            "model": MODEL,
+            "method": "plain",
+        }
         assert admin.post("/admin/v1/backends", json=external).status_code == 201
         refused = admin.post("/admin/v1/backends/outside/switch", json={"method": "eagle3"})
         assert refused.status_code == 409, refused.text
         assert "not managed" in refused.json()["error"]["message"]
         missing = admin.post("/admin/v1/backends/nope/switch", json={"method": "eagle3"})
         assert missing.status_code == 404
-        bad = admin.post("/admin/v1/backends/demo-plain/switch",
-                         json={"method": "eagle3", "k": 0})  # fmt: skip
+        bad = admin.post("/admin/v1/backends/demo-plain/switch", json={"method": "eagle3", "k": 0})
         assert bad.status_code == 422, bad.text
-        taken = admin.post("/admin/v1/backends/demo-plain/switch",
-                           json={**DFLASH, "name": "demo-eagle3"})  # fmt: skip
+        taken = admin.post(
+            "/admin/v1/backends/demo-plain/switch", json={**DFLASH, "name": "demo-eagle3"}
+        )
         assert taken.status_code == 409

@@ -474,10 +474,13 @@ BAD_REQUESTS = {
     "max-tokens-over-context": (CHAT, chat_body(max_tokens=10**6), 400, TOO_LONG),
     "n-2": (CHAT, chat_body(n=2), 400, "n must"),
     "stream-options-without-stream": (
-        CHAT, chat_body(stream_options={"include_usage": True}), 400, "stream"
+        CHAT,
+        chat_body(stream_options={"include_usage": True}),
+        400,
+        "stream",
     ),
     "unknown-route": ("/v1/embeddings", chat_body(), 404, "Not Found"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())

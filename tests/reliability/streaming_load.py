@@ -56,9 +56,17 @@ def stream_once(
         ) as response:
             if response.status_code != 200:
                 response.read()
-                return Outcome(request_id, base_url, response.status_code, False, 0, 0,
-                               response.headers.get("x-draftgate-method"), started,
-                               response.text[:200])  # fmt: skip
+                return Outcome(
+                    request_id,
+                    base_url,
+                    response.status_code,
+                    False,
+                    0,
+                    0,
+                    response.headers.get("x-draftgate-method"),
+                    started,
+                    response.text[:200],
+                )
             return _read_stream(response, request_id, base_url, started)
     except httpx.HTTPError as exc:
         return Outcome(request_id, base_url, 0, False, 0, 0, None, started, repr(exc))

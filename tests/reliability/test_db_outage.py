@@ -49,8 +49,13 @@ RECOVERY_TIMEOUT_S = 60.0
 LEDGER_TIMEOUT_S = 90.0
 ADMIN_PATHS = ("/admin/v1/backends", "/admin/v1/keys", "/admin/v1/savings")
 POLL_S = 0.5
-PRICE = {"gpu_type": "B200", "kind": "on-demand", "usd_per_gpu_hour": 5.0, "source": "test",
-         "date": "2026-01-01"}  # fmt: skip
+PRICE = {
+    "gpu_type": "B200",
+    "kind": "on-demand",
+    "usd_per_gpu_hour": 5.0,
+    "source": "test",
+    "date": "2026-01-01",
+}
 BUDGET_REQUESTS = 10
 # Long enough for the ledger's retries to back off to their longest interval (5 s), so the
 # registry reloads from the returned database before the held records are written.
@@ -127,8 +132,9 @@ def watch_outage(
             log.ready[http.get("/ready").status_code] += 1
             for path in ADMIN_PATHS:
                 _admin_call(http.get(path), log)
-            _admin_call(http.put(f"/admin/v1/models/{SIM_MODEL}/policy", json={"mode": "auto"}),
-                        log)  # fmt: skip
+            _admin_call(
+                http.put(f"/admin/v1/models/{SIM_MODEL}/policy", json={"mode": "auto"}), log
+            )
             log.pending.append(metric_value(stack.gateway.base_url, "draftgate_ledger_pending"))
             if until():
                 break
@@ -162,8 +168,11 @@ def wait_for_rows(database_url: str, expected: int, timeout_s: float) -> list[di
     """Poll usage_records until `expected` rows are there (or the timeout); the rows."""
     deadline = time.monotonic() + timeout_s
     while True:
-        rows = query_rows(database_url, "SELECT request_id, client_request_id, "
-                          "completion_tokens, status_code FROM usage_records")  # fmt: skip
+        rows = query_rows(
+            database_url,
+            "SELECT request_id, client_request_id, "
+            "completion_tokens, status_code FROM usage_records",
+        )
         if len(rows) >= expected or time.monotonic() > deadline:
             return rows
         time.sleep(POLL_S)
@@ -254,8 +263,9 @@ def test_held_records_are_bounded_and_the_excess_counted(
     assert len(rows) + dropped <= len(outcomes) + max_pending
 
 
-def send_until(http: httpx.Client, url: str, key: str, stop: Callable[[Outcome], bool],
-               seconds: float) -> list[Outcome]:  # fmt: skip
+def send_until(
+    http: httpx.Client, url: str, key: str, stop: Callable[[Outcome], bool], seconds: float
+) -> list[Outcome]:
     """Send streamed requests one after another until `stop(outcome)` or `seconds` pass."""
     outcomes: list[Outcome] = []
     deadline = time.monotonic() + seconds
@@ -275,8 +285,9 @@ def test_budget_holds_through_an_outage_and_the_recovery(
     it, the registry reloads spend from the rollups, which do not hold the records the
     ledger is still holding: those must still count.
     """
-    stack = start_stack(start_server, relay, postgres_schema, REQUIRE_API_KEY="true",
-                        REGISTRY_REFRESH_S="1")  # fmt: skip
+    stack = start_stack(
+        start_server, relay, postgres_schema, REQUIRE_API_KEY="true", REGISTRY_REFRESH_S="1"
+    )
     url = stack.gateway.base_url
     with stack.gateway.client(ADMIN_TOKEN) as admin, httpx.Client(timeout=60.0) as http:
         probe_key = admin.post("/admin/v1/keys", json={"name": "probe"}).json()["key"]
@@ -286,8 +297,11 @@ def test_budget_holds_through_an_outage_and_the_recovery(
         costs = query_rows(stack.database_url, "SELECT cost_usd FROM usage_records")
         per_request_usd = float(costs[0]["cost_usd"])
         assert per_request_usd > 0
-        budget = {"name": "budget", "budget_usd": BUDGET_REQUESTS * per_request_usd,
-                  "budget_period": "total"}  # fmt: skip
+        budget = {
+            "name": "budget",
+            "budget_usd": BUDGET_REQUESTS * per_request_usd,
+            "budget_period": "total",
+        }
         key = admin.post("/admin/v1/keys", json=budget).json()["key"]
         relay.cut()
         cut_at = time.monotonic()

@@ -97,8 +97,9 @@ def fuzz(
     """Call `operation` with generated cases of `mode`; every check must pass."""
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None)  # fmt: skip
+    @settings(
+        max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
     def run(case: Case) -> None:
         response = case.call_and_validate(
             base_url=base_url, headers=AUTH, checks=CHECKS, timeout=30

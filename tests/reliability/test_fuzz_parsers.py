@@ -41,8 +41,11 @@ def sse_streams(draw: st.DrawFn) -> tuple[list[bytes], dict[str, int] | None, bo
         events.append(b"data: " + orjson.dumps(body) + b"\n\n")
     final: dict[str, int] | None = orjson.loads(events[-1][6:])["usage"] if events else None
     if draw(st.booleans()):
-        final = {"prompt_tokens": prompt, "completion_tokens": completion,
-                 "total_tokens": prompt + completion}  # fmt: skip
+        final = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
         events.append(b"data: " + orjson.dumps({"choices": [], "usage": final}) + b"\n\n")
     cut_short = draw(st.booleans())
     if not cut_short:
@@ -97,9 +100,27 @@ def test_arbitrary_bytes_never_raise_and_pass_through(chunks: list[bytes], strip
 
 
 @FUZZ
-@given(st.lists(st.sampled_from([b"data: ", b"{", b"}", b'"choices":[]', b'"usage":',
-                                 b"\n\n", b"[DONE]", b"\xff", b"1", b"null", b'{"a":1}']),
-                max_size=30), st.booleans())  # fmt: skip
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                b"data: ",
+                b"{",
+                b"}",
+                b'"choices":[]',
+                b'"usage":',
+                b"\n\n",
+                b"[DONE]",
+                b"\xff",
+                b"1",
+                b"null",
+                b'{"a":1}',
+            ]
+        ),
+        max_size=30,
+    ),
+    st.booleans(),
+)
 def test_sse_like_garbage_never_raises(pieces: list[bytes], strip: bool) -> None:
     tap = UsageTap(strip)
     out = relay(tap, pieces)
@@ -125,10 +146,17 @@ def vllm_pages(draw: st.DrawFn) -> tuple[bytes, dict[str, float], list[float] | 
     if speculating:
         names += [vm.SPEC_DRAFTS, vm.SPEC_DRAFT_TOKENS, vm.SPEC_ACCEPTED_TOKENS]
     counters = {m.name: Counter(m.name, m.help, labels, registry=registry) for m in names}
-    gauges = {m.name: Gauge(m.name, m.help, labels, registry=registry)
-              for m in (vm.REQUESTS_RUNNING, vm.REQUESTS_WAITING, vm.KV_CACHE_USAGE)}  # fmt: skip
-    e2e = Histogram(vm.E2E_LATENCY.name, vm.E2E_LATENCY.help, labels, registry=registry,
-                    buckets=vm.REQUEST_TIME_BUCKETS_S)  # fmt: skip
+    gauges = {
+        m.name: Gauge(m.name, m.help, labels, registry=registry)
+        for m in (vm.REQUESTS_RUNNING, vm.REQUESTS_WAITING, vm.KV_CACHE_USAGE)
+    }
+    e2e = Histogram(
+        vm.E2E_LATENCY.name,
+        vm.E2E_LATENCY.help,
+        labels,
+        registry=registry,
+        buckets=vm.REQUEST_TIME_BUCKETS_S,
+    )
     positions = draw(st.integers(1, 8)) if speculating else 0
     per_pos = Counter(
         vm.SPEC_ACCEPTED_PER_POS.name,
@@ -187,17 +215,28 @@ def test_generated_exposition_round_trips(
     assert all(close(a, b) for a, b in zip(snapshot.accepted_per_position, accepted, strict=True))
 
 
-METRIC_LINES = st.sampled_from([
-    "# HELP vllm:generation_tokens_total x", "# TYPE vllm:generation_tokens_total counter",
-    "vllm:generation_tokens_total 5", 'vllm:generation_tokens_total{engine="0"} 1e3',
-    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
-    'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="x"} 1',
-    'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="-1"} 1',
-    'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="99999999999"} 1',
-    'vllm:spec_decode_num_drafts_total{a="b"} NaN', "vllm:num_requests_running +Inf",
-    "vllm:kv_cache_usage_perc -1", "# TYPE vllm:e2e_request_latency_seconds histogram",
-    "vllm:e2e_request_latency_seconds_sum 1", 'x{le="1"} 2', "x{", "x 1 2 3", "# EOF", "",
-])  # fmt: skip
+METRIC_LINES = st.sampled_from(
+    [
+        "# HELP vllm:generation_tokens_total x",
+        "# TYPE vllm:generation_tokens_total counter",
+        "vllm:generation_tokens_total 5",
+        'vllm:generation_tokens_total{engine="0"} 1e3',
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="x"} 1',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="-1"} 1',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="99999999999"} 1',
+        'vllm:spec_decode_num_drafts_total{a="b"} NaN',
+        "vllm:num_requests_running +Inf",
+        "vllm:kv_cache_usage_perc -1",
+        "# TYPE vllm:e2e_request_latency_seconds histogram",
+        "vllm:e2e_request_latency_seconds_sum 1",
+        'x{le="1"} 2',
+        "x{",
+        "x 1 2 3",
+        "# EOF",
+        "",
+    ]
+)
 
 
 @FUZZ

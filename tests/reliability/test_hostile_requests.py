@@ -206,9 +206,11 @@ def test_numbers_beyond_64_bits_and_malformed_json_are_400(target: Target) -> No
         b"{",
         b"\x00" * 100,
     ]
-    run_scenario(target, "malformed JSON, deep nesting, invalid UTF-8", [
-        lambda c=c: post(target, c) for c in cases
-    ])  # fmt: skip
+    run_scenario(
+        target,
+        "malformed JSON, deep nesting, invalid UTF-8",
+        [lambda c=c: post(target, c) for c in cases],
+    )
 
 
 def test_a_non_json_content_type_is_415(target: Target) -> None:
@@ -253,10 +255,13 @@ def test_header_injection_is_refused_or_neutralised(target: Target) -> None:
     payload = body()
 
     def request(header_lines: bytes) -> bytes | str:
-        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                b"\r\nConnection: close\r\n")  # fmt: skip
-        answer = raw(target, head + header_lines + b"Content-Length: %d\r\n\r\n" % len(payload)
-                     + payload)  # fmt: skip
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nConnection: close\r\n"
+        )
+        answer = raw(
+            target, head + header_lines + b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+        )
         if isinstance(answer, bytes):
             head_part = answer.partition(b"\r\n\r\n")[0].lower()
             assert b"set-cookie" not in head_part
@@ -270,9 +275,11 @@ def test_header_injection_is_refused_or_neutralised(target: Target) -> None:
         b"X-Request-Id: abc\r\n Set-Cookie: injected=1\r\n",  # obsolete line folding
         b"Bad Header Name: injected\r\n",
     ]
-    run_scenario(target, "header injection (CR/LF/NUL in headers)", [
-        lambda i=i: request(i) for i in injections
-    ])  # fmt: skip
+    run_scenario(
+        target,
+        "header injection (CR/LF/NUL in headers)",
+        [lambda i=i: request(i) for i in injections],
+    )
 
 
 def test_too_many_or_too_large_headers_are_refused(target: Target) -> None:
@@ -282,15 +289,18 @@ def test_too_many_or_too_large_headers_are_refused(target: Target) -> None:
         head = (
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         )
-        return raw(target, head + header_lines + b"Content-Length: %d\r\n\r\n" % len(payload)
-                   + payload)  # fmt: skip
+        return raw(
+            target, head + header_lines + b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+        )
 
     many = b"".join(b"X-Filler-%d: v\r\n" % i for i in range(5000))
     large = b"X-Large: " + b"a" * (MAX_HEADER_BYTES * 4) + b"\r\n"
     huge = b"X-Huge: " + b"a" * 4_000_000 + b"\r\n"
-    run_scenario(target, "too many / too large headers", [
-        lambda h=h: request(h) for h in (many, large, huge)
-    ])  # fmt: skip
+    run_scenario(
+        target,
+        "too many / too large headers",
+        [lambda h=h: request(h) for h in (many, large, huge)],
+    )
 
 
 def test_slowloris_is_cut_off_while_others_are_served(target: Target) -> None:
@@ -348,14 +358,19 @@ def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 SCALARS = (
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
     | st.text(max_size=20)
-)  # fmt: skip
+)
 JSON = st.recursive(SCALARS, _containers, max_leaves=12)
 MESSAGE = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]) | JSON,
-     "content": st.text(max_size=40) | JSON},
-)  # fmt: skip
+    {
+        "role": st.sampled_from(["user", "system", "assistant", "tool", "x"]) | JSON,
+        "content": st.text(max_size=40) | JSON,
+    },
+)
 FIELDS = {
     "model": st.just(SIM_MODEL) | JSON,
     "messages": st.lists(MESSAGE, min_size=1, max_size=3) | JSON,
@@ -398,17 +413,24 @@ def test_dot_segments_never_reach_other_backend_endpoints(target: Target) -> Non
 
     def request(path: bytes) -> bytes | str:
         head = HEAD.replace(b"/v1/chat/completions", path)
-        answer = raw(target, head + b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(payload), payload))  # fmt: skip
+        answer = raw(
+            target,
+            head + b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload),
+        )
         assert status_of(answer) == 404, answer
         error = orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]  # type: ignore[union-attr]
         assert error["code"] == "unknown_url"  # the gateway's answer, not the backend's
         return answer
 
     paths = [
-        b"/v1/../metrics", b"/v1/%2e%2e/metrics", b"/v1/..%2fmetrics", b"/v1/./chat/completions",
-        b"/v1//chat/completions", b"/v1/chat/completions/..", b"/v1/%2E%2E/reset_prefix_cache",
-    ]  # fmt: skip
+        b"/v1/../metrics",
+        b"/v1/%2e%2e/metrics",
+        b"/v1/..%2fmetrics",
+        b"/v1/./chat/completions",
+        b"/v1//chat/completions",
+        b"/v1/chat/completions/..",
+        b"/v1/%2E%2E/reset_prefix_cache",
+    ]
     run_scenario(target, "path traversal (dot segments)", [lambda p=p: request(p) for p in paths])
 
 
@@ -429,6 +451,6 @@ def test_ambiguous_framing_is_400(target: Target) -> None:
         assert answer.count(b"HTTP/1.1 ") == 1  # type: ignore[union-attr]  (nothing smuggled)
         return answer
 
-    run_scenario(target, "ambiguous framing (CL/TE smuggling)", [
-        lambda f=f: request(f) for f in framings
-    ])  # fmt: skip
+    run_scenario(
+        target, "ambiguous framing (CL/TE smuggling)", [lambda f=f: request(f) for f in framings]
+    )

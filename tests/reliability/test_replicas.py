@@ -302,9 +302,12 @@ def test_rollups_count_each_request_once(replicas: Replicas) -> None:
     totals = key_totals(replicas, key_id)
     client_completion = sum(o.completion_tokens for o in outcomes)
     client_prompt = sum(o.prompt_tokens for o in outcomes)
-    records = query_rows(replicas.database_url,
-                         "SELECT count(*) AS n, count(DISTINCT client_request_id) AS ids "
-                         "FROM usage_records WHERE api_key_id = :k", k=key_id)[0]  # fmt: skip
+    records = query_rows(
+        replicas.database_url,
+        "SELECT count(*) AS n, count(DISTINCT client_request_id) AS ids "
+        "FROM usage_records WHERE api_key_id = :k",
+        k=key_id,
+    )[0]
     print(
         f"\nrollups across {REPLICAS} replicas: client requests {len(outcomes)} "
         f"(failed {len(failures(outcomes))}), completion tokens {client_completion}; "

@@ -34,9 +34,15 @@ from tests.e2e.conftest import (
 
 # Routes anyone may call; every other route must be under /admin and refuse a bad token.
 PUBLIC = {
-    "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/health", "/ready",
-    "/metrics", "/v1/models",
-}  # fmt: skip
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+    "/health",
+    "/ready",
+    "/metrics",
+    "/v1/models",
+}
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
 
@@ -252,8 +258,12 @@ def test_a_backend_redirect_is_not_followed(
     )
     server = start_server("gateway", env=env)
     for stream in (False, True):
-        body = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
-                "stream": stream, "max_tokens": 4}  # fmt: skip
+        body = {
+            "model": "openai/gpt-oss-20b",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream,
+            "max_tokens": 4,
+        }
         with server.client() as http:
             response = http.post("/v1/chat/completions", json=body)
         assert response.status_code == 502, response.text
@@ -291,8 +301,11 @@ def test_no_secret_appears_in_the_logs(start_server: ServerStarter, tmp_path: Pa
         assert admin.get("/admin/v1/keys").status_code == 200
         assert admin.patch(f"/admin/v1/keys/{created.json()['id']}", json={"name": "x"}).is_success
     near_misses = [last_char_changed(token), last_char_changed(key), token + key]
-    chat = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 4}  # fmt: skip
+    chat = {
+        "model": "openai/gpt-oss-20b",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    }
     with gateway.client(key) as client:
         assert client.post("/v1/chat/completions", json=chat).status_code == 200
         assert client.post("/v1/chat/completions", json=chat | {"stream": True}).status_code == 200
@@ -359,8 +372,9 @@ def dashboard_pages() -> list[str]:
     from dashboard import app_pages
 
     names = [m.name for m in pkgutil.iter_modules(app_pages.__path__)]
-    return [n for n in names if hasattr(importlib.import_module(f"{app_pages.__name__}.{n}"),
-                                        "render")]  # fmt: skip
+    return [
+        n for n in names if hasattr(importlib.import_module(f"{app_pages.__name__}.{n}"), "render")
+    ]
 
 
 def test_no_dashboard_page_shows_the_admin_token(

@@ -69,8 +69,11 @@ def env_value(container: Manifest, name: str) -> Manifest:
 
 
 def probes(container: Manifest) -> dict[str, Manifest]:
-    return {kind: container[kind] for kind in ("startupProbe", "livenessProbe",
-            "readinessProbe") if kind in container}  # fmt: skip
+    return {
+        kind: container[kind]
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+        if kind in container
+    }
 
 
 def secret_value(result: Build, name: str, key: str) -> str:
@@ -127,9 +130,10 @@ def backend_deployment(result: Build, url: str) -> tuple[Manifest, Manifest]:
     assert [p["port"] for p in service["spec"]["ports"]] == [parts.port], url
     selector = service["spec"]["selector"]
     [deployment] = [
-        d for d in result.of_kind("Deployment")
+        d
+        for d in result.of_kind("Deployment")
         if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
-    ]  # fmt: skip
+    ]
     return service, deployment
 
 

@@ -19,16 +19,30 @@ import yaml
 Manifest = dict[str, Any]
 
 KUSTOMIZATION_KEYS = frozenset(
-    {"apiVersion", "kind", "namespace", "resources", "configMapGenerator", "secretGenerator",
-     "patches"}
-)  # fmt: skip
+    {
+        "apiVersion",
+        "kind",
+        "namespace",
+        "resources",
+        "configMapGenerator",
+        "secretGenerator",
+        "patches",
+    }
+)
 GENERATOR_KEYS = frozenset({"name", "files", "literals"})
 PATCH_KEYS = frozenset({"path", "patch", "target"})
 TARGET_KEYS = frozenset({"kind", "name", "labelSelector"})
 CLUSTER_SCOPED_KINDS = frozenset(
-    {"Namespace", "PersistentVolume", "StorageClass", "ClusterRole", "ClusterRoleBinding",
-     "CustomResourceDefinition", "PriorityClass"}
-)  # fmt: skip
+    {
+        "Namespace",
+        "PersistentVolume",
+        "StorageClass",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "PriorityClass",
+    }
+)
 
 
 class KustomizeError(ValueError):

@@ -86,10 +86,21 @@ def test_a_schedule_with_a_duration_sends_until_it_has_passed() -> None:
 
 def level(**fields: object) -> LevelResult:
     """A level of 20 requests over 2 s at concurrency 8, 1.5 requests in flight on average."""
-    base = LevelResult(concurrency=8, duration_s=2.0, completed=20, failed=0, output_tokens=640,
-                       input_tokens=2000, output_tokens_per_s=320.0, ttft_ms=[10.0],
-                       itl_ms=[2.0], e2e_ms=[150.0], acceptance_length=None,
-                       acceptance_per_position=None, mean_in_flight=1.5)  # fmt: skip
+    base = LevelResult(
+        concurrency=8,
+        duration_s=2.0,
+        completed=20,
+        failed=0,
+        output_tokens=640,
+        input_tokens=2000,
+        output_tokens_per_s=320.0,
+        ttft_ms=[10.0],
+        itl_ms=[2.0],
+        e2e_ms=[150.0],
+        acceptance_length=None,
+        acceptance_per_position=None,
+        mean_in_flight=1.5,
+    )
     return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
 
 

@@ -45,8 +45,9 @@ def test_windows_weight_concurrency_by_time() -> None:
 
 
 def test_declared_method_is_checked_against_the_counters() -> None:
-    plain_page = replace(AFTER, drafts=None, draft_tokens=None, accepted_tokens=None,
-                         accepted_per_position=None)  # fmt: skip
+    plain_page = replace(
+        AFTER, drafts=None, draft_tokens=None, accepted_tokens=None, accepted_per_position=None
+    )
     assert method_mismatch(PEAGLE, AFTER) is None
     assert method_mismatch(PLAIN, plain_page) is None
     assert "declared plain" in (method_mismatch(PLAIN, AFTER) or "")
@@ -69,8 +70,11 @@ def test_parse_tolerates_the_older_kv_gauge_and_missing_families() -> None:
 
 def test_an_idle_part_of_the_window_does_not_lower_the_rate() -> None:
     tally = Tally()
-    half_busy = difference(replace(BEFORE, e2e_latency_sum_s=10.0),
-                           replace(AFTER, e2e_latency_sum_s=11.0, running=0.0), 2.0)  # fmt: skip
+    half_busy = difference(
+        replace(BEFORE, e2e_latency_sum_s=10.0),
+        replace(AFTER, e2e_latency_sum_s=11.0, running=0.0),
+        2.0,
+    )
     assert half_busy is not None
     tally.add(half_busy)
     m = tally.measurement(PLAIN)
@@ -81,12 +85,22 @@ def test_an_idle_part_of_the_window_does_not_lower_the_rate() -> None:
 def test_busy_time_is_summed_over_the_window_not_per_scrape() -> None:
     """A request spanning two scrapes: tokens in both, its latency only in the second."""
     tally = Tally()
-    first = difference(replace(BEFORE, e2e_latency_sum_s=0.0),
-                       replace(AFTER, e2e_latency_sum_s=0.0, running=1.0), 2.0)  # fmt: skip
+    first = difference(
+        replace(BEFORE, e2e_latency_sum_s=0.0),
+        replace(AFTER, e2e_latency_sum_s=0.0, running=1.0),
+        2.0,
+    )
     tokens = AFTER.generation_tokens - BEFORE.generation_tokens
-    second = difference(replace(AFTER, e2e_latency_sum_s=0.0),
-                        replace(AFTER, generation_tokens=AFTER.generation_tokens + tokens,
-                                e2e_latency_sum_s=2.0, running=0.0), 2.0)  # fmt: skip
+    second = difference(
+        replace(AFTER, e2e_latency_sum_s=0.0),
+        replace(
+            AFTER,
+            generation_tokens=AFTER.generation_tokens + tokens,
+            e2e_latency_sum_s=2.0,
+            running=0.0,
+        ),
+        2.0,
+    )
     assert first is not None
     assert second is not None
     tally.add(first)

@@ -17,8 +17,14 @@ from tests.unit.test_collector import AFTER, BEFORE, PEAGLE, PLAIN
 
 def _collector() -> Collector:
     registry = Registry(sessionmaker(), refresh_s=60.0)
-    return Collector(registry, httpx.AsyncClient(), sessionmaker(), GatewayMetrics(),
-                     interval_s=1.0, window_s=10.0)  # fmt: skip
+    return Collector(
+        registry,
+        httpx.AsyncClient(),
+        sessionmaker(),
+        GatewayMetrics(),
+        interval_s=1.0,
+        window_s=10.0,
+    )
 
 
 def _absorb(collector: Collector, backend: BackendView, *pages: VllmSnapshot) -> None:
@@ -41,11 +47,17 @@ def test_the_last_drafting_interval_is_the_live_acceptance() -> None:
 
 def test_plain_pages_carry_no_acceptance() -> None:
     collector = _collector()
-    plain_page = replace(AFTER, drafts=None, draft_tokens=None, accepted_tokens=None,
-                         accepted_per_position=None)  # fmt: skip
-    _absorb(collector, PLAIN, replace(BEFORE, drafts=None, draft_tokens=None,
-                                      accepted_tokens=None, accepted_per_position=None),
-            plain_page)  # fmt: skip
+    plain_page = replace(
+        AFTER, drafts=None, draft_tokens=None, accepted_tokens=None, accepted_per_position=None
+    )
+    _absorb(
+        collector,
+        PLAIN,
+        replace(
+            BEFORE, drafts=None, draft_tokens=None, accepted_tokens=None, accepted_per_position=None
+        ),
+        plain_page,
+    )
     state = collector.registry.states[PLAIN.name]
     assert state.acceptance_length is None
     assert state.acceptance_per_position is None

@@ -34,8 +34,9 @@ def measured(cal: object = TRUTH) -> list[MeasuredPoint]:
 def test_fit_reproduces_the_measurements_and_predicts_unmeasured_points() -> None:
     fitted = fit_measurements(HW, measured())
     for p in measured():
-        assert predict_point(HW, fitted.calibration, p) == pytest.approx(p.output_tokens_per_s,
-                                                                         rel=0.03)  # fmt: skip
+        assert predict_point(HW, fitted.calibration, p) == pytest.approx(
+            p.output_tokens_per_s, rel=0.03
+        )
     for unseen in (MeasuredPoint("dflash", 7, 2, 1.0), MeasuredPoint("plain", 0, 8, 1.0)):
         truth = predict_point(HW, TRUTH, unseen)
         fitted_error = abs(predict_point(HW, fitted.calibration, unseen) / truth - 1)
@@ -49,8 +50,10 @@ def test_error_band_comes_from_leave_one_out() -> None:
     assert fitted.points == len(CONFIGS)
     assert fitted.error_band is not None
     assert 0 <= fitted.error_band < 0.1
-    noisy = [replace(p, output_tokens_per_s=p.output_tokens_per_s * (1.25 if i % 2 else 0.8))
-             for i, p in enumerate(measured())]  # fmt: skip
+    noisy = [
+        replace(p, output_tokens_per_s=p.output_tokens_per_s * (1.25 if i % 2 else 0.8))
+        for i, p in enumerate(measured())
+    ]
     rough = fit_measurements(HW, noisy)
     assert rough.error_band is not None
     assert rough.error_band > fitted.error_band

@@ -10,8 +10,13 @@ import pytest
 
 from backends.importers import ImportRejected, read_vllm_bench
 
-BASE: dict[str, Any] = {"model_id": "m", "output_throughput": 900.0, "completed": 100,
-                        "total_output_tokens": 12800, "request_throughput": 4.0}  # fmt: skip
+BASE: dict[str, Any] = {
+    "model_id": "m",
+    "output_throughput": 900.0,
+    "completed": 100,
+    "total_output_tokens": 12800,
+    "request_throughput": 4.0,
+}
 
 
 def _read(tmp_path: Path, **fields: Any) -> float:

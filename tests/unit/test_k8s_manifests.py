@@ -118,8 +118,11 @@ def test_resolution_matches_kubectl_kustomize(directory: Path) -> None:
     ours = build(directory)
     out = subprocess.run(
         ["kubectl", "kustomize", str(directory)],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     theirs = [doc for doc in yaml.safe_load_all(out) if doc]
     hashed = {}
     for obj in theirs:
@@ -140,9 +143,11 @@ def test_each_service_selects_one_workload_and_targets_its_port(any_build: Build
     for service in services:
         selector = service["spec"]["selector"]
         workloads = [
-            w for kind in ("Deployment", "StatefulSet") for w in any_build.of_kind(kind)
+            w
+            for kind in ("Deployment", "StatefulSet")
+            for w in any_build.of_kind(kind)
             if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
-        ]  # fmt: skip
+        ]
         assert len(workloads) == 1, f"Service {service['metadata']['name']} selects {workloads}"
         container = only_container(workloads[0])
         for port in service["spec"]["ports"]:
@@ -174,9 +179,10 @@ def test_every_probe_uses_a_declared_port(any_build: Build) -> None:
 
 def test_every_scrape_annotation_names_a_declared_port(any_build: Build) -> None:
     scraped = [
-        d for d in any_build.of_kind("Deployment")
+        d
+        for d in any_build.of_kind("Deployment")
         if d["spec"]["template"]["metadata"].get("annotations", {}).get("prometheus.io/scrape")
-    ]  # fmt: skip
+    ]
     assert len(scraped) == 1 + 5  # the gateway and every backend
     for deployment in scraped:
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
@@ -190,8 +196,11 @@ def test_every_secret_configmap_claim_and_volume_reference_resolves(any_build: B
     claims = {c["metadata"]["name"] for c in any_build.of_kind("PersistentVolumeClaim")}
     for where, pod in pod_specs(any_build):
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
-        templates = {t["metadata"]["name"] for w in any_build.of_kind("StatefulSet")
-                     for t in w["spec"].get("volumeClaimTemplates", [])}  # fmt: skip
+        templates = {
+            t["metadata"]["name"]
+            for w in any_build.of_kind("StatefulSet")
+            for t in w["spec"].get("volumeClaimTemplates", [])
+        }
         for volume in volumes.values():
             if "configMap" in volume:
                 assert volume["configMap"]["name"] in maps, where

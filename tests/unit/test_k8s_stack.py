@@ -92,8 +92,10 @@ def test_secret_placeholders_are_refused_and_agree_with_postgres(base: Build) ->
     url = urlsplit(secret_value(base, "draftgate-secrets", "database-url"))
     postgres = only_container(base.named("StatefulSet", "postgres"))
     service = base.named("Service", "postgres")
-    assert (url.hostname, url.port) == (service["metadata"]["name"],
-                                        service["spec"]["ports"][0]["port"])  # fmt: skip
+    assert (url.hostname, url.port) == (
+        service["metadata"]["name"],
+        service["spec"]["ports"][0]["port"],
+    )
     assert url.username == env_value(postgres, "POSTGRES_USER")["value"]
     assert url.path == "/" + env_value(postgres, "POSTGRES_DB")["value"]
     ref = env_value(postgres, "POSTGRES_PASSWORD")["valueFrom"]["secretKeyRef"]
@@ -182,7 +184,8 @@ COMPOSE_GPU_FLEET = K8S.parent / "compose" / "fleet-gpu.yaml"
 
 def test_kubernetes_and_compose_serve_the_same_gpu_fleet(base: Build) -> None:
     def methods(loaded: Fleet) -> set[tuple[object, ...]]:
-        return {(b.model, b.method, b.k, b.drafter, b.gpu_type, b.gpu_count)
-                for b in loaded.backends}  # fmt: skip
+        return {
+            (b.model, b.method, b.k, b.drafter, b.gpu_type, b.gpu_count) for b in loaded.backends
+        }
 
     assert methods(fleet(base)) == methods(load_fleet(COMPOSE_GPU_FLEET))

@@ -12,18 +12,31 @@ from backends.methods import make_spec, render_vllm_args
 def test_vllm_argv_is_the_catalogs_rendering_with_the_cpu_flags() -> None:
     spec = make_spec("p-eagle", 3, "/models/peagle")
     argv = vllm_argv("/models/target", spec, 18000, served_model_name="tiny")
-    assert argv == [*render_vllm_args("/models/target", spec, port=18000, host="127.0.0.1",
-                                      served_model_name="tiny"), *CPU_SERVE_ARGS]  # fmt: skip
+    assert argv == [
+        *render_vllm_args(
+            "/models/target", spec, port=18000, host="127.0.0.1", served_model_name="tiny"
+        ),
+        *CPU_SERVE_ARGS,
+    ]
     config = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert config == {"method": "eagle3", "model": "/models/peagle", "num_speculative_tokens": 3,
-                      "parallel_drafting": True}  # fmt: skip
+    assert config == {
+        "method": "eagle3",
+        "model": "/models/peagle",
+        "num_speculative_tokens": 3,
+        "parallel_drafting": True,
+    }
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "64M"
     assert "--enforce-eager" in argv
 
 
 def test_vllm_argv_runs_the_vllm_beside_the_configured_interpreter() -> None:
-    argv = vllm_argv("m", make_spec("plain"), 1234, vllm_python=Path("/venvs/vllm/bin/python"),
-                     extra_args=("--max-num-seqs", "4"))  # fmt: skip
+    argv = vllm_argv(
+        "m",
+        make_spec("plain"),
+        1234,
+        vllm_python=Path("/venvs/vllm/bin/python"),
+        extra_args=("--max-num-seqs", "4"),
+    )
     assert argv[:3] == ["/venvs/vllm/bin/vllm", "serve", "m"]
     assert argv[-2:] == ["--max-num-seqs", "4"]
     assert "--speculative-config" not in argv

@@ -10,10 +10,16 @@ def p(method: str, k: int, c: int, tps: float, itl: float = 10.0) -> Point:
 
 
 POINTS = [
-    p("plain", 0, 1, 100), p("eagle3", 3, 1, 180, itl=30), p("eagle3", 5, 1, 150),
-    p("plain", 0, 8, 700), p("eagle3", 3, 8, 900), p("eagle3", 5, 8, 950),
-    p("plain", 0, 64, 4000), p("eagle3", 3, 64, 3500), p("eagle3", 5, 64, 3000),
-]  # fmt: skip
+    p("plain", 0, 1, 100),
+    p("eagle3", 3, 1, 180, itl=30),
+    p("eagle3", 5, 1, 150),
+    p("plain", 0, 8, 700),
+    p("eagle3", 3, 8, 900),
+    p("eagle3", 5, 8, 950),
+    p("plain", 0, 64, 4000),
+    p("eagle3", 3, 64, 3500),
+    p("eagle3", 5, 64, 3000),
+]
 
 
 def test_best_per_concurrency_respects_the_itl_objective() -> None:
@@ -33,10 +39,13 @@ def test_k_schedule_uses_the_methods_own_best_k_and_zero_where_plain_wins() -> N
 def test_grid_on_the_catalogs_shows_the_published_shape() -> None:
     points = grid("openai/gpt-oss-20b", "B200", workload="code", concurrency=(1, 64))
     best_k = {
-        (m, c): max((x for x in points if x.method == m and x.concurrency == c),
-                    key=lambda x: x.output_tokens_per_s).k
-        for m in ("eagle3", "p-eagle") for c in (1, 64)
-    }  # fmt: skip
+        (m, c): max(
+            (x for x in points if x.method == m and x.concurrency == c),
+            key=lambda x: x.output_tokens_per_s,
+        ).k
+        for m in ("eagle3", "p-eagle")
+        for c in (1, 64)
+    }
     assert best_k[("eagle3", 1)] <= 4  # autoregressive drafting peaks early
     assert best_k[("p-eagle", 1)] >= 6  # parallel drafting keeps gaining
     assert best_k[("p-eagle", 64)] < best_k[("p-eagle", 1)]  # less K under load

@@ -41,10 +41,18 @@ def test_unhealthy_or_open_breaker_backends_are_skipped_with_a_fallback() -> Non
     assert PEAGLE not in plan.backends
     assert plan.fallback == "no_healthy_backend"
     tripped = states(p=BackendState(open_until=10.0))
-    assert PEAGLE not in route(ALL, PolicyView("pinned", "p-eagle"), None, tripped, 5.0,
-                               random.Random(1)).backends  # fmt: skip
-    assert PEAGLE in route(ALL, PolicyView("pinned", "p-eagle"), None, tripped, 10.0,
-                           random.Random(1)).backends  # fmt: skip
+    assert (
+        PEAGLE
+        not in route(
+            ALL, PolicyView("pinned", "p-eagle"), None, tripped, 5.0, random.Random(1)
+        ).backends
+    )
+    assert (
+        PEAGLE
+        in route(
+            ALL, PolicyView("pinned", "p-eagle"), None, tripped, 10.0, random.Random(1)
+        ).backends
+    )
 
 
 def test_nothing_healthy_means_every_backend_is_tried_in_panic() -> None:
@@ -86,12 +94,15 @@ def test_a_pinned_k_serves_first_then_the_method_at_another_k() -> None:
     k5 = BackendView("e5", "http://e5", "m", "eagle3", 5, "B200", 1)
     fleet = (k5, k3, PLAIN_A)
     for seed in range(20):
-        pinned = route(fleet, PolicyView("pinned", "eagle3", 3), None, states(), 0.0,
-                       random.Random(seed))  # fmt: skip
+        pinned = route(
+            fleet, PolicyView("pinned", "eagle3", 3), None, states(), 0.0, random.Random(seed)
+        )
         assert pinned.backends == (k3, k5, PLAIN_A)
     down = states(e3=BackendState(healthy=False))
     plan = route(fleet, PolicyView("pinned", "eagle3", 3), None, down, 0.0, random.Random(1))
     assert (plan.backends, plan.fallback) == ((k5, PLAIN_A), None)  # same method: no fallback
-    auto = {route(fleet, PolicyView(), "eagle3", states(), 0.0, random.Random(s)).backends[0]
-            for s in range(20)}  # fmt: skip
+    auto = {
+        route(fleet, PolicyView(), "eagle3", states(), 0.0, random.Random(s)).backends[0]
+        for s in range(20)
+    }
     assert auto == {k3, k5}  # auto has no K: both replicas of the method share its load

@@ -14,8 +14,14 @@ GPT_OSS = SimConfig(model="openai/gpt-oss-20b", method="p-eagle", k=7, workload=
 
 
 def request(n: int, tokens: int = 100, profile: AcceptanceProfile | None = None) -> SimRequest:
-    return SimRequest(f"r{n}", prompt_tokens=50, max_tokens=tokens, stop_at=tokens,
-                      acceptance=profile, arrived_s=0.0)  # fmt: skip
+    return SimRequest(
+        f"r{n}",
+        prompt_tokens=50,
+        max_tokens=tokens,
+        stop_at=tokens,
+        acceptance=profile,
+        arrived_s=0.0,
+    )
 
 
 def drain(core: EngineCore, max_steps: int = 100_000) -> tuple[float, list[SimRequest]]:

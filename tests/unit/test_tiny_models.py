@@ -44,12 +44,23 @@ def _shapes(directory: Path) -> dict[str, tuple[int, ...]]:
 
 
 def test_every_model_directory_has_its_files(models: TinyModels) -> None:
-    target_files = {"config.json", "generation_config.json", "model.safetensors",
-                    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "chat_template.jinja"}  # fmt: skip
+    target_files = {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+    }
     assert {p.name for p in models.target.iterdir()} == target_files
-    for drafter in (models.eagle3, models.eagle3_speculators, models.peagle, models.dflash,
-                    models.dspark):  # fmt: skip
+    for drafter in (
+        models.eagle3,
+        models.eagle3_speculators,
+        models.peagle,
+        models.dflash,
+        models.dspark,
+    ):
         assert {p.name for p in drafter.iterdir()} == {"config.json", "model.safetensors"}
 
 
@@ -119,8 +130,10 @@ def test_the_chat_template_renders_chatml(models: TinyModels) -> None:
     template = jinja2.Template((models.target / "chat_template.jinja").read_text())
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     rendered = template.render(messages=messages, add_generation_prompt=True)
-    assert rendered == ("<|im_start|>system\nBe brief.<|im_end|>\n"
-                        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+    assert rendered == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     tokenizer = Tokenizer.from_file(str(models.target / "tokenizer.json"))
     ids = tokenizer.encode(rendered).ids
     assert ids[0] == tokenizer.token_to_id("<|im_start|>")
@@ -128,16 +141,22 @@ def test_the_chat_template_renders_chatml(models: TinyModels) -> None:
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_the_same_seed_gives_the_same_bytes(models: TinyModels, tmp_path: Path) -> None:
     root = models.target.parent
     again = build_tiny_models(tmp_path / "again")
     # Speculators configs name their verifier by absolute path; everything else is equal.
-    differing = {name for name, digest in _digests(root).items()
-                 if _digests(again.target.parent).get(name) != digest}  # fmt: skip
+    differing = {
+        name
+        for name, digest in _digests(root).items()
+        if _digests(again.target.parent).get(name) != digest
+    }
     assert differing == {"tiny-eagle3-speculators/config.json", "tiny-dspark/config.json"}
     other = build_tiny_models(tmp_path / "other", seed=1)
     assert _shapes(other.target) == _shapes(models.target)

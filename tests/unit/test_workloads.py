@@ -51,8 +51,10 @@ def test_preset_lengths_vary_within_the_spread_around_the_mean(name: str) -> Non
     requests = [workload.request(i) for i in range(SAMPLE)]
     outputs = [r.max_tokens for r in requests]
     prompts = [r.prompt_tokens for r in requests]
-    for lengths, mean, spread in ((outputs, workload.output_len, preset.output_spread),
-                                  (prompts, workload.input_len, preset.prompt_spread)):  # fmt: skip
+    for lengths, mean, spread in (
+        (outputs, workload.output_len, preset.output_spread),
+        (prompts, workload.input_len, preset.prompt_spread),
+    ):
         assert statistics.fmean(lengths) == pytest.approx(mean, rel=0.05)
         assert mean * (1 - spread) - 1 <= min(lengths) < max(lengths) <= mean * (1 + spread) + 1
         assert statistics.pstdev(lengths) > mean * spread / 3  # uniform: sd = spread*mean/sqrt3

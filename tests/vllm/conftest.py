@@ -59,9 +59,12 @@ def _vllm_python() -> Path:
     if configured:
         return Path(configured)
     done = subprocess.run(
-        [str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
+        [str(INSTALL_SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT_S,
         check=False,
-    )  # fmt: skip
+    )
     if done.returncode != 0:
         pytest.fail(
             f"installing vLLM failed ({done.returncode}); set {SKIP_VARIABLE}=1 to opt out "
@@ -122,8 +125,13 @@ def vllm_servers(
     base = free_port_block(len(specs))
     for i, (key, spec) in enumerate(specs.items()):
         port = base + i
-        argv = vllm_argv(str(tiny_models.target), spec, port, vllm_python=vllm_python,
-                         served_model_name=f"tiny-{key}")  # fmt: skip
+        argv = vllm_argv(
+            str(tiny_models.target),
+            spec,
+            port,
+            vllm_python=vllm_python,
+            served_model_name=f"tiny-{key}",
+        )
         local = LocalServer(key, argv, port, logs / f"{key}.log", env=vllm_env(vllm_python))
         servers[key] = RealServer(key, spec, local)
     started = time.monotonic()
@@ -133,8 +141,9 @@ def vllm_servers(
         for server in servers.values():
             server.server.wait_healthy(START_TIMEOUT_S)
             _warm_up(server)
-        pytestconfig.stash[REPORT] = [f"{len(servers)} servers healthy and warmed up in "
-                                      f"{time.monotonic() - started:.0f} s"]  # fmt: skip
+        pytestconfig.stash[REPORT] = [
+            f"{len(servers)} servers healthy and warmed up in {time.monotonic() - started:.0f} s"
+        ]
         yield servers
         pytestconfig.stash[REPORT] += [_memory_report(servers), *_acceptance_report(servers)]
     except LaunchError as exc:
@@ -157,9 +166,16 @@ def fleet_entry(server: RealServer) -> dict[str, object]:
     """A fleet file's backend entry declaring `server` as what it really runs."""
     spec = server.spec
     options = dict(spec.extra)
-    return fleet_backend(backend_name(server), server.url, spec.method, model=server.model,
-                         k=spec.k, drafter=spec.drafter, speculative_options=options,
-                         gpu_type=CPU)  # fmt: skip
+    return fleet_backend(
+        backend_name(server),
+        server.url,
+        spec.method,
+        model=server.model,
+        k=spec.k,
+        drafter=spec.drafter,
+        speculative_options=options,
+        gpu_type=CPU,
+    )
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -177,8 +193,11 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def _memory_report(servers: dict[str, RealServer]) -> str:
-    peaks = {key: _peak_rss_mb(s.server.process.pid) for key, s in servers.items()
-             if s.server.process is not None}  # fmt: skip
+    peaks = {
+        key: _peak_rss_mb(s.server.process.pid)
+        for key, s in servers.items()
+        if s.server.process is not None
+    }
     each = ", ".join(f"{key} {mb:.0f}" for key, mb in peaks.items())
     total = sum(peaks.values())
     return f"peak RSS per server (MB, summed over its processes): {each}; total {total:.0f}"
@@ -194,8 +213,9 @@ def _acceptance_report(servers: dict[str, RealServer]) -> list[str]:
             continue
         rates = ", ".join(f"{a / page.drafts:.2f}" for a in page.accepted_per_position)
         length = 1 + page.accepted_tokens / page.drafts
-        lines.append(f"{key}: {page.drafts:.0f} drafts, acceptance length {length:.2f}, "
-                     f"per position {rates}")  # fmt: skip
+        lines.append(
+            f"{key}: {page.drafts:.0f} drafts, acceptance length {length:.2f}, per position {rates}"
+        )
     return lines
 
 

@@ -41,9 +41,15 @@ def test_the_runner_measures_a_real_server(vllm_servers: dict[str, RealServer]) 
     # Greedy: at the server's default temperature (1.0) the tiny random target's flat
     # distribution gives its own argmax draft a probability near 1/vocab, so a sweep can
     # accept nothing; at 0 the target drafting for itself is accepted by construction.
-    config = BenchConfig(url=server.url, model=server.model, concurrency=(2,),
-                         requests_per_level=6, input_len=16, output_len=32,
-                         temperature=0.0)  # fmt: skip
+    config = BenchConfig(
+        url=server.url,
+        model=server.model,
+        concurrency=(2,),
+        requests_per_level=6,
+        input_len=16,
+        output_len=32,
+        temperature=0.0,
+    )
     before = parse_metrics(_snapshot(server))
     [level] = asyncio.run(run_sweep(config, lambda line: None))
     after = parse_metrics(_snapshot(server))
@@ -76,8 +82,9 @@ def _vllm_bench(vllm_python: Path, base_url: str, model: str, tokenizer: Path, o
             "--save-result", "--result-dir", str(out.parent),
             "--result-filename", out.name]  # fmt: skip
     env = draftgate_env(**vllm_env(vllm_python))
-    done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                          timeout=BENCH_TIMEOUT_S, check=False)  # fmt: skip
+    done = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S, check=False
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -111,15 +118,20 @@ def test_vllm_bench_serve_through_the_gateway_imports_as_a_measurement(
     # Every request went through the gateway to the n-gram server (vLLM adds a test request).
     served = _usage(database_url, ngram.model, at_least=8)
     assert {(r["method"], r["completion_tokens"], r["status_code"]) for r in served} == {
-        ("ngram", 32, 200)}  # fmt: skip
+        ("ngram", 32, 200)
+    }
 
     store = f"sqlite:///{tmp_path}/measurements.db"
     imported = run_cli("import", "vllm-bench", str(saved), "--method", "ngram", "--k", "4",
                        "--gpu", "cpu", env=draftgate_env(DRAFTGATE_DATABASE_URL=store))  # fmt: skip
     assert imported.returncode == 0, imported.stderr
     [row] = query_rows(store, "SELECT * FROM measurements")
-    assert (row["model"], row["method"], row["k"], row["source"]) == (ngram.model, "ngram", 4,
-                                                                      "import")  # fmt: skip
+    assert (row["model"], row["method"], row["k"], row["source"]) == (
+        ngram.model,
+        "ngram",
+        4,
+        "import",
+    )
     assert row["concurrency"] == 2
     assert row["output_tokens_per_s"] == pytest.approx(result["output_throughput"])
     assert row["ttft_ms"] == pytest.approx(result["mean_ttft_ms"])

@@ -69,7 +69,9 @@ def test_chat_through_the_gateway(
     rid = ids["extra_headers"]["x-request-id"]
     record = wait_for_usage_records(gateway[1], [rid])[rid]
     assert (record["prompt_tokens"], record["completion_tokens"]) == (
-        reply.usage.prompt_tokens, MAX_TOKENS)  # fmt: skip
+        reply.usage.prompt_tokens,
+        MAX_TOKENS,
+    )
     assert (record["method"], record["backend_name"]) == (server.spec.method, backend_name(server))
 
 
@@ -103,9 +105,13 @@ def test_streaming_with_usage_matches_the_whole_answer(
         **GREEDY,
     )
     stream = client.chat.completions.create(
-        model=server.model, messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True,
-        stream_options={"include_usage": True}, **GREEDY,
-    )  # fmt: skip
+        model=server.model,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[0].choices[0].delta.role == "assistant"

@@ -20,15 +20,34 @@ __all__ = ["start_module_servers"]  # the e2e fixture starting `draftgate sim` p
 pytestmark = pytest.mark.vllm
 
 # Tier key -> the simulator's method and K for the same server.
-SIM_METHODS = {"plain": ("plain", None), "ngram": ("ngram", K["ngram"]),
-               "self-draft": ("draft_model", K["draft_model"]),
-               "p-eagle": ("p-eagle", K["p-eagle"]), "dflash": ("dflash", K["dflash"])}  # fmt: skip
-SPEC_FAMILIES = {m.name for m in (vm.SPEC_DRAFTS, vm.SPEC_DRAFT_TOKENS, vm.SPEC_ACCEPTED_TOKENS,
-                                  vm.SPEC_ACCEPTED_PER_POS)}  # fmt: skip
+SIM_METHODS = {
+    "plain": ("plain", None),
+    "ngram": ("ngram", K["ngram"]),
+    "self-draft": ("draft_model", K["draft_model"]),
+    "p-eagle": ("p-eagle", K["p-eagle"]),
+    "dflash": ("dflash", K["dflash"]),
+}
+SPEC_FAMILIES = {
+    m.name
+    for m in (
+        vm.SPEC_DRAFTS,
+        vm.SPEC_DRAFT_TOKENS,
+        vm.SPEC_ACCEPTED_TOKENS,
+        vm.SPEC_ACCEPTED_PER_POS,
+    )
+}
 # What draftgate reads from vLLM: the simulator must expose at least these.
-READ_BY_DRAFTGATE = {m.name for m in (vm.PROMPT_TOKENS, vm.GENERATION_TOKENS,
-                                      vm.REQUESTS_RUNNING, vm.REQUESTS_WAITING,
-                                      vm.KV_CACHE_USAGE, vm.E2E_LATENCY)}  # fmt: skip
+READ_BY_DRAFTGATE = {
+    m.name
+    for m in (
+        vm.PROMPT_TOKENS,
+        vm.GENERATION_TOKENS,
+        vm.REQUESTS_RUNNING,
+        vm.REQUESTS_WAITING,
+        vm.KV_CACHE_USAGE,
+        vm.E2E_LATENCY,
+    )
+}
 Family = tuple[str, str, frozenset[str]]  # type, help, label names
 
 
@@ -89,8 +108,12 @@ def _chunks(http: httpx.Client, path: str, body: dict[str, Any]) -> list[Any]:
 
 def _shapes(base_url: str, model: str) -> dict[str, Any]:
     """The key shapes of one server's answers to the same requests."""
-    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-            "ignore_eos": True}  # fmt: skip
+    chat = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "ignore_eos": True,
+    }
     text = {"model": model, "prompt": "hi", "max_tokens": 4, "ignore_eos": True}
     usage = {"stream": True, "stream_options": {"include_usage": True}}
     with httpx.Client(base_url=base_url, timeout=60) as http:
@@ -111,8 +134,12 @@ def _shapes(base_url: str, model: str) -> dict[str, Any]:
         negative = http.post("/v1/completions", json=text | {"max_tokens": -1})
     shapes = {name: _keys(value) for name, value in shapes.items()}
     for name, error in (("unknown model", unknown), ("bad max_tokens", negative)):
-        shapes[name] = (error.status_code, _keys(error.json()), error.json()["error"]["type"],
-                        error.json()["error"]["param"])  # fmt: skip
+        shapes[name] = (
+            error.status_code,
+            _keys(error.json()),
+            error.json()["error"]["type"],
+            error.json()["error"]["param"],
+        )
     return shapes
 
 

@@ -51,8 +51,13 @@ def _raw(text: str) -> RawCounters:
 
 
 def _greedy(server: RealServer, requests: int = 3, max_tokens: int = 48) -> None:
-    body = {"model": server.model, "prompt": PROMPT, "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": server.model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as http:
         for i in range(requests):
             response = http.post("/v1/completions", json={**body, "prompt": PROMPT * (i + 1)})
@@ -91,8 +96,9 @@ def test_acceptance_moves_and_is_read_as_vllm_defines_it(
     # vLLM's mean acceptance length counts the bonus token: 1 + accepted / drafts.
     acceptance_length = 1 + observation.accepted / observation.drafts
     assert acceptance_length > 1.5  # random models loop under greedy decoding
-    per_position = [after.per_position[str(i)] - before.per_position.get(str(i), 0.0)
-                    for i in range(k)]  # fmt: skip
+    per_position = [
+        after.per_position[str(i)] - before.per_position.get(str(i), 0.0) for i in range(k)
+    ]
     assert list(observation.accepted_per_position) == per_position
     assert sum(per_position) == accepted
     # Position i is accepted only after positions 0..i-1 were: rates never rise.
@@ -122,16 +128,23 @@ def collecting_gateway(
 ) -> tuple[Server, str]:
     entries = [fleet_entry(s) for s in vllm_servers.values()]
     # Two declarations that contradict what the servers run.
-    entries.append(fleet_backend("liar-ngram", vllm_servers["plain"].url, "ngram",
-                                 model="liar-a", k=4, gpu_type="cpu"))  # fmt: skip
-    entries.append(fleet_backend("liar-plain", vllm_servers["dflash"].url, model="liar-b",
-                                 gpu_type="cpu"))  # fmt: skip
+    entries.append(
+        fleet_backend(
+            "liar-ngram", vllm_servers["plain"].url, "ngram", model="liar-a", k=4, gpu_type="cpu"
+        )
+    )
+    entries.append(
+        fleet_backend("liar-plain", vllm_servers["dflash"].url, model="liar-b", gpu_type="cpu")
+    )
     return start_module_gateway(entries, **COLLECTOR)
 
 
 def _scrape_rows(database_url: str, backend: str) -> list[dict[str, object]]:
-    return query_rows(database_url, "SELECT * FROM measurements WHERE source = 'scrape' "
-                      "AND backend_name = :b", b=backend)  # fmt: skip
+    return query_rows(
+        database_url,
+        "SELECT * FROM measurements WHERE source = 'scrape' AND backend_name = :b",
+        b=backend,
+    )
 
 
 def test_the_collector_measures_real_servers_and_flags_only_liars(
@@ -141,8 +154,13 @@ def test_the_collector_measures_real_servers_and_flags_only_liars(
     server = vllm_servers["self-draft"]
     before = _raw(_page(server))
     deadline = time.monotonic() + 60
-    body = {"model": server.model, "prompt": PROMPT, "max_tokens": 64, "temperature": 0,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": server.model,
+        "prompt": PROMPT,
+        "max_tokens": 64,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     with httpx.Client(base_url=gateway.base_url, timeout=REQUEST_TIMEOUT_S) as http:
         while not _scrape_rows(database_url, backend_name(server)):
             assert time.monotonic() < deadline, "no scrape measurement within 60 s"
@@ -158,6 +176,8 @@ def test_the_collector_measures_real_servers_and_flags_only_liars(
         per_position = json.loads(per_position)
     assert len(per_position) == K["draft_model"]  # type: ignore[arg-type]
     honest = [backend_name(s) for s in vllm_servers.values()]
-    flags = {name: metric_value(gateway.base_url, MISMATCH, backend=name)
-             for name in [*honest, "liar-ngram", "liar-plain"]}  # fmt: skip
+    flags = {
+        name: metric_value(gateway.base_url, MISMATCH, backend=name)
+        for name in [*honest, "liar-ngram", "liar-plain"]
+    }
     assert flags == dict.fromkeys(honest, 0) | {"liar-ngram": 1, "liar-plain": 1}

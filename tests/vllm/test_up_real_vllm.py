@@ -26,8 +26,7 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 def _stream(http: httpx.Client) -> str | None:
     """One streamed completion; None if it succeeded, else what went wrong."""
-    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 16, "stream": True,
-            **GREEDY}  # fmt: skip
+    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 16, "stream": True, **GREEDY}
     try:
         with http.stream("POST", "/v1/completions", json=body) as response:
             text = "".join(response.iter_text())
@@ -40,20 +39,25 @@ def _stream(http: httpx.Client) -> str | None:
 def test_up_serves_real_vllm_and_switches_it_with_no_failed_request(
     vllm_python: Path, start_server: ServerStarter, tmp_path: Path
 ) -> None:
-    env = draftgate_env(DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/real.db",
-                        DRAFTGATE_VLLM_PYTHON=str(vllm_python),
-                        DRAFTGATE_MANAGED_START_TIMEOUT_S=str(START_TIMEOUT_S))  # fmt: skip
+    env = draftgate_env(
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/real.db",
+        DRAFTGATE_VLLM_PYTHON=str(vllm_python),
+        DRAFTGATE_MANAGED_START_TIMEOUT_S=str(START_TIMEOUT_S),
+    )
     args = ("up", "--real-vllm", "--methods", "ngram", "--sim-base-port",
             str(free_port_block(1)), "--no-dashboard")  # fmt: skip
     server = start_server(*args, env=env, wait=False)
     server.wait_healthy(START_TIMEOUT_S)
     token = server.wait_for_output(r"^\s*admin token\s+(\S+)\s*$").group(1)
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
-                       timeout=120) as llm:  # fmt: skip
+    with openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+    ) as llm:
         chat = llm.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
             extra_body=GREEDY,
-        )  # fmt: skip
+        )
     assert chat.usage is not None
     assert chat.usage.completion_tokens == 8
 
