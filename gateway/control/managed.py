@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,7 +29,11 @@ from gateway.db.session import transaction
 from gateway.errors import Conflict
 from gateway.registry import Registry
 from gateway.schemas import BackendCreate
-from gateway.services.backends import backend_public, create_backend, delete_backend
+from gateway.services.backends import (
+    delete_backend,
+    record_switch_failure,
+    shift_backend,
+)
 
 logger = logging.getLogger(__name__)
 ACTOR = "control-plane"
@@ -145,19 +148,7 @@ class Switch:
     def _shift(self) -> str:
         """Register the new backend and disable the old one, in one transaction."""
         with transaction(self.sessions) as session:
-            old = queries.get_backend(session, self.old_name)
-            before = backend_public(old).model_dump(mode="json")
-            old.enabled = False
-            new = create_backend(session, self.target, ACTOR)
-            queries.record_audit(
-                session,
-                actor=ACTOR,
-                action="switch",
-                resource=("backend", self.old_name),
-                before=before,
-                after=backend_public(new).model_dump(mode="json"),
-            )
-            return old.url
+            return shift_backend(session, self.old_name, self.target, ACTOR)
 
     async def _drain(self, url: str) -> None:
         """Until nothing is in flight on the old server, or the drain timeout passes."""
@@ -186,17 +177,8 @@ class Switch:
 
     def _record_failure(self, reason: str) -> None:
         logger.warning("switch of backend %r failed: %s", self.old_name, reason)
-        after: dict[str, Any] = {"target": self.target.model_dump(mode="json"), "error": reason}
         with transaction(self.sessions) as session:
-            resource = ("backend", self.old_name)
-            queries.record_audit(
-                session,
-                actor=ACTOR,
-                action="switch-failed",
-                resource=resource,
-                before=None,
-                after=after,
-            )
+            record_switch_failure(session, self.old_name, self.target, reason, ACTOR)
 
 
 async def _idle_upstream(client: httpx.AsyncClient) -> bool:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import queries
 from gateway.db.session import transaction
 from gateway.registry import BackendView, Registry, Snapshot
 from gateway.relay.routing import available
+from gateway.services.models import record_method_switch
 
 logger = logging.getLogger(__name__)
 EMA_WEIGHT = 0.3  # weight of the newest sample in the load average
@@ -166,16 +166,6 @@ class Selector:
     def _audit(self, decisions: list[Decision]) -> None:
         with transaction(self.sessions) as session:
             for d in decisions:
-                costs = {m: round(v, 6) for m, v in d.usd_per_mtok.items()}
-                queries.record_audit(
-                    session,
-                    actor=ACTOR,
-                    action="switch",
-                    resource=("model", d.model),
-                    before={"method": d.before},
-                    after={
-                        "method": d.after,
-                        "concurrency": round(d.concurrency, 2),
-                        "usd_per_mtok": costs,
-                    },
+                record_method_switch(
+                    session, d.model, d.before, d.after, d.concurrency, d.usd_per_mtok, ACTOR
                 )

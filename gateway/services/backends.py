@@ -120,3 +120,36 @@ def with_runtime(
             public.runtime.acceptance_per_position = stored.acceptance_per_position
             public.runtime.acceptance_source = "measurement"
     return public
+
+
+def shift_backend(session: Session, old_name: str, target: BackendCreate, actor: str) -> str:
+    """Register `target` and disable `old_name` in one change, audited as a `switch` of the
+    old backend; the old backend's URL."""
+    old = queries.get_backend(session, old_name)
+    before = _snapshot(old)
+    old.enabled = False
+    new = create_backend(session, target, actor)
+    queries.record_audit(
+        session,
+        actor=actor,
+        action="switch",
+        resource=("backend", old_name),
+        before=before,
+        after=_snapshot(new),
+    )
+    return old.url
+
+
+def record_switch_failure(
+    session: Session, old_name: str, target: BackendCreate, reason: str, actor: str
+) -> None:
+    """Audit a switch whose new server never served (`switch-failed`), with the reason."""
+    after: dict[str, Any] = {"target": target.model_dump(mode="json"), "error": reason}
+    queries.record_audit(
+        session,
+        actor=actor,
+        action="switch-failed",
+        resource=("backend", old_name),
+        before=None,
+        after=after,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -97,4 +98,29 @@ def delete_model(session: Session, name: str, actor: str) -> None:
     session.flush()
     queries.record_audit(
         session, actor=actor, action="delete", resource=("model", name), before=before, after=None
+    )
+
+
+def record_method_switch(
+    session: Session,
+    model: str,
+    before: str | None,
+    after: str,
+    concurrency: float,
+    usd_per_mtok: Mapping[str, float],
+    actor: str,
+) -> None:
+    """Audit an automatic move of `model` to another method, with the load and every
+    candidate's $/1M output tokens behind it."""
+    queries.record_audit(
+        session,
+        actor=actor,
+        action="switch",
+        resource=("model", model),
+        before={"method": before},
+        after={
+            "method": after,
+            "concurrency": round(concurrency, 2),
+            "usd_per_mtok": {m: round(v, 6) for m, v in usd_per_mtok.items()},
+        },
     )

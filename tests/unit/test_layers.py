@@ -195,3 +195,15 @@ def test_a_broken_wall_is_seen(tmp_path: Path) -> None:
     sample.write_text("from gateway.db import queries\nimport sqlalchemy\n")
     found = list(imports_of("gateway.relay.proxy", sample, {"gateway.db.queries"}))
     assert [(i.target, i.line) for i in found] == [("gateway.db.queries", 1), ("sqlalchemy", 2)]
+
+
+def test_only_services_write_the_audit_log() -> None:
+    # One function per audited change, so validation and audit entries agree by construction.
+    found = [
+        f"{name}:{node.lineno}"
+        for name, path in source_files().items()
+        if not within(name, "gateway.services", "gateway.db")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr == "record_audit"
+    ]
+    assert found == []
