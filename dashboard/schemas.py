@@ -155,6 +155,7 @@ class SpendRow(Record):
     model: str | None
     method: str | None
     gpu_type: str | None
+    gpu_count: int
     gpu_hours: float
     usd: float | None
     usd_per_gpu_hour: float | None
@@ -163,7 +164,9 @@ class SpendRow(Record):
 class Spend(Record):
     price_kind: str
     data: list[SpendRow]
-    total_usd: float
+    gpu_hours: float
+    total_usd: float | None  # None: some GPU-hours have no price of that kind
+    unpriced_gpu_hours: float
 
 
 class PlanPrice(Record):

@@ -123,6 +123,7 @@ class SpendRow(Report):
     model: str | None
     method: str | None
     gpu_type: str | None
+    gpu_count: int  # in force while these hours were held
     backend: str
     gpu_hours: float
     usd: float | None  # None: no price of the asked kind for its GPU type
@@ -136,7 +137,9 @@ class SpendReport(Report):
     end: str = Field(alias="to")
     price_kind: str
     data: list[SpendRow]
-    total_usd: float
+    gpu_hours: float
+    total_usd: float | None  # None: some GPU-hours have no price of the asked kind
+    unpriced_gpu_hours: float
 
 
 class SavingsRow(Report):

@@ -76,17 +76,23 @@ def _trend(api: AdminClient, start: dt.datetime) -> None:
 
 def _spend(spend: Spend, label: str) -> None:
     """GPU-hours held, idle included: the other view, never mixed with capacity cost."""
-    st.metric(f"Actual GPU spend ({label}, {spend.price_kind})", f"${spend.total_usd:,.2f}")
+    total = "no price" if spend.total_usd is None else f"${spend.total_usd:,.2f}"
+    st.metric(f"Actual GPU spend ({label}, {spend.price_kind})", total)
+    if spend.unpriced_gpu_hours:
+        st.warning(
+            f"{spend.unpriced_gpu_hours:,.2f} GPU-hours have no {spend.price_kind} price: "
+            "set one on the Prices page to see the bill."
+        )
     st.dataframe(
         [
             {
                 "backend": r.backend,
                 "model": r.model,
                 "method": r.method,
-                "GPU": r.gpu_type,
+                "GPU": f"{r.gpu_count}x {r.gpu_type}",
                 "GPU-hours": round(r.gpu_hours, 4),
                 "USD per GPU-hour": r.usd_per_gpu_hour,
-                "USD": r.usd,
+                "USD": "no price" if r.usd is None else f"${r.usd:,.4f}",
             }
             for r in spend.data
         ],

@@ -155,14 +155,16 @@ def _first_switch(
     return next((e for e in _switches(admin) if matches(e)), None)
 
 
-def _wait_for(check: Callable[[], dict[str, Any] | None], what: str) -> dict[str, Any]:
+def _wait_for(
+    admin: httpx.Client, check: Callable[[], dict[str, Any] | None], what: str
+) -> dict[str, Any]:
     deadline = time.monotonic() + MOVE_TIMEOUT_S
     while time.monotonic() < deadline:
         found = check()
         if found is not None:
             return found
         time.sleep(0.5)
-    pytest.fail(f"no {what} within {MOVE_TIMEOUT_S} s")
+    pytest.fail(f"no {what} within {MOVE_TIMEOUT_S} s; moves: {_moves(admin)}")
 
 
 def _explained(entry: dict[str, Any]) -> None:
@@ -195,6 +197,7 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         high = Load(server.base_url, HIGH)
         try:
             up = _wait_for(
+                admin,
                 lambda: _first_switch(admin, lambda e: _to("eagle3", e)),
                 "move to EAGLE-3 under high load",
             )
@@ -209,6 +212,7 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         back = Load(server.base_url, LOW)
         try:
             _wait_for(
+                admin,
                 lambda: _first_switch(admin, lambda e: e["id"] > up["id"] and _to_parallel(e)),
                 "move back at low load",
             )
