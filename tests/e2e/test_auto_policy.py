@@ -14,6 +14,15 @@ simulators rank p-eagle, plain and EAGLE-3 within a few % of each other at 128 s
 tokens, as in the planner's chat workload, EAGLE-3 leads at 128 streams by 27% over plain
 and 31% over p-eagle (4077, 3212, 3109 tok/s at a fifth of real time), and at 2 streams
 every parallel drafter leads EAGLE-3 and plain by more than 25%.
+
+What the selector sees is not that ground truth: it prices from the curves the collector
+has built so far, a few measured points per method (EAGLE-3 and plain get only explored
+traffic at low load) extended by the planner's prediction. From those, at 128 streams,
+EAGLE-3 or plain may come out cheapest (a run on a busy machine moved to plain at 121
+streams, back to p-eagle at 102 as fresh high-load points arrived, and to plain again), so
+the test asserts what the model guarantees: under high load the model leaves the parallel
+drafters for a sequential method (EAGLE-3 or plain), each move takes the method it priced
+cheapest, and at low load it comes back to a parallel drafter.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from tests.e2e.conftest import Server, ServerStarter, draftgate_env, free_port_b
 
 MODEL = "openai/gpt-oss-20b"
 PARALLEL_DRAFTERS = {"p-eagle", "dflash", "dspark"}
+SEQUENTIAL = {"eagle3", "plain"}
 LOW, HIGH = 2, 128  # concurrent client streams
 ANSWER_TOKENS = 400
 SAMPLE_REQUESTS = 20  # requests whose backends are counted after a move
@@ -111,10 +121,6 @@ def _switches(admin: httpx.Client) -> list[dict[str, Any]]:
     params = {"resource_type": "model", "resource_id": MODEL}
     entries = admin.get("/admin/v1/audit", params=params).json()["data"]
     return sorted((e for e in entries if e["action"] == "switch"), key=lambda e: e["id"])
-
-
-def _to(method: str, entry: dict[str, Any]) -> bool:
-    return bool(entry["after"]["method"] == method)
 
 
 def _to_parallel(entry: dict[str, Any]) -> bool:
@@ -198,8 +204,8 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         try:
             up = _wait_for(
                 admin,
-                lambda: _first_switch(admin, lambda e: _to("eagle3", e)),
-                "move to EAGLE-3 under high load",
+                lambda: _first_switch(admin, lambda e: e["after"]["method"] in SEQUENTIAL),
+                "move to EAGLE-3 or plain under high load",
             )
             moved_at = time.monotonic()
             # Sent within the move's dwell time, so nothing else can have been chosen since.
@@ -207,7 +213,7 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         finally:
             high.close()
         assert up["after"]["concurrency"] >= 30, up
-        assert _share(at_high, {"eagle3"}) >= 0.6, (at_high, _moves(admin))
+        assert _share(at_high, {up["after"]["method"]}) >= 0.6, (at_high, _moves(admin))
 
         back = Load(server.base_url, LOW)
         try:
