@@ -64,6 +64,7 @@ ROLLUP_VALUES = [
     "completion_tokens",
     "cost_usd",
     "baseline_cost_usd",
+    "busy_s",
 ]
 
 
@@ -94,13 +95,14 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
     """Increment the hourly rollup rows by these (newly inserted) records."""
     sums: dict[tuple[dt.datetime, str, str, str, int], list[float]] = {}
     for e in entries:
-        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0])
+        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0])
         total[0] += 1
         total[1] += e.status_code >= 400
         total[2] += e.prompt_tokens
         total[3] += e.completion_tokens
         total[4] += e.cost_usd or 0.0
         total[5] += e.baseline_cost_usd or 0.0
+        total[6] += e.latency_ms / 1000
     rows = [
         dict(zip(ROLLUP_KEY, key, strict=True)) | dict(zip(ROLLUP_VALUES, values, strict=True))
         for key, values in sums.items()
@@ -136,6 +138,7 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
             func.sum(r.completion_tokens),
             func.coalesce(func.sum(r.cost_usd), 0.0),
             func.coalesce(func.sum(r.baseline_cost_usd), 0.0),
+            func.coalesce(func.sum(r.latency_ms), 0.0) / 1000,
         )
         .where(r.created_at >= hour, r.created_at < end)
         .group_by(*dimensions)
@@ -153,8 +156,9 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
             "completion_tokens": completion or 0,
             "cost_usd": cost,
             "baseline_cost_usd": baseline,
+            "busy_s": busy,
         }
-        for method, backend, key, model, n, errors, prompt, completion, cost, baseline in (
+        for method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy in (
             session.execute(groups)
         )
     ]

@@ -153,6 +153,9 @@ class UsageHourly(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cost_usd: Mapped[float] = mapped_column(default=0.0)
     baseline_cost_usd: Mapped[float] = mapped_column(default=0.0)
+    # Request-seconds in flight (the sum of latencies): over 3600 s, the hour's mean
+    # concurrency by Little's law.
+    busy_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
 
 class Measurement(Base):
