@@ -36,6 +36,7 @@ from gateway.registry import Registry
 from gateway.relay import openai_routes
 from gateway.relay.proxy import Relay
 from gateway.services.fleet import apply_fleet, load_fleet
+from gateway.services.rightsizing import Sizing
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -192,6 +193,8 @@ async def _running(
         interval_s=settings.selector_interval_s,
         min_dwell_s=settings.selector_min_dwell_s,
         switch_margin=settings.selector_switch_margin,
+        sizing=Sizing.of(settings),
+        desired_replicas=metrics.desired_replicas,
     )
     stoppable = [
         asyncio.create_task(c)

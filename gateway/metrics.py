@@ -106,6 +106,12 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        self.desired_replicas = Gauge(
+            "draftgate_desired_replicas",
+            "Replicas each method pool of a model needs at its current load (autoscaling).",
+            ["model", "method"],
+            registry=r,
+        )
         self.ledger_pending = Gauge(
             "draftgate_ledger_pending", "Usage records waiting to be written.", registry=r
         )

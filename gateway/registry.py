@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.curves import Served, build_curves
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
+from gateway.reports import FleetNow
 from gateway.services.measurements import aggregates
 from planner.cost import ThroughputCurve, usd_per_mtok
 
@@ -169,7 +170,13 @@ def load_snapshot(session: Session) -> Snapshot:
 
 
 def _served(backends: Mapping[str, list[BackendView]]) -> list[Served]:
-    return [Served(b.model, b.method, b.k or 0, b.gpu_type) for bs in backends.values() for b in bs]
+    """What the backends run, and plain on each (model, GPU type): the baseline every
+    saving and right-sized fleet is measured against, predicted where it is not measured."""
+    served = [
+        Served(b.model, b.method, b.k or 0, b.gpu_type) for bs in backends.values() for b in bs
+    ]
+    baselines = {Served(b.model, "plain", 0, b.gpu_type) for bs in backends.values() for b in bs}
+    return served + sorted(baselines - set(served), key=lambda s: (s.model, s.gpu_type))
 
 
 def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
@@ -211,6 +218,7 @@ class Registry:
         self.on_load_start: list[Callable[[], None]] = []  # told before each read
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
+        self.fleet_now: dict[str, FleetNow] = {}  # the selector's sizing per model, this round
 
     def auto_method(self, model: str, snapshot: Snapshot) -> str | None:
         """The method an `auto` model uses now: the selector's choice, else the snapshot's."""

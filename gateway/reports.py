@@ -164,3 +164,85 @@ class SavingsReport(Report):
     end: str = Field(alias="to")
     group_by: list[str]
     data: list[SavingsRow]
+
+
+class FleetTraffic(Report):
+    """One hour of a model's traffic, from the hourly rollups."""
+
+    hour: str  # ISO 8601 start of the UTC hour
+    hours: float  # the part of it inside the period while the model was held (0..1)
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float  # output tokens over the hour's elapsed seconds
+    mean_concurrency: float  # request-seconds in flight over elapsed seconds (Little's law)
+
+
+class FleetObjective(Report):
+    """What the fleets are sized for: the model's ITL objective, or throughput alone."""
+
+    itl_ms: float | None
+    sized_for: Literal["itl objective", "throughput alone"]
+
+
+class FleetActual(Report):
+    """The bill: GPU-hours the model's backends were held, idle included, times price."""
+
+    gpu_hours: float
+    spend_usd: float | None  # None: some of those GPU-hours have no price of the kind
+
+
+class FleetMethod(Report):
+    """A fleet of one method sized hour by hour for the model's traffic."""
+
+    method: str
+    k: int
+    gpu_type: str
+    gpu_count: int  # GPUs per replica
+    concurrency_per_replica: float  # streams a replica runs at within the objective
+    output_tokens_per_s_per_replica: float
+    itl_ms: float  # at that concurrency
+    meets_objective: bool  # False: not even one stream meets it (sized at one stream)
+    source: Literal["measured", "estimated"]  # the operating point within measured points?
+    peak_replicas: int
+    gpu_hours: float
+    usd_per_gpu_hour: float | None
+    bill_usd: float | None  # the right-sized bill; None without a price
+
+
+class FleetAuto(Report):
+    """Each hour on the method cheapest for it (what the `auto` policy aims for)."""
+
+    gpu_hours: float
+    bill_usd: float
+    hours_by_method: dict[str, int]
+
+
+class FleetNow(Report):
+    """The model's load now (this gateway replica's view) and the replicas each pool wants."""
+
+    concurrency: float  # requests in flight, smoothed as the selector smooths them
+    output_tokens_per_s: float  # that load's output throughput, from the curves
+    routed_method: str | None  # the method the policy routes to now
+    desired_replicas: dict[str, int]  # per method pool; `draftgate_desired_replicas`
+
+
+class FleetReport(Report):
+    """The bill, the right-sized bill per method, achievable savings and over-provisioning."""
+
+    model: str
+    start: str = Field(alias="from")
+    end: str = Field(alias="to")
+    price_kind: str
+    headroom: float
+    min_replicas: int
+    traffic: list[FleetTraffic]
+    objective: FleetObjective
+    actual: FleetActual
+    methods: list[FleetMethod]
+    best: str | None  # the method with the lowest right-sized bill that meets the objective
+    auto: FleetAuto | None
+    achievable_savings_usd: float | None  # plain's right-sized bill - best's
+    served_bill_usd: float | None  # right-sized bill of the methods as they were served
+    over_provisioning_usd: float | None  # actual spend - served_bill_usd
+    now: FleetNow | None

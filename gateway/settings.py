@@ -213,6 +213,34 @@ class Settings(BaseSettings):
             "Default 0.05: measurement noise alone does not cause a move."
         ),
     )
+    sizing_headroom: float = Field(
+        default=0.2,
+        ge=0,
+        le=10,
+        description=(
+            "Spare throughput a right-sized fleet keeps above an hour's mean demand (and the "
+            "desired-replicas gauge above the current one), for the peaks a mean hides. "
+            "Default 0.2: 20%."
+        ),
+    )
+    sizing_min_replicas: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "Replicas a right-sized fleet of a method keeps for a served model in an hour "
+            "without traffic, and the fewest the gauge asks for the pool that serves. "
+            "Default 1: a served model stays up."
+        ),
+    )
+    idle_pool_replicas: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "Desired replicas of a method pool the model's policy does not route to now "
+            "(`draftgate_desired_replicas`). Default 1, so explored traffic and a move back "
+            "find a warm server; 0 lets an autoscaler release it."
+        ),
+    )
     managed_start_timeout_s: float = Field(
         default=300.0,
         gt=0,

@@ -6,6 +6,7 @@ from gateway.admin import (
     audit,
     backends,
     benchmarks,
+    fleet,
     gpus,
     keys,
     measurements,
@@ -33,6 +34,7 @@ def admin_router() -> APIRouter:
     for module in (
         backends,
         switches,
+        fleet,
         models,
         prices,
         keys,

@@ -5,6 +5,13 @@ exponential moving average), prices every method with a healthy backend at that 
 from the measured throughput curves, and moves the model to the cheapest one — only when it
 is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on its method
 for `min_dwell_s`. Each move is written to the audit log with the numbers behind it.
+
+The same round sizes every model's method pools for its current load (the autoscaling
+signal `draftgate_desired_replicas{model,method}`): the output tokens/s the model's
+backends deliver at their in-flight counts, smoothed like the load, over what one replica
+of the routed method serves within the ITL objective, with `sizing_headroom` to spare;
+pools the policy does not route to now want `idle_pool_replicas`. Because the routed method
+moves only with the selector's margin and dwell time, so does the signal.
 """
 
 from __future__ import annotations
@@ -17,13 +24,17 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from prometheus_client import Gauge
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.session import transaction
 from gateway.registry import BackendView, Registry, Snapshot
 from gateway.relay.routing import available
+from gateway.reports import FleetNow
 from gateway.services.models import record_method_switch
+from gateway.services.rightsizing import Sizing, pools
+from planner.rightsize import replica_capacity, replicas_needed
 
 logger = logging.getLogger(__name__)
 EMA_WEIGHT = 0.3  # weight of the newest sample in the load average
@@ -76,6 +87,8 @@ class Selector:
         interval_s: float,
         min_dwell_s: float,
         switch_margin: float,
+        sizing: Sizing,
+        desired_replicas: Gauge,
     ) -> None:
         self.registry, self.sessions = registry, sessions
         self.interval_s, self.min_dwell_s, self.switch_margin = (
@@ -83,7 +96,9 @@ class Selector:
             min_dwell_s,
             switch_margin,
         )
+        self.sizing, self.desired_replicas = sizing, desired_replicas
         self._load: dict[str, float] = {}
+        self._throughput: dict[str, float] = {}
         self._switched_at: dict[str, float] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -100,11 +115,11 @@ class Selector:
         snapshot, now = self.registry.snapshot, time.monotonic()
         for model, backends in snapshot.backends.items():
             policy = snapshot.policies.get(model)
+            in_flight = sum(self.registry.states[b.name].in_flight for b in backends)
+            load = self._smooth(self._load, model, float(in_flight))
+            self._smooth(self._throughput, model, self._delivering(snapshot, model, backends))
             if policy is not None and policy.mode != "auto":
                 continue
-            in_flight = sum(self.registry.states[b.name].in_flight for b in backends)
-            load = self._load.get(model, float(in_flight))
-            load = self._load[model] = (1 - EMA_WEIGHT) * load + EMA_WEIGHT * in_flight
             objective = policy.itl_objective_ms if policy is not None else None
             costs = self._costs(snapshot, model, backends, load, objective, now)
             current = self.registry.auto_method(model, snapshot)
@@ -121,12 +136,64 @@ class Selector:
                 self.registry.auto_choice[model] = decision.after
                 self._switched_at[model] = now
                 decisions.append(decision)
+        self._publish_desired(snapshot)
         if decisions:
             try:
                 await asyncio.to_thread(self._audit, decisions)
             except SQLAlchemyError as exc:
                 logger.warning("automatic switches not audited: %s", exc)
         return decisions
+
+    @staticmethod
+    def _smooth(averages: dict[str, float], model: str, sample: float) -> float:
+        """The exponential moving average of `sample`, starting at the first one."""
+        previous = averages.get(model, sample)
+        averages[model] = (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * sample
+        return averages[model]
+
+    def _delivering(self, snapshot: Snapshot, model: str, backends: Sequence[BackendView]) -> float:
+        """Output tokens/s the model's backends make at their in-flight counts (the curves)."""
+        total = 0.0
+        for b in backends:
+            c = self.registry.states[b.name].in_flight
+            curve = snapshot.curves.get((model, b.method, b.gpu_type))
+            if c > 0 and curve is not None:
+                total += curve.at(c) * b.gpu_count
+        return total
+
+    def _routed(self, snapshot: Snapshot, model: str) -> str | None:
+        policy = snapshot.policies.get(model)
+        if policy is not None and policy.mode == "pinned":
+            return policy.method
+        return self.registry.auto_method(model, snapshot)
+
+    def _publish_desired(self, snapshot: Snapshot) -> None:
+        """Size every model's pools for its smoothed throughput; set the gauge and the view."""
+        self.desired_replicas.clear()  # no await before every label is set again
+        for model in snapshot.backends:
+            policy = snapshot.policies.get(model)
+            objective = policy.itl_objective_ms if policy is not None else None
+            routed, demand = self._routed(snapshot, model), self._throughput.get(model, 0.0)
+            served = {b.method for b in snapshot.backends[model]}
+            desired = {}
+            for pool in pools(snapshot, model):
+                if pool.method not in served:
+                    continue  # plain as a baseline only: no pool to scale
+                if pool.method == routed:
+                    capacity = replica_capacity(pool.curve, pool.gpu_count, objective)
+                    n = replicas_needed(
+                        demand, capacity, self.sizing.headroom, self.sizing.min_replicas
+                    )
+                else:
+                    n = self.sizing.idle_pool_replicas
+                desired[pool.method] = n
+                self.desired_replicas.labels(model=model, method=pool.method).set(n)
+            self.registry.fleet_now[model] = FleetNow(
+                concurrency=self._load.get(model, 0.0),
+                output_tokens_per_s=demand,
+                routed_method=routed,
+                desired_replicas=desired,
+            )
 
     def _costs(
         self,

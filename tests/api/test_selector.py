@@ -9,7 +9,9 @@ from gateway.control.selector import Selector, decide
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
+from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, PolicyView, Registry, Snapshot
+from gateway.services.rightsizing import Sizing
 from planner.cost import ThroughputCurve
 
 COSTS = {"plain": 1.0, "eagle3": 0.8, "p-eagle": 0.6}
@@ -58,7 +60,15 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
                 ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
             },
         )
-        selector = Selector(registry, sessions, interval_s=1, min_dwell_s=0, switch_margin=0.05)
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=1,
+            min_dwell_s=0,
+            switch_margin=0.05,
+            sizing=Sizing(0.2, 1),
+            desired_replicas=GatewayMetrics().desired_replicas,
+        )
         assert await selector.step() == []  # idle (c=1): already on the cheapest, p-eagle
         assert registry.auto_method("m", registry.snapshot) == "p-eagle"
         registry.states["a"].in_flight = registry.states["b"].in_flight = 32
@@ -78,5 +88,57 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
         assert entry.after["method"] == "plain"
         assert entry.after["concurrency"] > 16
         assert entry.after["usd_per_mtok"]["plain"] < entry.after["usd_per_mtok"]["p-eagle"]
+    finally:
+        engine.dispose()
+
+
+async def test_desired_replicas_follow_the_smoothed_load_of_the_routed_pool(
+    database_url: str,
+) -> None:
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    metrics = GatewayMetrics()
+    try:
+        registry = Registry(sessions, refresh_s=60)
+        registry.snapshot = Snapshot(
+            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
+            policies={"m": PolicyView("pinned", method="p-eagle")},
+            prices={"B200": 6.0},
+            curves={
+                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
+                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
+            },
+        )
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=1,
+            min_dwell_s=0,
+            switch_margin=0.05,
+            sizing=Sizing(headroom=0.2, min_replicas=1, idle_pool_replicas=0),
+            desired_replicas=metrics.desired_replicas,
+        )
+
+        def desired(method: str) -> float | None:
+            labels = {"model": "m", "method": method}
+            return metrics.registry.get_sample_value("draftgate_desired_replicas", labels)
+
+        await selector.step()
+        assert (desired("p-eagle"), desired("plain")) == (1, 0)  # idle: the floor, and 0
+        # 64 streams on the p-eagle backend make 15000 tokens/s, a replica's most (no ITL
+        # objective): with 20% headroom, ceil(18000 / 15000) = 2 replicas.
+        registry.states["b"].in_flight = 64
+        for _ in range(30):  # the moving average climbs to 15000 tokens/s
+            await selector.step()
+        assert (desired("p-eagle"), desired("plain")) == (2, 0)
+        now = registry.fleet_now["m"]
+        assert now.routed_method == "p-eagle"
+        assert now.output_tokens_per_s == pytest.approx(15000, rel=1e-3)
+        assert now.desired_replicas == {"p-eagle": 2, "plain": 0}
+        registry.states["b"].in_flight = 0
+        for _ in range(30):  # and falls back
+            await selector.step()
+        assert desired("p-eagle") == 1
     finally:
         engine.dispose()

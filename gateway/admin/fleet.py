@@ -1,0 +1,38 @@
+"""Admin API for the fleet: the bill, right-sized bills per method, savings that are money."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from gateway.deps import ServicesDep, SessionDep
+from gateway.reports import FleetReport
+from gateway.services.rightsizing import Sizing, fleet_report
+
+router = APIRouter(prefix="/fleet", tags=["savings"])
+
+
+@router.get("")
+def get_fleet(
+    session: SessionDep,
+    services: ServicesDep,
+    model: str,
+    start: Annotated[dt.datetime | None, Query(alias="from")] = None,
+    end: Annotated[dt.datetime | None, Query(alias="to")] = None,
+    price_kind: str = "on-demand",
+) -> FleetReport:
+    """The model's bill over [from, to), what fleets sized for its traffic would cost per
+    method, the achievable savings, the over-provisioning and the replicas wanted now."""
+    registry = services.registry
+    return fleet_report(
+        session,
+        registry.snapshot,
+        registry.fleet_now.get(model),
+        model,
+        start,
+        end,
+        price_kind,
+        Sizing.of(services.settings),
+    )

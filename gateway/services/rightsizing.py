@@ -1,0 +1,387 @@
+"""The fleet report: the bill, right-sized bills per method, achievable savings, over-provisioning.
+
+Per model over a period: the hourly traffic (from the rollups), the actual spend (GPU-hours
+held times price, `services/spend.py`), and for each method the model's backends run (and
+plain, always): the replicas it would need hour by hour within the model's ITL objective,
+from the same throughput curves that price requests (`planner/rightsize.py`), times GPUs,
+hours and price. docs/costs.md defines every field and works an example by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gateway.accounting import hour_of
+from gateway.curves import CurveKey
+from gateway.db import queries
+from gateway.db.tables import UsageHourly
+from gateway.errors import NotFound
+from gateway.registry import Snapshot
+from gateway.reports import (
+    FleetActual,
+    FleetAuto,
+    FleetMethod,
+    FleetNow,
+    FleetObjective,
+    FleetReport,
+    FleetTraffic,
+)
+from gateway.services import measurements
+from gateway.services.spend import (
+    backend_entries,
+    check_price_kind,
+    held_intervals,
+    period,
+    spend,
+)
+from gateway.settings import Settings
+from planner.cost import ThroughputCurve
+from planner.rightsize import Hour, ReplicaCapacity, replica_capacity, size_hours
+
+HOUR = dt.timedelta(hours=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """How fleets are sized: headroom over the mean, the fewest replicas of a serving pool,
+    and the replicas a pool the policy does not route to keeps."""
+
+    headroom: float
+    min_replicas: int
+    idle_pool_replicas: int = 1
+
+    @classmethod
+    def of(cls, settings: Settings) -> Sizing:
+        """The sizing the settings ask for."""
+        return cls(
+            settings.sizing_headroom, settings.sizing_min_replicas, settings.idle_pool_replicas
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A method pool of a model: what one replica is, and its curve (per GPU)."""
+
+    method: str
+    k: int
+    gpu_type: str
+    gpu_count: int
+    curve: ThroughputCurve
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficHour:
+    """One hour of a model's traffic, as the rollups have it."""
+
+    hour: dt.datetime
+    weight: float  # hours of it inside the period (and while the model was held)
+    elapsed_s: float  # seconds of it that have passed (3600 but for the current hour)
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    busy_s: float
+    completion_by_method: Mapping[str, int]
+
+    def demand(self, tokens: int | None = None) -> float:
+        """Output tokens/s over the hour (of all methods, or `tokens` of one)."""
+        return (self.completion_tokens if tokens is None else tokens) / self.elapsed_s
+
+
+def pools(snapshot: Snapshot, model: str, methods: Iterable[str] = ()) -> list[Pool]:
+    """Every method the model's backends run, plain, and `methods`, each as a pool.
+
+    A pool's replica is its backends' most common (K, GPU type, GPU count); a method with no
+    backend (plain, a method that served and was removed) takes the model's most common GPU.
+    """
+    backends = snapshot.backends.get(model, ())
+    if not backends:
+        return []
+    shapes: dict[str, Counter[tuple[int, str, int]]] = defaultdict(Counter)
+    for b in backends:
+        shapes[b.method][(b.k or 0, b.gpu_type, b.gpu_count)] += 1
+    common = Counter((b.gpu_type, b.gpu_count) for b in backends).most_common(1)[0][0]
+    out = []
+    for method in sorted({*shapes, "plain", *methods}):
+        k, gpu_type, gpu_count = (
+            shapes[method].most_common(1)[0][0] if shapes[method] else (0, *common)
+        )
+        curve = snapshot.curves.get((model, method, gpu_type))
+        if curve is not None:
+            out.append(Pool(method, k, gpu_type, gpu_count, curve))
+    return out
+
+
+def traffic_hours(
+    session: Session,
+    model: str,
+    start: dt.datetime,
+    end: dt.datetime,
+    now: dt.datetime,
+) -> list[TrafficHour]:
+    """Each hour of [start, end) the model was held or had traffic, with its traffic."""
+    u = UsageHourly
+    query = (
+        select(
+            u.hour,
+            u.method,
+            func.sum(u.requests),
+            func.sum(u.prompt_tokens),
+            func.sum(u.completion_tokens),
+            func.sum(u.busy_s),
+        )
+        .where(u.model == model, u.hour >= hour_of(start), u.hour < end)
+        .group_by(u.hour, u.method)
+    )
+    sums: dict[dt.datetime, list[float]] = {}
+    by_method: dict[dt.datetime, dict[str, int]] = defaultdict(dict)
+    for stored, method, *values in session.execute(query):
+        hour = stored.astimezone(dt.UTC)
+        row = sums.setdefault(hour, [0.0, 0.0, 0.0, 0.0])
+        for i, value in enumerate(values):
+            row[i] += float(value or 0)
+        by_method[hour][method] = int(values[2] or 0)
+    held = _held_spans(session, model, start, end, now)
+    hours = sorted(set(sums) | {h for span in held for h in _hours_of(*span)})
+    out = []
+    for hour in hours:
+        inside = (max(hour, start), min(hour + HOUR, end, now))
+        held_for = sum((_overlap(inside, span) for span in held), dt.timedelta(0))
+        if hour in sums and not held_for:  # traffic, so something served it
+            held_for = _overlap(inside, inside)
+        weight = held_for / HOUR
+        if weight <= 0:
+            continue
+        n, prompt, completion, busy = sums.get(hour, [0.0, 0.0, 0.0, 0.0])
+        out.append(
+            TrafficHour(
+                hour=hour,
+                weight=weight,
+                elapsed_s=max(1.0, (min(hour + HOUR, now) - hour).total_seconds()),
+                requests=int(n),
+                prompt_tokens=int(prompt),
+                completion_tokens=int(completion),
+                busy_s=busy,
+                completion_by_method=by_method[hour],
+            )
+        )
+    return out
+
+
+def _held_spans(
+    session: Session, model: str, start: dt.datetime, end: dt.datetime, now: dt.datetime
+) -> list[tuple[dt.datetime, dt.datetime]]:
+    """When any backend of the model was held, merged, within [start, end)."""
+    spans = sorted(
+        (max(h.start, start), min(h.end, end))
+        for h in held_intervals(backend_entries(session, end), now)
+        if h.description.get("model") == model and h.end > start and h.start < end
+    )
+    merged: list[tuple[dt.datetime, dt.datetime]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _hours_of(a: dt.datetime, b: dt.datetime) -> Iterable[dt.datetime]:
+    hour = hour_of(a)
+    while hour < b:
+        yield hour
+        hour += HOUR
+
+
+def _overlap(
+    x: tuple[dt.datetime, dt.datetime], y: tuple[dt.datetime, dt.datetime]
+) -> dt.timedelta:
+    return max(dt.timedelta(0), min(x[1], y[1]) - max(x[0], y[0]))
+
+
+def _source(
+    capacity: ReplicaCapacity, span: tuple[float, float] | None
+) -> Literal["measured", "estimated"]:
+    """Measured when the replica's operating point lies within the measured concurrencies."""
+    if span is not None and span[0] <= capacity.concurrency <= span[1]:
+        return "measured"
+    return "estimated"
+
+
+def _measured_spans(session: Session, model: str) -> dict[CurveKey, tuple[float, float]]:
+    spans: dict[CurveKey, tuple[float, float]] = {}
+    for a in measurements.aggregates(session):
+        if a.key[0] == model:
+            low, high = spans.get(a.key, (a.concurrency, a.concurrency))
+            spans[a.key] = (min(low, a.concurrency), max(high, a.concurrency))
+    return spans
+
+
+def _price(session: Session, gpu_type: str, kind: str) -> float | None:
+    row = queries.find_price(session, gpu_type, kind)
+    return None if row is None else row.usd_per_gpu_hour
+
+
+@dataclass(frozen=True, slots=True)
+class Sized:
+    """A pool with its replica's capacity within the objective, and its price."""
+
+    pool: Pool
+    capacity: ReplicaCapacity
+    usd_per_gpu_hour: float | None
+
+    def gpu_hours(self, demand_tokens_per_s: float, hours: float, sizing: Sizing) -> float:
+        """GPU-hours this pool needs to serve `demand_tokens_per_s` for `hours`."""
+        [one] = size_hours(
+            [Hour(demand_tokens_per_s, hours)],
+            self.capacity,
+            self.pool.gpu_count,
+            headroom=sizing.headroom,
+            min_replicas=sizing.min_replicas,
+        )
+        return one.gpu_hours
+
+    def report(
+        self, hours: Sequence[TrafficHour], sizing: Sizing, span: tuple[float, float] | None
+    ) -> FleetMethod:
+        """The pool's right-sized fleet over the hours."""
+        sized = size_hours(
+            [Hour(h.demand(), h.weight) for h in hours],
+            self.capacity,
+            self.pool.gpu_count,
+            headroom=sizing.headroom,
+            min_replicas=sizing.min_replicas,
+        )
+        gpu_hours, price = sum(s.gpu_hours for s in sized), self.usd_per_gpu_hour
+        return FleetMethod(
+            method=self.pool.method,
+            k=self.pool.k,
+            gpu_type=self.pool.gpu_type,
+            gpu_count=self.pool.gpu_count,
+            concurrency_per_replica=self.capacity.concurrency,
+            output_tokens_per_s_per_replica=self.capacity.output_tokens_per_s,
+            itl_ms=self.capacity.itl_ms,
+            meets_objective=self.capacity.meets_objective,
+            source=_source(self.capacity, span),
+            peak_replicas=max((s.replicas for s in sized), default=0),
+            gpu_hours=gpu_hours,
+            usd_per_gpu_hour=price,
+            bill_usd=None if price is None else gpu_hours * price,
+        )
+
+
+def _served_bill(
+    sized: Mapping[str, Sized], hours: Sequence[TrafficHour], sizing: Sizing
+) -> float | None:
+    """The right-sized bill of the methods as they were served, each pool for its share."""
+    total = 0.0
+    for h in hours:
+        for method, tokens in h.completion_by_method.items():
+            pool = sized.get(method)
+            if pool is None or pool.usd_per_gpu_hour is None:
+                return None  # a method without a curve or a price: no figure
+            total += pool.gpu_hours(h.demand(tokens), h.weight, sizing) * pool.usd_per_gpu_hour
+    return total
+
+
+def _auto(
+    candidates: Sequence[Sized], hours: Sequence[TrafficHour], sizing: Sizing
+) -> FleetAuto | None:
+    """Each hour on the method cheapest for it: what the `auto` policy aims for."""
+    if not candidates or not hours:
+        return None
+    bill, gpu_hours, chosen = 0.0, 0.0, Counter[str]()
+    for h in hours:
+        options = []
+        for c in candidates:
+            used = c.gpu_hours(h.demand(), h.weight, sizing)
+            options.append((used * (c.usd_per_gpu_hour or 0.0), used, c.pool.method))
+        cost, used, method = min(options)
+        bill, gpu_hours = bill + cost, gpu_hours + used
+        chosen[method] += 1
+    return FleetAuto(gpu_hours=gpu_hours, bill_usd=bill, hours_by_method=dict(chosen))
+
+
+def fleet_report(
+    session: Session,
+    snapshot: Snapshot,
+    now_sizing: FleetNow | None,
+    model: str,
+    start: dt.datetime | None,
+    end: dt.datetime | None,
+    price_kind: str,
+    sizing: Sizing,
+) -> FleetReport:
+    """The bill, and what the model's traffic would cost on fleets sized for it, per method."""
+    check_price_kind(price_kind)
+    if model not in snapshot.backends and queries.find_model(session, model) is None:
+        raise NotFound(f"model {model!r} not found", param="model")
+    now = dt.datetime.now(dt.UTC)
+    start, end = period(start, end, now)
+    hours = traffic_hours(session, model, start, end, now)
+    policy = snapshot.policies.get(model)
+    objective = policy.itl_objective_ms if policy is not None else None
+    served = {m for h in hours for m in h.completion_by_method}
+    spans = _measured_spans(session, model)
+    sized = {
+        p.method: Sized(
+            p,
+            replica_capacity(p.curve, p.gpu_count, objective),
+            _price(session, p.gpu_type, price_kind),
+        )
+        for p in pools(snapshot, model, served)
+    }
+    methods = [
+        s.report(hours, sizing, spans.get((model, method, s.pool.gpu_type)))
+        for method, s in sized.items()
+    ]
+    candidates = [m for m in methods if m.bill_usd is not None and m.meets_objective]
+    best = min(candidates, key=lambda m: (m.bill_usd or 0.0, m.method), default=None)
+    plain = next((m for m in methods if m.method == "plain"), None)
+    achievable = None
+    if best is not None and plain is not None and plain.bill_usd is not None:
+        achievable = plain.bill_usd - (best.bill_usd or 0.0)
+    actual = spend(session, start, end, price_kind, model=model)
+    served_bill = _served_bill(sized, hours, sizing)
+    over = None
+    if actual.total_usd is not None and served_bill is not None:
+        over = actual.total_usd - served_bill
+    return FleetReport(
+        model=model,
+        start=start.isoformat(),
+        end=end.isoformat(),
+        price_kind=price_kind,
+        headroom=sizing.headroom,
+        min_replicas=sizing.min_replicas,
+        traffic=[_traffic(h) for h in hours],
+        objective=FleetObjective(
+            itl_ms=objective,
+            sized_for="itl objective" if objective is not None else "throughput alone",
+        ),
+        actual=FleetActual(gpu_hours=actual.gpu_hours, spend_usd=actual.total_usd),
+        methods=methods,
+        best=None if best is None else best.method,
+        auto=_auto([sized[m.method] for m in candidates], hours, sizing),
+        achievable_savings_usd=achievable,
+        served_bill_usd=served_bill,
+        over_provisioning_usd=over,
+        now=now_sizing,
+    )
+
+
+def _traffic(h: TrafficHour) -> FleetTraffic:
+    return FleetTraffic(
+        hour=h.hour.isoformat(),
+        hours=h.weight,
+        requests=h.requests,
+        input_tokens=h.prompt_tokens,
+        output_tokens=h.completion_tokens,
+        output_tokens_per_s=h.demand(),
+        mean_concurrency=h.busy_s / h.elapsed_s,
+    )

@@ -1,0 +1,130 @@
+"""GET /admin/v1/fleet by hand: curves, an hourly traffic table and a price in; GPUs needed
+per method, right-sized bills, achievable savings and over-provisioning out."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.accounting import write_batch
+from gateway.db.session import transaction
+from gateway.db.tables import AuditEntry, Measurement
+from tests.api.test_admin_backends import assert_envelope
+from tests.api.test_ledger import HOUR, entry
+from tests.unit.test_rightsize import PLAIN, SPEC
+
+MODEL = "m"  # not in the planner's catalog: its curves are its measurements alone
+BACKENDS = [
+    {"name": "m-plain", "url": "http://127.0.0.1:9", "model": MODEL, "method": "plain"},
+    {"name": "m-eagle3", "url": "http://127.0.0.1:9", "model": MODEL, "method": "eagle3",
+     "k": 3, "drafter": "d"},
+]  # fmt: skip
+
+
+def _measured(method: str, c: float, tps: float) -> Measurement:
+    return Measurement(
+        model=MODEL,
+        method=method,
+        k=3 if method == "eagle3" else 0,
+        gpu_type="H100",
+        concurrency=c,
+        output_tokens_per_s=tps,
+        source="bench",
+        mean_acceptance_length=None,
+    )
+
+
+async def _fleet(client: httpx.AsyncClient, app: FastAPI) -> None:
+    for backend in BACKENDS:
+        created = await client.post("/admin/v1/backends", json={**backend, "gpu_type": "H100"})
+        assert created.status_code == 201, created.text
+    price = {"gpu_type": "H100", "usd_per_gpu_hour": 3.0, "source": "t", "date": "2026-11-01"}
+    assert (await client.post("/admin/v1/prices", json=price)).status_code == 201
+    policy = {"mode": "pinned", "method": "eagle3", "itl_objective_ms": 25}
+    assert (await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)).status_code == 200
+    services = app.state.services
+    with transaction(services.sessions) as session:
+        for method, curve in (("plain", PLAIN), ("eagle3", SPEC)):
+            for c, tps in zip(curve.concurrency, curve.output_tokens_per_s, strict=True):
+                session.add(_measured(method, c, tps))
+        # An older backend of 16 GPUs held for the two hours: the bill.
+        for at, action, after in (
+            (HOUR, "create", {"model": MODEL, "method": "plain", "gpu_type": "H100",
+                              "gpu_count": 16, "enabled": True}),
+            (HOUR + dt.timedelta(hours=2), "delete", None),
+        ):  # fmt: skip
+            session.add(
+                AuditEntry(at=at, actor="t", action=action, resource_type="backend",
+                           resource_id="m-old", before=None, after=after)
+            )  # fmt: skip
+    # Hour 0: 100 output tokens/s, all plain. Hour 1: 3000 tokens/s, two thirds EAGLE-3.
+    records = [
+        entry(0, completion_tokens=360_000, method="plain", latency_ms=3_600_000.0),
+        entry(1, minute=65, completion_tokens=3_600_000, method="plain", latency_ms=1.8e7),
+        entry(2, minute=70, completion_tokens=7_200_000, method="eagle3", latency_ms=1.8e7),
+    ]
+    write_batch(services.sessions, [e for e in records])
+    services.registry.load()  # the curves from the measurements just stored
+
+
+async def test_right_sized_bills_savings_and_over_provisioning_by_hand(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await _fleet(client, app)
+    params = {
+        "model": MODEL,
+        "from": HOUR.isoformat(),
+        "to": (HOUR + dt.timedelta(hours=2)).isoformat(),
+    }
+    response = await client.get("/admin/v1/fleet", params=params)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["headroom"], body["min_replicas"]) == (0.2, 1)  # the defaults
+    assert body["objective"] == {"itl_ms": 25.0, "sized_for": "itl objective"}
+    traffic = [(t["output_tokens_per_s"], t["mean_concurrency"]) for t in body["traffic"]]
+    assert traffic == [(100.0, 1.0), (3000.0, 10.0)]  # busy seconds over 3600 s
+    methods = {m["method"]: m for m in body["methods"]}
+    # Within 25 ms per token a plain replica serves 320 tokens/s (8 streams), an EAGLE-3 one
+    # 1333.3 (32 streams); with 20% headroom plain needs 1 and ceil(3600 / 320) = 12
+    # replicas, EAGLE-3 1 and ceil(3600 / 1333.3) = 3: 13 and 4 GPU-hours at $3.
+    plain, eagle3 = methods["plain"], methods["eagle3"]
+    assert (plain["output_tokens_per_s_per_replica"], plain["peak_replicas"]) == (320, 12)
+    assert eagle3["output_tokens_per_s_per_replica"] == pytest.approx(4000 / 3)
+    assert eagle3["peak_replicas"] == 3
+    assert (plain["gpu_hours"], plain["bill_usd"]) == (13, 39)
+    assert (eagle3["gpu_hours"], eagle3["bill_usd"]) == (4, 12)
+    assert plain["source"] == eagle3["source"] == "measured"  # 8 and 32 streams were measured
+    assert body["best"] == "eagle3"
+    assert body["achievable_savings_usd"] == 27
+    # The bill: 16 GPUs for 2 hours. As served, hour 0 is one plain replica ($3) and hour 1
+    # EAGLE-3's 2000 tokens/s on ceil(2400 / 1333.3) = 2 and plain's 1000 on
+    # ceil(1200 / 320) = 4 replicas ($18): $21, so $96 - $21 is over-provisioning.
+    assert body["actual"] == {"gpu_hours": 32.0, "spend_usd": 96.0}
+    assert body["served_bill_usd"] == pytest.approx(21.0)
+    assert body["over_provisioning_usd"] == pytest.approx(75.0)
+    assert body["auto"]["bill_usd"] == 12  # EAGLE-3 is cheapest in both hours
+    assert body["now"] is None or set(body["now"]["desired_replicas"]) <= {"plain", "eagle3"}
+
+
+async def test_no_price_means_no_bill_and_bad_input_is_refused(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await _fleet(client, app)
+    spot = await client.get("/admin/v1/fleet", params={"model": MODEL, "price_kind": "spot"})
+    body = spot.json()
+    assert all(m["bill_usd"] is None for m in body["methods"])
+    assert (body["best"], body["achievable_savings_usd"], body["over_provisioning_usd"]) == (
+        None,
+        None,
+        None,
+    )
+    assert_envelope(
+        await client.get("/admin/v1/fleet", params={"model": MODEL, "price_kind": "x"}),
+        422,
+        param="price_kind",
+    )
+    assert_envelope(await client.get("/admin/v1/fleet", params={"model": "nope"}), 404)
+    assert (await client.get("/admin/v1/fleet")).status_code == 422  # which model?
