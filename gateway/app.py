@@ -219,6 +219,6 @@ async def _running(
         prober.cancel()
         await asyncio.gather(prober, *stoppable, return_exceptions=True)
         await benchmarks.close()
-        await managed.close()
+        await managed.close(sessions)
         await ledger.drain()
         await client.aclose()

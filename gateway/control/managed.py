@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from backends.launcher import LaunchError, LocalServer
@@ -32,6 +33,7 @@ from gateway.schemas import BackendCreate
 from gateway.services.backends import (
     delete_backend,
     record_switch_failure,
+    release_stopped,
     shift_backend,
 )
 
@@ -88,12 +90,23 @@ class ManagedBackends:
         """Wait for switches in progress (tests and shutdown)."""
         await asyncio.gather(*self._switching.values(), return_exceptions=True)
 
-    async def close(self) -> None:
-        """Cancel switches in progress and stop every server this process started."""
+    async def close(self, sessions: sessionmaker[Session]) -> None:
+        """Cancel switches in progress, stop every server this process started, and mark
+        their backends disabled (audited), so they are no longer billed as held."""
         for task in self._switching.values():
             task.cancel()
         await self.wait_idle()
         await asyncio.gather(*(asyncio.to_thread(s.stop) for s in self.servers.values()))
+        if self.servers:
+            try:
+                await asyncio.to_thread(self._release, sessions, list(self.servers))
+            except SQLAlchemyError as exc:
+                logger.warning("stopped backends not marked disabled: %s", exc)
+
+    @staticmethod
+    def _release(sessions: sessionmaker[Session], names: list[str]) -> None:
+        with transaction(sessions) as session:
+            release_stopped(session, names, ACTOR)
 
 
 @dataclass

@@ -7,6 +7,7 @@ are merged by one rule, `with_runtime`: the scrape when there is one, else the m
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -153,3 +154,23 @@ def record_switch_failure(
         before=None,
         after=after,
     )
+
+
+def release_stopped(session: Session, names: Iterable[str], actor: str) -> None:
+    """Disable the backends whose servers this process stopped (`stop`): their GPUs are no
+    longer held, so spend stops accruing; a later start enables them again."""
+    for name in names:
+        row = queries.find_backend(session, name)
+        if row is None or not row.enabled:
+            continue
+        before = _snapshot(row)
+        row.enabled = False
+        queries.flush(session, f"backend {name!r}")
+        queries.record_audit(
+            session,
+            actor=actor,
+            action="stop",
+            resource=("backend", name),
+            before=before,
+            after=_snapshot(row),
+        )

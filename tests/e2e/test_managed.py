@@ -13,7 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
+from gateway.db.session import make_engine, make_sessionmaker
+from gateway.db.tables import AuditEntry
+from gateway.services.spend import spend
 from tests.e2e.conftest import (
     Server,
     ServerStarter,
@@ -187,3 +191,27 @@ def test_only_backends_this_process_started_can_be_switched(
             "/admin/v1/backends/demo-plain/switch", json={**DFLASH, "name": "demo-eagle3"}
         )
         assert taken.status_code == 409
+    assert server.stop(signal.SIGINT, timeout_s=30) == 0, server.output()
+    _assert_stopped_backends_are_no_longer_billed(tmp_path / "managed.db")
+
+
+def _assert_stopped_backends_are_no_longer_billed(db: Path) -> None:
+    """After `up` exits, the servers it started are disabled: spend stops accruing for
+    them, and only the external backend is still held."""
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        with make_sessionmaker(engine)() as session:
+            at_exit = spend(session, None, None, "on-demand")
+            time.sleep(1.0)  # time passes: what is still held accrues, nothing else
+            later = spend(session, None, None, "on-demand")
+            stops = session.scalars(select(AuditEntry).where(AuditEntry.action == "stop"))
+            stopped = {e.resource_id for e in stops}
+    finally:
+        engine.dispose()
+    assert stopped == {f"demo-{m}" for m in ("plain", "eagle3", "p-eagle", "dflash", "dspark")}
+    hours = {r.backend: r.gpu_hours for r in at_exit.data}
+    for row in later.data:
+        if row.backend == "outside":  # registered and enabled: held until removed
+            assert row.gpu_hours > hours["outside"]
+        else:
+            assert row.gpu_hours == hours[row.backend]
