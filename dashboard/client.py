@@ -26,6 +26,7 @@ from dashboard.schemas import (
     Benchmark,
     CreatedKey,
     DecodingMethod,
+    Fleet,
     Gpu,
     Measurement,
     MethodRendering,
@@ -168,6 +169,13 @@ class AdminClient:
         """GPU-hours each backend was held since `start`, priced at `price_kind`."""
         body = self._get("/spend", price_kind=price_kind, **{"from": start.isoformat()})
         return _parse(Spend, body)
+
+    def fleet(self, model: str, start: dt.datetime, price_kind: str = "on-demand") -> Fleet:
+        """The model's bill since `start`, and fleets sized for its traffic per method."""
+        body = self._get(
+            "/fleet", model=model, price_kind=price_kind, **{"from": start.isoformat()}
+        )
+        return _parse(Fleet, body)
 
     def plan(self, model: str, gpu: str, **options: object) -> Plan:
         """The planner for `model` on `gpu` (options: gpu_count, price_kind, workload, ...)."""

@@ -307,3 +307,52 @@ class BenchmarkLevel(Record):
     def of(cls, run: Benchmark) -> list[BenchmarkLevel]:
         """The levels of `run` (none until it has finished)."""
         return [cls.model_validate(level) for level in (run.result or {}).get("levels", [])]
+
+
+class FleetMethod(Record):
+    """A fleet of one method sized hour by hour for the model's traffic."""
+
+    method: str
+    k: int
+    gpu_type: str
+    gpu_count: int
+    output_tokens_per_s_per_replica: float
+    itl_ms: float
+    meets_objective: bool
+    source: Literal["measured", "estimated"]
+    peak_replicas: int
+    gpu_hours: float
+    bill_usd: float | None
+
+
+class FleetActual(Record):
+    gpu_hours: float
+    spend_usd: float | None
+
+
+class FleetObjective(Record):
+    itl_ms: float | None
+    sized_for: str
+
+
+class FleetNow(Record):
+    concurrency: float
+    output_tokens_per_s: float
+    routed_method: str | None
+    desired_replicas: dict[str, int]
+
+
+class Fleet(Record):
+    """The bill, right-sized bills per method, achievable savings, over-provisioning."""
+
+    model: str
+    price_kind: str
+    headroom: float
+    objective: FleetObjective
+    actual: FleetActual
+    methods: list[FleetMethod]
+    best: str | None
+    achievable_savings_usd: float | None
+    served_bill_usd: float | None
+    over_provisioning_usd: float | None
+    now: FleetNow | None

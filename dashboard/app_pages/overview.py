@@ -1,4 +1,10 @@
-"""Overview: tokens, requests, spend and savings against plain decoding, per model."""
+"""Overview: the bill, right-sized bills, achievable savings, GPUs to release; then capacity cost.
+
+Three answers lead, each a different figure: what the GPUs held cost (the bill); what the
+traffic would cost on a fleet sized for it, per method, and the money that saves against
+plain (achievable savings); how many GPUs the load needs now per method pool. The
+per-request capacity cost, a unit for comparing methods and not money saved, comes after.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,105 @@ from dashboard import charts
 from dashboard.app_pages.live import live_panel
 from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
 from dashboard.client import AdminClient, admin_client, shows_api_errors
-from dashboard.schemas import PriceKind, Spend, Usage, UsageRow
+from dashboard.schemas import Backend, Fleet, PriceKind, Spend, Usage, UsageRow
+
+
+def _money(usd: float | None) -> str:
+    return "no price" if usd is None else f"${usd:,.2f}"
+
+
+def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
+    """The three answers for one model."""
+    by_method = {m.method: m for m in fleet.methods}
+    best = by_method.get(fleet.best) if fleet.best else None
+    cols = st.columns(4)
+    cols[0].metric(
+        f"Bill ({label})",
+        _money(fleet.actual.spend_usd),
+        f"{fleet.actual.gpu_hours:,.1f} GPU-hours held",
+        delta_arrow="off",
+    )
+    cols[1].metric(
+        "Right-sized bill (best method)",
+        _money(best.bill_usd) if best else "no method meets the objective",
+        f"{best.method}, {best.source}" if best else None,
+        delta_arrow="off",
+    )
+    cols[2].metric("Achievable savings vs plain", _money(fleet.achievable_savings_usd))
+    cols[3].metric("Over-provisioning", _money(fleet.over_provisioning_usd))
+    objective = fleet.objective
+    sized = (
+        f"within {objective.itl_ms:g} ms per token"
+        if objective.itl_ms is not None
+        else "for throughput alone (no ITL objective: plain often needs the fewest GPUs; "
+        "speculative decoding pays under a latency objective, set one on the Models page)"
+    )
+    st.caption(
+        f"Right-sized: whole replicas hour by hour {sized}, {fleet.headroom:.0%} headroom over "
+        f"each hour's mean, at the {fleet.price_kind} price. Achievable savings are money only "
+        "once the fleet is sized to its traffic; over-provisioning is the bill minus the "
+        "right-sized bill of the methods as served."
+    )
+    st.dataframe(
+        [
+            {
+                "method": m.method,
+                "K": m.k,
+                "GPUs per replica": f"{m.gpu_count}x {m.gpu_type}",
+                "tokens/s per replica": f"{m.output_tokens_per_s_per_replica:,.0f}",
+                "ITL (ms)": f"{m.itl_ms:.1f}",
+                "meets objective": "yes" if m.meets_objective else "no",
+                "peak replicas": m.peak_replicas,
+                "GPU-hours": f"{m.gpu_hours:,.1f}",
+                "right-sized bill": _money(m.bill_usd),
+                "curve": m.source,
+            }
+            for m in fleet.methods
+        ],
+        hide_index=True,
+    )
+    _release(fleet, backends)
+
+
+def _release(fleet: Fleet, backends: list[Backend]) -> None:
+    """GPUs held now against what the current load needs, per method pool."""
+    if fleet.now is None:
+        st.info("Desired replicas appear after the selector's first round.")
+        return
+    mine = [b for b in backends if b.model == fleet.model and b.enabled]
+    held = {m: sum(b.gpu_count for b in mine if b.method == m) for m in {b.method for b in mine}}
+    per_replica = {m.method: m.gpu_count for m in fleet.methods}
+    wanted = {m: n * per_replica.get(m, 1) for m, n in fleet.now.desired_replicas.items()}
+    release = sum(held.values()) - sum(wanted.values())
+    st.metric(
+        "GPUs you could release now",
+        f"{max(release, 0):,}" if release >= 0 else f"add {-release:,}",
+        f"load {fleet.now.concurrency:.1f} streams, {fleet.now.output_tokens_per_s:,.0f} tokens/s",
+        delta_arrow="off",
+    )
+    st.dataframe(
+        [
+            {
+                "pool": m,
+                "routed now": "yes" if m == fleet.now.routed_method else "no",
+                "GPUs held": held.get(m, 0),
+                "desired replicas": n,
+                "desired GPUs": wanted[m],
+            }
+            for m, n in sorted(fleet.now.desired_replicas.items())
+        ],
+        hide_index=True,
+    )
+
+
+def _answers(api: AdminClient, label: str, start: dt.datetime, kind: PriceKind) -> None:
+    """The bill, the right-sized bills and the GPUs to release, per model."""
+    backends = api.backends()
+    models = sorted({b.model for b in backends})
+    for model in models:
+        if len(models) > 1:
+            st.markdown(f"**{model}**")
+        _fleet(api.fleet(model, start, kind), backends, label)
 
 
 def _totals(usage: Usage) -> UsageRow:
@@ -36,11 +140,11 @@ def _ledger(usage: Usage, label: str) -> None:
     cols[0].metric(f"Requests ({label})", f"{total.requests:,}")
     cols[1].metric("Output tokens", f"{total.completion_tokens:,}")
     cols[2].metric("Capacity cost", f"${total.cost_usd:,.4f}")
-    saved = total.savings_usd / total.baseline_cost_usd if total.baseline_cost_usd else 0.0
+    less = total.savings_usd / total.baseline_cost_usd if total.baseline_cost_usd else 0.0
     cols[3].metric(
-        "Saved vs plain",
-        f"${total.savings_usd:,.4f}",
-        f"{saved:.0%} less than plain",
+        "Capacity cost vs plain",
+        f"${total.savings_usd:,.4f} less",
+        f"{less:.0%} below plain at the same load (not money saved)",
         delta_arrow="off",
     )
     st.dataframe(
@@ -52,8 +156,8 @@ def _ledger(usage: Usage, label: str) -> None:
                 "input tokens": r.prompt_tokens,
                 "output tokens": r.completion_tokens,
                 "capacity cost (USD)": r.cost_usd,
-                "plain would cost (USD)": r.baseline_cost_usd,
-                "saved (USD)": r.savings_usd,
+                "plain's capacity cost (USD)": r.baseline_cost_usd,
+                "difference (USD)": r.savings_usd,
                 "USD per 1M output tokens": _usd_per_mtok(r),
             }
             for r in usage.data
@@ -101,11 +205,18 @@ def _spend(spend: Spend, label: str) -> None:
 
 
 def _totals_panel(label: str, start: dt.datetime, kind: PriceKind) -> None:
-    """Traffic, capacity cost and savings, then actual GPU spend: two views, never mixed."""
+    """The three answers and the bill's backends, then traffic at capacity cost."""
     api = admin_client()
     prices, gpu_types = api.prices(), {b.gpu_type for b in api.backends()}
+    st.subheader("The bill, fleets sized for the traffic, GPUs to release")
+    _answers(api, label, start, kind)
+    st.subheader("GPU spend by backend")
+    st.caption(
+        "GPU-hours each backend was held, idle included, at " + price_note(prices, kind, gpu_types)
+    )
+    _spend(api.spend(start, kind), label)
     usage = api.usage(start)
-    st.subheader("Traffic, capacity cost and savings")
+    st.subheader("Traffic and capacity cost")
     served_at = price_note(prices, "on-demand", gpu_types)
     st.caption(
         "Capacity cost: each request's output tokens at its method's $ per 1M tokens, priced "
@@ -118,11 +229,6 @@ def _totals_panel(label: str, start: dt.datetime, kind: PriceKind) -> None:
         )
     else:
         _ledger(usage, label)
-    st.subheader("GPU spend")
-    st.caption(
-        "GPU-hours each backend was held, idle included, at " + price_note(prices, kind, gpu_types)
-    )
-    _spend(api.spend(start, kind), label)
 
 
 @shows_api_errors
@@ -136,4 +242,6 @@ def render() -> None:
     if label != "today":
         st.subheader("Day by day")
         _trend(api, start)
-        st.caption("Capacity cost and savings vs plain per UTC day, from the hourly rollups.")
+        st.caption(
+            "Capacity cost and its difference from plain per UTC day, from the hourly rollups."
+        )

@@ -13,6 +13,11 @@ from tests.dashboard.conftest import MODEL, Stack
 TIMEOUT_S = 30.0
 
 
+def _table(at: AppTest, column: str) -> Any:
+    """The first table on the page with `column`."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
 def _overview() -> None:
     from dashboard.app_pages import overview
 
@@ -28,7 +33,7 @@ def test_overview_shows_requests_tokens_cost_and_savings(dashboard_env: Stack) -
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Requests (7 days)"] == f"{sum(r['requests'] for r in rows):,}"
     assert metrics["Output tokens"] == f"{sum(r['completion_tokens'] for r in rows):,}"
-    table = at.dataframe[0].value
+    table = _table(at, "capacity cost (USD)")
     assert set(table["model"]) == {MODEL}
     assert set(table["method"]) == {r["method"] for r in rows}
     captions = " ".join(c.value for c in at.caption)
@@ -50,9 +55,9 @@ def test_overview_trend_adds_up_to_the_period_totals(dashboard_env: Stack) -> No
     at = AppTest.from_function(_overview, default_timeout=TIMEOUT_S).run()
     days = _chart_values(at, "day")
     assert len({d["day"] for d in days}) == 8  # seven days back to midnight, and today
-    table = at.dataframe[0].value
+    table = _table(at, "capacity cost (USD)")
     cost = sum(d["usd"] for d in days if d["figure"] == "capacity cost")
-    saved = sum(d["usd"] for d in days if d["figure"] == "savings vs plain")
+    saved = sum(d["usd"] for d in days if d["figure"] == "capacity cost below plain")
     assert abs(cost - table["capacity cost (USD)"].sum()) < 1e-9
-    assert abs(saved - table["saved (USD)"].sum()) < 1e-9
+    assert abs(saved - table["difference (USD)"].sum()) < 1e-9
     assert saved > 0
