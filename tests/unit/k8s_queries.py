@@ -22,6 +22,7 @@ K8S = ROOT / "deploy" / "k8s"
 DOCKERFILE = ROOT / "Dockerfile"
 BASE = K8S / "base"
 SIM = K8S / "overlays" / "sim"
+AUTOSCALE = K8S / "overlays" / "autoscale"
 MODEL = "Qwen/Qwen3-8B"
 # The published Qwen3-8B drafter of each method the GPU fleet serves.
 DRAFTERS = {

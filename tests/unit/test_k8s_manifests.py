@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
@@ -20,6 +21,7 @@ from typer.exceptions import TyperException
 
 from tests.unit.k8s_queries import (
     ALL_INTERFACES,
+    AUTOSCALE,
     BASE,
     DOCKERFILE,
     K8S,
@@ -28,6 +30,7 @@ from tests.unit.k8s_queries import (
     SIM,
     containers,
     draftgate_commands,
+    fleet,
     only_container,
     parse_draftgate,
     pod_specs,
@@ -83,7 +86,44 @@ def test_the_schema_check_rejects_broken_manifests(base: Build) -> None:
 
 def test_every_file_in_the_tree_is_read_by_a_kustomization(base: Build, sim: Build) -> None:
     on_disk = {p.resolve() for p in K8S.rglob("*") if p.is_file() and p.name != "README.md"}
-    assert on_disk == base.files | sim.files
+    assert on_disk == base.files | sim.files | build(AUTOSCALE).files
+
+
+# The ScaledObject fields KEDA documents (keda.sh, v2 "Scaling Deployments"); a custom
+# resource has no schema in the Kubernetes validator, so its shape is checked here.
+SCALED_OBJECT_SPEC = {
+    "scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod",
+    "idleReplicaCount", "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers",
+}  # fmt: skip
+DESIRED = re.compile(
+    r'^sum\(draftgate_desired_replicas\{model="(?P<model>[^"]+)",method="(?P<method>[^"]+)"\}\)$'
+)
+
+
+def test_each_vllm_deployment_scales_on_its_pools_desired_replicas(base: Build) -> None:
+    autoscale = build(AUTOSCALE)
+    scaled = [o for o in autoscale.objects if o["kind"] == "ScaledObject"]
+    others = [o for o in autoscale.objects if o["kind"] != "ScaledObject"]
+    assert sorted(others, key=str) == sorted(base.objects, key=str)  # the base, unchanged
+    method_of = {urlsplit(str(b.url)).hostname: b.method for b in fleet(base).backends}
+    vllm = {o["metadata"]["name"] for o in base.objects if o["kind"] == "Deployment"} & set(
+        method_of
+    )
+    assert {o["spec"]["scaleTargetRef"]["name"] for o in scaled} == vllm  # one per pool
+    for obj in scaled:
+        spec = obj["spec"]
+        assert obj["apiVersion"] == "keda.sh/v1alpha1"
+        assert set(spec) <= SCALED_OBJECT_SPEC, set(spec) - SCALED_OBJECT_SPEC
+        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        [trigger] = spec["triggers"]
+        assert trigger["type"] == "prometheus"
+        meta = trigger["metadata"]
+        assert meta["threshold"] == "1"  # replicas = ceil(metric / 1): the gauge itself
+        assert urlsplit(meta["serverAddress"]).scheme == "http"
+        found = DESIRED.match(meta["query"])
+        assert found is not None, meta["query"]
+        target = spec["scaleTargetRef"]["name"]
+        assert (found["model"], found["method"]) == (MODEL, method_of[target])
 
 
 def test_a_missing_resource_or_unknown_feature_is_refused(tmp_path: Path) -> None:
