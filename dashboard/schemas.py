@@ -335,6 +335,15 @@ class FleetObjective(Record):
     sized_for: str
 
 
+class FleetLatency(Record):
+    method: str
+    output_tokens: int
+    concurrency_per_backend: float
+    itl_ms: float
+    plain_itl_ms: float | None
+    speedup_vs_plain: float | None
+
+
 class FleetNow(Record):
     concurrency: float
     output_tokens_per_s: float
@@ -355,4 +364,5 @@ class Fleet(Record):
     achievable_savings_usd: float | None
     served_bill_usd: float | None
     over_provisioning_usd: float | None
+    latency: list[FleetLatency]
     now: FleetNow | None

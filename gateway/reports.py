@@ -218,6 +218,17 @@ class FleetAuto(Report):
     hours_by_method: dict[str, int]
 
 
+class FleetLatency(Report):
+    """What speculation buys on the fleet one has: ITL served vs plain's at the same load."""
+
+    method: str
+    output_tokens: int
+    concurrency_per_backend: float  # mean streams in flight per backend, token-weighted
+    itl_ms: float  # the method's curve at that load
+    plain_itl_ms: float | None  # plain's curve at the same load
+    speedup_vs_plain: float | None  # plain_itl_ms / itl_ms
+
+
 class FleetNow(Report):
     """The model's load now (this gateway replica's view) and the replicas each pool wants."""
 
@@ -245,4 +256,5 @@ class FleetReport(Report):
     achievable_savings_usd: float | None  # plain's right-sized bill - best's
     served_bill_usd: float | None  # right-sized bill of the methods as they were served
     over_provisioning_usd: float | None  # actual spend - served_bill_usd
+    latency: list[FleetLatency]  # the latency gain at the fleet one has, per served method
     now: FleetNow | None

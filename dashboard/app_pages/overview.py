@@ -74,6 +74,34 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
         hide_index=True,
     )
     _release(fleet, backends)
+    _latency(fleet)
+
+
+def _latency(fleet: Fleet) -> None:
+    """What speculation buys on the fleet one has: time per token against plain's."""
+    if not fleet.latency:
+        return
+    st.markdown("Latency gain at the fleet you have")
+    st.dataframe(
+        [
+            {
+                "method": r.method,
+                "output tokens": f"{r.output_tokens:,}",
+                "streams per backend": f"{r.concurrency_per_backend:.1f}",
+                "ms per token": f"{r.itl_ms:.2f}",
+                "plain at that load": "-" if r.plain_itl_ms is None else f"{r.plain_itl_ms:.2f}",
+                "faster than plain": "-"
+                if r.speedup_vs_plain is None
+                else f"{r.speedup_vs_plain:.2f}x",
+            }
+            for r in fleet.latency
+        ],
+        hide_index=True,
+    )
+    st.caption(
+        "From the curves at each method's mean load per backend, hour by hour, weighted by "
+        "output tokens: what speculative decoding buys when no GPU is released."
+    )
 
 
 def _release(fleet: Fleet, backends: list[Backend]) -> None:

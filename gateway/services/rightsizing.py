@@ -27,6 +27,7 @@ from gateway.registry import Snapshot
 from gateway.reports import (
     FleetActual,
     FleetAuto,
+    FleetLatency,
     FleetMethod,
     FleetNow,
     FleetObjective,
@@ -43,7 +44,7 @@ from gateway.services.spend import (
 )
 from gateway.settings import Settings
 from planner.cost import ThroughputCurve
-from planner.rightsize import Hour, ReplicaCapacity, replica_capacity, size_hours
+from planner.rightsize import Hour, ReplicaCapacity, itl_ms, replica_capacity, size_hours
 
 HOUR = dt.timedelta(hours=1)
 
@@ -88,6 +89,7 @@ class TrafficHour:
     completion_tokens: int
     busy_s: float
     completion_by_method: Mapping[str, int]
+    busy_s_by_method: Mapping[str, float]
 
     def demand(self, tokens: int | None = None) -> float:
         """Output tokens/s over the hour (of all methods, or `tokens` of one)."""
@@ -141,12 +143,14 @@ def traffic_hours(
     )
     sums: dict[dt.datetime, list[float]] = {}
     by_method: dict[dt.datetime, dict[str, int]] = defaultdict(dict)
+    busy_by_method: dict[dt.datetime, dict[str, float]] = defaultdict(dict)
     for stored, method, *values in session.execute(query):
         hour = stored.astimezone(dt.UTC)
         row = sums.setdefault(hour, [0.0, 0.0, 0.0, 0.0])
         for i, value in enumerate(values):
             row[i] += float(value or 0)
         by_method[hour][method] = int(values[2] or 0)
+        busy_by_method[hour][method] = float(values[3] or 0)
     held = _held_spans(session, model, start, end, now)
     hours = sorted(set(sums) | {h for span in held for h in _hours_of(*span)})
     out = []
@@ -169,6 +173,7 @@ def traffic_hours(
                 completion_tokens=int(completion),
                 busy_s=busy,
                 completion_by_method=by_method[hour],
+                busy_s_by_method=busy_by_method[hour],
             )
         )
     return out
@@ -308,6 +313,45 @@ def _auto(
     return FleetAuto(gpu_hours=gpu_hours, bill_usd=bill, hours_by_method=dict(chosen))
 
 
+def _latency(
+    sized: Mapping[str, Sized], hours: Sequence[TrafficHour], backends: Mapping[str, int]
+) -> list[FleetLatency]:
+    """Per served method: its ITL at the load it was served at, and plain's at that load.
+
+    The load of a method's backends in an hour is its busy seconds over the hour's elapsed
+    seconds, split over its backends; both ITLs come from the curves at that load and are
+    averaged over the hours weighted by the method's output tokens.
+    """
+    plain = sized.get("plain")
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for h in hours:
+        for method, tokens in h.completion_by_method.items():
+            pool = sized.get(method)
+            if pool is None or tokens <= 0:
+                continue
+            c = h.busy_s_by_method.get(method, 0.0) / h.elapsed_s / max(backends.get(method, 1), 1)
+            row = sums[method]
+            row[0] += tokens
+            row[1] += tokens * c
+            row[2] += tokens * itl_ms(pool.pool.curve, pool.pool.gpu_count, c)
+            if plain is not None:
+                row[3] += tokens * itl_ms(plain.pool.curve, plain.pool.gpu_count, c)
+    out = []
+    for method, (weight, load, itl, plain_itl) in sorted(sums.items()):
+        base = plain_itl / weight if plain is not None else None
+        out.append(
+            FleetLatency(
+                method=method,
+                output_tokens=int(weight),
+                concurrency_per_backend=load / weight,
+                itl_ms=itl / weight,
+                plain_itl_ms=base,
+                speedup_vs_plain=None if base is None else base / (itl / weight),
+            )
+        )
+    return out
+
+
 def fleet_report(
     session: Session,
     snapshot: Snapshot,
@@ -371,6 +415,7 @@ def fleet_report(
         achievable_savings_usd=achievable,
         served_bill_usd=served_bill,
         over_provisioning_usd=over,
+        latency=_latency(sized, hours, Counter(b.method for b in snapshot.backends.get(model, ()))),
         now=now_sizing,
     )
 

@@ -4,6 +4,7 @@ per method, right-sized bills, achievable savings and over-provisioning out."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import httpx
 import pytest
@@ -106,6 +107,16 @@ async def test_right_sized_bills_savings_and_over_provisioning_by_hand(
     assert body["served_bill_usd"] == pytest.approx(21.0)
     assert body["over_provisioning_usd"] == pytest.approx(75.0)
     assert body["auto"]["bill_usd"] == 12  # EAGLE-3 is cheapest in both hours
+    # The latency gain at the fleet one has: EAGLE-3 served hour 1 at 18000 busy seconds over
+    # 3600 s on one backend, 5 streams: 540 + 260 * log2(5 / 4) = 623.7 tokens/s, 8.0 ms
+    # per token, where plain's curve gives 180 + 140 * log2(5 / 4) = 225.1 tokens/s, 22.2 ms.
+    latency = {row["method"]: row for row in body["latency"]}
+    e3 = latency["eagle3"]
+    assert (e3["output_tokens"], e3["concurrency_per_backend"]) == (7_200_000, 5.0)
+    assert e3["itl_ms"] == pytest.approx(5000 / (540 + 260 * math.log2(1.25)))
+    assert e3["plain_itl_ms"] == pytest.approx(5000 / (180 + 140 * math.log2(1.25)))
+    assert e3["speedup_vs_plain"] == pytest.approx(e3["plain_itl_ms"] / e3["itl_ms"])
+    assert latency["plain"]["speedup_vs_plain"] == 1
     assert body["now"] is None or set(body["now"]["desired_replicas"]) <= {"plain", "eagle3"}
 
 
