@@ -174,8 +174,8 @@ class FleetTraffic(Report):
     requests: int
     input_tokens: int
     output_tokens: int
-    output_tokens_per_s: float  # output tokens over the hour's elapsed seconds
-    mean_concurrency: float  # request-seconds in flight over elapsed seconds (Little's law)
+    output_tokens_per_s: float  # output tokens over the seconds of the hour it was served
+    mean_concurrency: float  # request-seconds in flight over those seconds (Little's law)
 
 
 class FleetObjective(Report):

@@ -65,7 +65,7 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
                 "ITL (ms)": f"{m.itl_ms:.1f}",
                 "meets objective": "yes" if m.meets_objective else "no",
                 "peak replicas": m.peak_replicas,
-                "GPU-hours": f"{m.gpu_hours:,.1f}",
+                "GPU-hours": f"{m.gpu_hours:,.3f}",
                 "right-sized bill": _money(m.bill_usd),
                 "curve": m.source,
             }

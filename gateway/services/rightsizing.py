@@ -83,7 +83,7 @@ class TrafficHour:
 
     hour: dt.datetime
     weight: float  # hours of it inside the period (and while the model was held)
-    elapsed_s: float  # seconds of it that have passed (3600 but for the current hour)
+    elapsed_s: float  # seconds of it the model was served (held), up to now
     requests: int
     prompt_tokens: int
     completion_tokens: int
@@ -151,15 +151,19 @@ def traffic_hours(
             row[i] += float(value or 0)
         by_method[hour][method] = int(values[2] or 0)
         busy_by_method[hour][method] = float(values[3] or 0)
-    held = _held_spans(session, model, start, end, now)
-    hours = sorted(set(sums) | {h for span in held for h in _hours_of(*span)})
+    # Held spans around the period: an hour's rate is its tokens over the seconds the model
+    # was served in it (a stack started at :50 served its tokens in 10 minutes, not 50).
+    held = _held_spans(session, model, hour_of(start), min(hour_of(end) + HOUR, now), now)
+    hours = sorted(set(sums) | {h for span in held for h in _hours_of(*span) if start <= h < end})
     out = []
     for hour in hours:
+        elapsed = (hour, min(hour + HOUR, now))
         inside = (max(hour, start), min(hour + HOUR, end, now))
-        held_for = sum((_overlap(inside, span) for span in held), dt.timedelta(0))
-        if hour in sums and not held_for:  # traffic, so something served it
-            held_for = _overlap(inside, inside)
-        weight = held_for / HOUR
+        served_s = _held_within(elapsed, held)
+        weight = _held_within(inside, held) / 3600
+        if hour in sums and not served_s:  # traffic, so something served it: all hour long
+            served_s = _overlap(elapsed, elapsed).total_seconds()
+            weight = _overlap(inside, inside) / HOUR
         if weight <= 0:
             continue
         n, prompt, completion, busy = sums.get(hour, [0.0, 0.0, 0.0, 0.0])
@@ -167,7 +171,7 @@ def traffic_hours(
             TrafficHour(
                 hour=hour,
                 weight=weight,
-                elapsed_s=max(1.0, (min(hour + HOUR, now) - hour).total_seconds()),
+                elapsed_s=max(1.0, served_s),
                 requests=int(n),
                 prompt_tokens=int(prompt),
                 completion_tokens=int(completion),
@@ -204,10 +208,16 @@ def _hours_of(a: dt.datetime, b: dt.datetime) -> Iterable[dt.datetime]:
         hour += HOUR
 
 
-def _overlap(
-    x: tuple[dt.datetime, dt.datetime], y: tuple[dt.datetime, dt.datetime]
-) -> dt.timedelta:
+Span = tuple[dt.datetime, dt.datetime]
+
+
+def _overlap(x: Span, y: Span) -> dt.timedelta:
     return max(dt.timedelta(0), min(x[1], y[1]) - max(x[0], y[0]))
+
+
+def _held_within(window: Span, held: Sequence[Span]) -> float:
+    """Seconds of `window` inside the (merged) held spans."""
+    return sum((_overlap(window, span) for span in held), dt.timedelta(0)).total_seconds()
 
 
 def _source(
@@ -386,7 +396,12 @@ def fleet_report(
         for method, s in sized.items()
     ]
     candidates = [m for m in methods if m.bill_usd is not None and m.meets_objective]
-    best = min(candidates, key=lambda m: (m.bill_usd or 0.0, m.method), default=None)
+    # On equal bills (every method at the floor, say) the one with most room per replica.
+    best = min(
+        candidates,
+        key=lambda m: (m.bill_usd or 0.0, -m.output_tokens_per_s_per_replica, m.method),
+        default=None,
+    )
     plain = next((m for m in methods if m.method == "plain"), None)
     achievable = None
     if best is not None and plain is not None and plain.bill_usd is not None:
