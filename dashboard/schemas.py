@@ -333,6 +333,7 @@ class FleetActual(Record):
 class FleetObjective(Record):
     itl_ms: float | None
     sized_for: str
+    speculation_pays_below_itl_ms: float | None = None
 
 
 class FleetLatency(Record):

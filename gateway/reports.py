@@ -183,6 +183,9 @@ class FleetObjective(Report):
 
     itl_ms: float | None
     sized_for: Literal["itl objective", "throughput alone"]
+    # Without an objective: the loosest ITL objective (ms per token, on a grid of quarter
+    # octaves) under which a speculative method's right-sized bill is below plain's.
+    speculation_pays_below_itl_ms: float | None
 
 
 class FleetActual(Report):

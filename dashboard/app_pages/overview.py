@@ -16,11 +16,18 @@ from dashboard import charts
 from dashboard.app_pages.live import live_panel
 from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
 from dashboard.client import AdminClient, admin_client, shows_api_errors
-from dashboard.schemas import Backend, Fleet, PriceKind, Spend, Usage, UsageRow
+from dashboard.schemas import Backend, Fleet, FleetObjective, PriceKind, Spend, Usage, UsageRow
 
 
 def _money(usd: float | None) -> str:
     return "no price" if usd is None else f"${usd:,.2f}"
+
+
+def _pays(objective: FleetObjective) -> str:
+    below = objective.speculation_pays_below_itl_ms
+    if below is None:
+        return ", none this traffic's fleets reach below plain's bill"
+    return f": for this traffic, one of {below:.1f} ms per token or less (set it on Methods)"
 
 
 def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
@@ -47,7 +54,7 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
         f"within {objective.itl_ms:g} ms per token"
         if objective.itl_ms is not None
         else "for throughput alone (no ITL objective: plain often needs the fewest GPUs; "
-        "speculative decoding pays under a latency objective, set one on the Models page)"
+        f"speculative decoding pays under a latency objective{_pays(objective)})"
     )
     st.caption(
         f"Right-sized: whole replicas hour by hour {sized}, {fleet.headroom:.0%} headroom over "

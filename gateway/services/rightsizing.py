@@ -362,6 +362,38 @@ def _latency(
     return out
 
 
+# ITL objectives tried for the one under which speculation would pay: 1 to 256 ms per token.
+OBJECTIVES_MS = tuple(2 ** (i / 4) for i in range(8 * 4 + 1))
+
+
+def _objective_that_pays(
+    sized: Mapping[str, Sized], hours: Sequence[TrafficHour], sizing: Sizing
+) -> float | None:
+    """The loosest ITL objective under which a speculative method's right-sized fleet costs
+    less than plain's for this traffic (None: none does, or no prices)."""
+    plain = sized.get("plain")
+    if plain is None or plain.usd_per_gpu_hour is None or not hours:
+        return None
+
+    def bill(s: Sized, objective: float) -> float | None:
+        capacity = replica_capacity(s.pool.curve, s.pool.gpu_count, objective)
+        if not capacity.meets_objective or s.usd_per_gpu_hour is None:
+            return None
+        tight = Sized(s.pool, capacity, s.usd_per_gpu_hour)
+        return sum(tight.gpu_hours(h.demand(), h.weight, sizing) for h in hours) * (
+            s.usd_per_gpu_hour
+        )
+
+    for objective in reversed(OBJECTIVES_MS):
+        base = bill(plain, objective)
+        spec = [
+            b for m, s in sized.items() if m != "plain" and (b := bill(s, objective)) is not None
+        ]
+        if spec and (base is None or min(spec) < base):
+            return objective
+    return None
+
+
 def fleet_report(
     session: Session,
     snapshot: Snapshot,
@@ -422,6 +454,9 @@ def fleet_report(
         objective=FleetObjective(
             itl_ms=objective,
             sized_for="itl objective" if objective is not None else "throughput alone",
+            speculation_pays_below_itl_ms=(
+                _objective_that_pays(sized, hours, sizing) if objective is None else None
+            ),
         ),
         actual=FleetActual(gpu_hours=actual.gpu_hours, spend_usd=actual.total_usd),
         methods=methods,

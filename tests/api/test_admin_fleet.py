@@ -17,6 +17,7 @@ from tests.api.test_admin_backends import assert_envelope
 from tests.api.test_ledger import HOUR, entry
 from tests.unit.test_rightsize import PLAIN, SPEC
 
+HOURS_2 = dt.timedelta(hours=2)
 MODEL = "m"  # not in the planner's catalog: its curves are its measurements alone
 BACKENDS = [
     {"name": "m-plain", "url": "http://127.0.0.1:9", "model": MODEL, "method": "plain"},
@@ -84,7 +85,11 @@ async def test_right_sized_bills_savings_and_over_provisioning_by_hand(
     assert response.status_code == 200, response.text
     body = response.json()
     assert (body["headroom"], body["min_replicas"]) == (0.2, 1)  # the defaults
-    assert body["objective"] == {"itl_ms": 25.0, "sized_for": "itl objective"}
+    assert body["objective"] == {
+        "itl_ms": 25.0,
+        "sized_for": "itl objective",
+        "speculation_pays_below_itl_ms": None,  # only asked without an objective
+    }
     traffic = [(t["output_tokens_per_s"], t["mean_concurrency"]) for t in body["traffic"]]
     assert traffic == [(100.0, 1.0), (3000.0, 10.0)]  # busy seconds over 3600 s
     methods = {m["method"]: m for m in body["methods"]}
@@ -118,6 +123,25 @@ async def test_right_sized_bills_savings_and_over_provisioning_by_hand(
     assert e3["speedup_vs_plain"] == pytest.approx(e3["plain_itl_ms"] / e3["itl_ms"])
     assert latency["plain"]["speedup_vs_plain"] == 1
     assert body["now"] is None or set(body["now"]["desired_replicas"]) <= {"plain", "eagle3"}
+
+
+async def test_without_an_objective_plain_wins_and_the_objective_that_would_pay_is_named(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await _fleet(client, app)
+    policy = {"mode": "pinned", "method": "eagle3", "itl_objective_ms": None}
+    assert (await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)).status_code == 200
+    params = {"model": MODEL, "from": HOUR.isoformat(), "to": (HOUR + HOURS_2).isoformat()}
+    body = (await client.get("/admin/v1/fleet", params=params)).json()
+    assert body["objective"]["sized_for"] == "throughput alone"
+    methods = {m["method"]: m for m in body["methods"]}
+    # For throughput alone a plain replica makes 3200 tokens/s, EAGLE-3 1600: plain needs
+    # 1 + ceil(3600 / 3200) = 3 GPU-hours ($9), EAGLE-3 1 + ceil(3600 / 1600) = 4 ($12).
+    assert (methods["plain"]["bill_usd"], methods["eagle3"]["bill_usd"]) == (9, 12)
+    assert (body["best"], body["achievable_savings_usd"]) == ("plain", 0)
+    # Within 45.25 ms per token (2^5.5) plain reaches 1024 tokens/s (45 streams), 5 GPU-hours,
+    # EAGLE-3 still 1600: speculation pays; at 50 ms they tie, above it plain wins.
+    assert body["objective"]["speculation_pays_below_itl_ms"] == pytest.approx(2**5.5)
 
 
 async def test_no_price_means_no_bill_and_bad_input_is_refused(
