@@ -194,7 +194,7 @@ class Collector:
             return
         try:
             stored = await asyncio.to_thread(
-                store_unless_covered, self.sessions, rows, self._own_rows, self.window_s / 2
+                store_unless_covered, self.sessions, rows, self._own_rows, self.window_s
             )
         except SQLAlchemyError as exc:
             logger.warning("could not store %d scrape measurements: %s", len(rows), exc)
