@@ -44,6 +44,19 @@ def _snapshot(row: Backend) -> dict[str, Any]:
     return backend_public(row).model_dump(mode="json")
 
 
+def _audit(
+    session: Session,
+    actor: str,
+    action: str,
+    name: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
+    queries.record_audit(
+        session, actor=actor, action=action, resource=("backend", name), before=before, after=after
+    )
+
+
 def _assign(row: Backend, fields: BackendFields) -> None:
     for key in BackendFields.model_fields:
         setattr(row, key, getattr(fields, key))
@@ -56,14 +69,7 @@ def create_backend(session: Session, data: BackendCreate, actor: str) -> Backend
     _assign(row, data)
     queries.add(session, row, f"backend {data.name!r}")
     ensure_model(session, data.model, actor)
-    queries.record_audit(
-        session,
-        actor=actor,
-        action="create",
-        resource=("backend", row.name),
-        before=None,
-        after=_snapshot(row),
-    )
+    _audit(session, actor, "create", row.name, None, _snapshot(row))
     return row
 
 
@@ -74,14 +80,7 @@ def update_backend(session: Session, name: str, patch: BackendUpdate, actor: str
     _assign(row, merged(BackendFields, _fields(row), patch))
     queries.flush(session, f"backend {name!r}")
     ensure_model(session, row.model, actor)
-    queries.record_audit(
-        session,
-        actor=actor,
-        action="update",
-        resource=("backend", name),
-        before=before,
-        after=_snapshot(row),
-    )
+    _audit(session, actor, "update", name, before, _snapshot(row))
     return row
 
 
@@ -91,9 +90,7 @@ def delete_backend(session: Session, name: str, actor: str) -> None:
     before = _snapshot(row)
     session.delete(row)
     session.flush()
-    queries.record_audit(
-        session, actor=actor, action="delete", resource=("backend", name), before=before, after=None
-    )
+    _audit(session, actor, "delete", name, before, None)
 
 
 def with_runtime(
@@ -130,14 +127,7 @@ def shift_backend(session: Session, old_name: str, target: BackendCreate, actor:
     before = _snapshot(old)
     old.enabled = False
     new = create_backend(session, target, actor)
-    queries.record_audit(
-        session,
-        actor=actor,
-        action="switch",
-        resource=("backend", old_name),
-        before=before,
-        after=_snapshot(new),
-    )
+    _audit(session, actor, "switch", old_name, before, _snapshot(new))
     return old.url
 
 
@@ -146,14 +136,7 @@ def record_switch_failure(
 ) -> None:
     """Audit a switch whose new server never served (`switch-failed`), with the reason."""
     after: dict[str, Any] = {"target": target.model_dump(mode="json"), "error": reason}
-    queries.record_audit(
-        session,
-        actor=actor,
-        action="switch-failed",
-        resource=("backend", old_name),
-        before=None,
-        after=after,
-    )
+    _audit(session, actor, "switch-failed", old_name, None, after)
 
 
 def release_stopped(session: Session, names: Iterable[str], actor: str) -> None:
@@ -166,11 +149,4 @@ def release_stopped(session: Session, names: Iterable[str], actor: str) -> None:
         before = _snapshot(row)
         row.enabled = False
         queries.flush(session, f"backend {name!r}")
-        queries.record_audit(
-            session,
-            actor=actor,
-            action="stop",
-            resource=("backend", name),
-            before=before,
-            after=_snapshot(row),
-        )
+        _audit(session, actor, "stop", name, before, _snapshot(row))
