@@ -8,8 +8,11 @@ targets round by round so machine noise hits all of them alike. Reports p50/p99 
 what the proxy adds to them, throughput relative to direct, the proxy's CPU ms per request
 (utime + stime of its process tree from /proc), and wrk's non-streamed req/s as a cross-check.
 
+`--baseline DIR` adds the target `baseline`: the gateway of another checkout (its own
+`.venv`, e.g. an earlier commit), so a change is measured against what it changes in one run.
+
 Run: .venv/bin/python bench/overhead.py [--targets direct,draftgate,litellm]
-         [--concurrency 1,16,64,256] [--duration 5] [--rounds 2] [--quick]
+         [--concurrency 1,16,64,256] [--duration 5] [--rounds 2] [--quick] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -192,9 +195,14 @@ def start_upstream(procs: Processes, token_delay_ms: float, work: Path) -> Targe
 
 
 def start_draftgate(
-    procs: Processes, upstream: Target, work: Path, extra_env: dict[str, str]
+    procs: Processes,
+    upstream: Target,
+    work: Path,
+    extra_env: dict[str, str],
+    name: str = "draftgate",
+    exe: Path = Path(sys.executable).parent / "draftgate",
 ) -> Target | str:
-    """The gateway on a fresh SQLite database, or why it could not start."""
+    """The gateway `exe` on a fresh SQLite database, or why it could not start."""
     port = free_port()
     fleet = work / "fleet.yaml"
     fleet.write_text(
@@ -206,14 +214,13 @@ def start_draftgate(
     env.update(
         DRAFTGATE_ADMIN_TOKEN="bench-admin-token-0123456789",  # noqa: S106 (throwaway, local)
         DRAFTGATE_REQUIRE_API_KEY="false",
-        DRAFTGATE_DATABASE_URL=f"sqlite:///{work}/dg-{upstream.port}.db",  # fresh each phase
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{work}/{name}-{upstream.port}.db",  # fresh each phase
         DRAFTGATE_FLEET=str(fleet),
     )
     env.update(extra_env)
-    argv = [str(Path(sys.executable).parent / "draftgate"), "gateway", "--port", str(port)]
-    pid = procs.start("draftgate", argv, env, work)
-    why = wait_ready(procs, "draftgate", f"http://127.0.0.1:{port}/health", 60)
-    return why or Target("draftgate", port, pid)
+    pid = procs.start(name, [str(exe), "gateway", "--port", str(port)], env, work)
+    why = wait_ready(procs, name, f"http://127.0.0.1:{port}/health", 60)
+    return why or Target(name, port, pid)
 
 
 def ensure_litellm(cache_dir: Path) -> Path | str:
@@ -528,6 +535,7 @@ class Plan:
     wrk_s: float
     cache_dir: Path
     draftgate_env: dict[str, str]
+    baseline: Path | None  # another checkout whose gateway is the target `baseline`
 
 
 def start_proxies(
@@ -541,6 +549,9 @@ def start_proxies(
             started = upstream
         elif name == "draftgate":
             started = start_draftgate(procs, upstream, work, plan.draftgate_env)
+        elif name == "baseline" and plan.baseline is not None:
+            exe = plan.baseline / ".venv" / "bin" / "draftgate"
+            started = start_draftgate(procs, upstream, work, plan.draftgate_env, name, exe)
         elif isinstance(litellm, Path):
             started = start_litellm(procs, litellm, upstream, work)
         else:
@@ -638,6 +649,12 @@ def parse_args(argv: list[str]) -> Plan:
         metavar="KEY=VALUE",
         help="extra environment for the gateway, e.g. DRAFTGATE_LOG_LEVEL=warning",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="another checkout with its own .venv (made by its `make`), measured as `baseline`",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke test: c=1,16, 1 s, one round")
     args = parser.parse_args(argv)
     quick = {"concurrency": "1,16", "duration": 1.0, "rounds": 1}
@@ -646,8 +663,14 @@ def parse_args(argv: list[str]) -> Plan:
         if getattr(args, name) is None:
             setattr(args, name, value)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if unknown := set(targets) - set(ALL_TARGETS):
+    if args.baseline is not None:
+        if not (args.baseline / ".venv" / "bin" / "draftgate").exists():
+            parser.error(f"--baseline {args.baseline}: no .venv/bin/draftgate there (run make)")
+        targets = [*targets, "baseline"] if "baseline" not in targets else targets
+    if unknown := set(targets) - {*ALL_TARGETS, "baseline"}:
         parser.error(f"unknown targets {sorted(unknown)}; choose from {ALL_TARGETS}")
+    if "baseline" in targets and args.baseline is None:
+        parser.error("the target `baseline` needs --baseline DIR")
     modes = args.modes.split(",")
     return Plan(
         targets=targets,
@@ -659,6 +682,7 @@ def parse_args(argv: list[str]) -> Plan:
         wrk_s=args.duration if args.wrk_duration is None else args.wrk_duration,
         cache_dir=args.cache_dir,
         draftgate_env=dict(kv.split("=", 1) for kv in args.draftgate_env),
+        baseline=args.baseline,
     )
 
 
@@ -679,10 +703,16 @@ def event_loop() -> Iterator[asyncio.Runner]:
             yield runner
 
 
+def commit_of(checkout: Path) -> str:
+    git = ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True).stdout.strip()  # noqa: S603
+
+
 def describe_machine(plan: Plan, litellm: Path | str | None) -> None:
-    git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
-    commit = subprocess.run(git, capture_output=True, text=True).stdout.strip()  # noqa: S603
-    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, draftgate {commit}")
+    python = sys.version.split()[0]
+    print(f"machine: {os.cpu_count()} CPUs, Python {python}, draftgate {commit_of(REPO)}")
+    if plan.baseline is not None:
+        print(f"baseline: the gateway of {commit_of(plan.baseline)}")
     if isinstance(litellm, Path):
         pip = litellm.parent / "pip"
         shown = subprocess.run([str(pip), "show", "litellm"], capture_output=True, text=True)  # noqa: S603
