@@ -24,20 +24,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.session import transaction, upsert_insert
 from gateway.db.tables import RateWindow
+from gateway.errors import QuotaExceeded, RateLimited
 from gateway.registry import KeyView
 
 logger = logging.getLogger(__name__)
 WINDOW_S = 60
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """The limiter's verdict: why a key's request may not proceed (the relay's 429)."""
-
-    status: int
-    code: str
-    message: str
-    retry_after_s: int | None = None
 
 
 @dataclass(slots=True)
@@ -76,23 +67,25 @@ class Limiter:
         self._unwritten_at_start: dict[int, float] = {}  # as of the registry read under way
         self._spend_at_start: dict[int, float] | None = None
 
-    def check(self, key: KeyView, spent_usd: float, now_s: float | None = None) -> Refusal | None:
-        """Refuse a request over the key's rate limits or budget."""
+    def check(
+        self, key: KeyView, spent_usd: float, now_s: float | None = None
+    ) -> RateLimited | QuotaExceeded | None:
+        """The error refusing a request over the key's rate limits or budget, if it is."""
         now_s = time.time() if now_s is None else now_s
         counts = self._counts.get((key.id, current_window(now_s)), _Counts())
         retry = WINDOW_S - int(now_s % WINDOW_S)
         if key.requests_per_minute is not None and counts.requests >= key.requests_per_minute:
             message = f"Rate limit reached: {key.requests_per_minute} requests per minute"
-            return Refusal(429, "rate_limit_exceeded", message, retry)
+            return RateLimited(message, retry_after_s=retry)
         if key.tokens_per_minute is not None and counts.tokens >= key.tokens_per_minute:
             message = f"Rate limit reached: {key.tokens_per_minute} tokens per minute"
-            return Refusal(429, "rate_limit_exceeded", message, retry)
+            return RateLimited(message, retry_after_s=retry)
         spent = spent_usd + self._spend_since_snapshot.get(key.id, 0.0)
         if key.budget_usd is not None and spent >= key.budget_usd:
             message = (
                 f"Budget exhausted: ${spent:.4f} of ${key.budget_usd:.2f} ({key.budget_period})"
             )
-            return Refusal(429, "insufficient_quota", message)
+            return QuotaExceeded(message)
         return None
 
     def count_request(self, key_id: int, now_s: float | None = None) -> None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.accounting import Ledger, UsageEntry
-from gateway.errors import QuotaExceeded, RateLimited
-from gateway.limits import Limiter, Refusal
+from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView, Snapshot
 
@@ -53,19 +52,13 @@ def check_limits(
     refusal = limiter.check(key, snapshot.key_spend_usd.get(key.id, 0.0))
     if refusal is not None:
         metrics.rejections.labels(refusal.code).inc()
-        raise _limit_error(refusal)
+        raise refusal
 
 
 def count_admitted(x: Exchange, limiter: Limiter) -> None:
     """Count a request that passed every check against its key's requests per minute."""
     if x.key is not None:
         limiter.count_request(x.key.id)
-
-
-def _limit_error(refusal: Refusal) -> RateLimited | QuotaExceeded:
-    if refusal.code == RateLimited.code:
-        return RateLimited(refusal.message, retry_after_s=refusal.retry_after_s)
-    return QuotaExceeded(refusal.message, code=refusal.code)
 
 
 def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics) -> None:

@@ -22,7 +22,8 @@ def test_requests_per_minute() -> None:
         lim.count_request(KEY.id, NOW)
     refusal = lim.check(KEY, 0.0, NOW + 15)
     assert refusal is not None
-    assert (refusal.status, refusal.code, refusal.retry_after_s) == (429, "rate_limit_exceeded", 45)
+    assert (refusal.status_code, refusal.retry_after_s) == (429, 45)
+    assert refusal.code == "rate_limit_exceeded"
     assert lim.check(KEY, 0.0, NOW + 60) is None  # a new minute
 
 
