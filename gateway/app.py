@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import health
+from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
 from gateway.control.benchmarks import BenchmarkManager
@@ -33,7 +33,6 @@ from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
-from gateway.relay import openai_routes
 from gateway.relay.proxy import Relay
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.services.rightsizing import Sizing

@@ -22,9 +22,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.curves import Served, build_curves
+from gateway.db.measurements import aggregates
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from gateway.reports import FleetNow
-from gateway.services.measurements import aggregates
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)

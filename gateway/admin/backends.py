@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from gateway.db import queries
+from gateway.db.measurements import latest_acceptance
 from gateway.deps import ServicesDep, SessionDep
 from gateway.schemas import (
     BackendCreate,
@@ -19,7 +20,6 @@ from gateway.services.backends import (
     update_backend,
     with_runtime,
 )
-from gateway.services.measurements import latest_acceptance
 
 router = APIRouter(prefix="/backends", tags=["backends"])
 ACTOR = "admin-api"

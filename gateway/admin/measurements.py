@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from gateway.db import measurements
 from gateway.deps import SessionDep
 from gateway.schemas import ListOf, MeasurementPublic
-from gateway.services import measurements
 
 router = APIRouter(prefix="/measurements", tags=["measurements"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from gateway.db import queries
+from gateway.db import measurements, queries
 from gateway.errors import NotFound, ValidationFailed
 from gateway.reports import (
     AccuracyPoint,
@@ -18,7 +18,6 @@ from gateway.reports import (
     PlanPrice,
     PlanReport,
 )
-from gateway.services import measurements
 from planner import calibration, catalog
 from planner.capacity import plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from gateway.accounting import hour_of
 from gateway.curves import CurveKey
-from gateway.db import queries
+from gateway.db import measurements, queries
 from gateway.db.tables import UsageHourly
 from gateway.errors import NotFound
 from gateway.registry import Snapshot
@@ -34,7 +34,6 @@ from gateway.reports import (
     FleetReport,
     FleetTraffic,
 )
-from gateway.services import measurements
 from gateway.services.spend import (
     backend_entries,
     check_price_kind,

@@ -16,6 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "planner", "backends", "dashboard")
 WEB = ("fastapi", "starlette")
+# What every layer of the gateway stands on: the registry, the ledger and limits, the
+# database, and the shapes, settings, errors and metrics everyone shares.
+FOUNDATION = ("gateway.registry", "gateway.curves", "gateway.accounting", "gateway.limits",
+              "gateway.db", "gateway.reports", "gateway.schemas", "gateway.method_schemas",
+              "gateway.errors", "gateway.settings", "gateway.metrics", "gateway.apikeys",
+              "gateway.http_limits")  # fmt: skip
+ABOVE_FOUNDATION = ("gateway.relay", "gateway.control", "gateway.services", "gateway.admin",
+                    "gateway.deps", "gateway.app", "gateway.cli")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,14 @@ WALLS = {
     "the relay reads memory, never the database": (
         ("gateway.relay",),
         ("sqlalchemy", "gateway.db"),
+    ),
+    "the relay is a plain ASGI callable: no web framework, and nothing above it": (
+        ("gateway.relay",),
+        (*WEB, "gateway.deps", "gateway.admin", "gateway.control", "gateway.services"),
+    ),
+    "the ground floor (registry, ledger, limits, db, shapes) knows none of the floors above": (
+        FOUNDATION,
+        ABOVE_FOUNDATION,
     ),
     "services and control loops know no HTTP framework, routes or command": (
         ("gateway.services", "gateway.control"),
