@@ -149,7 +149,8 @@ class SavingsRow(Report):
     method: str | None = None
     key: int | None = None
     backend: str | None = None
-    requests: int
+    requests: int  # served by a backend (whatever their status)
+    refused: int = 0  # refused before any backend: a bad key, a limit, a malformed request
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
@@ -158,7 +159,8 @@ class SavingsRow(Report):
 
 
 class SavingsReport(Report):
-    """Capacity cost against plain decoding per group, from the hourly rollups."""
+    """Capacity cost against plain decoding per group over exactly [from, to): whole hours
+    from the hourly rollups, the partial hours at the edges from the records."""
 
     start: str = Field(alias="from")  # ISO 8601, UTC
     end: str = Field(alias="to")

@@ -17,7 +17,9 @@ from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView, Snapshot
 
-MAX_MODEL_NAME = 200  # the ledger's column; a client may send anything
+# A name no backend serves is the client's to choose: its refusals are recorded under this
+# one name (as /metrics labels them), never under theirs.
+UNKNOWN_MODEL = "unknown"
 
 
 @dataclass
@@ -79,7 +81,7 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             client_request_id=x.request_id,
             created_at=x.created_at,
             api_key_id=x.key.id if x.key else None,
-            model=x.model[:MAX_MODEL_NAME],
+            model=x.model if x.model in x.snapshot.backends else UNKNOWN_MODEL,
             method=x.method,
             backend_name=x.backend.name if x.backend else None,
             prompt_tokens=prompt,
@@ -123,7 +125,7 @@ def _observe(
 ) -> None:
     m, model = metrics, x.model or ""
     if model not in snapshot.backends:
-        model = "unknown"  # labels only ever carry the registry's model names
+        model = UNKNOWN_MODEL  # labels only ever carry the registry's model names
     m.requests.labels(model, method, f"{x.status // 100}xx").inc()
     m.latency.labels(model, method).observe(latency)
     if ttft is not None and x.chunks:

@@ -1,23 +1,28 @@
-"""Savings: capacity cost against plain decoding per group, from the hourly rollups only."""
+"""Savings: capacity cost against plain decoding per group, over any period, exactly.
+
+Whole hours are read from the hourly rollups; the partial hours at either edge of the
+period from the records themselves, so `from=07:05` counts a request at 07:06 and never one
+at 07:04. Requests refused before any backend served them (a bad key, a limit, a malformed
+body) are counted apart as `refused`, never among a model's `requests`.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
-from gateway.db.tables import UsageHourly
+from gateway.accounting import hour_of
+from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.errors import ValidationFailed
 from gateway.reports import SavingsReport, SavingsRow
 
-GROUPS = {
-    "model": UsageHourly.model,
-    "method": UsageHourly.method,
-    "key": UsageHourly.api_key_id,
-    "backend": UsageHourly.backend_name,
-}
+GROUPS = ("model", "method", "key", "backend")
 DEFAULT_PERIOD = dt.timedelta(days=30)
+HOUR = dt.timedelta(hours=1)
 
 
 def _groups(group_by: str) -> list[str]:
@@ -30,6 +35,47 @@ def _groups(group_by: str) -> list[str]:
     return names
 
 
+def _rollup_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> Any:
+    """Per group, the sums of the whole hours in [start, end) (both on the hour)."""
+    h = UsageHourly
+    dims = {"model": h.model, "method": h.method, "key": h.api_key_id, "backend": h.backend_name}
+    served = h.backend_name != ""
+    return _sums(
+        [dims[n] for n in names],
+        func.sum(case((served, h.requests), else_=0)),
+        func.sum(case((served, 0), else_=h.requests)),
+        (h.prompt_tokens, h.completion_tokens, h.cost_usd, h.baseline_cost_usd),
+    ).where(h.hour >= start, h.hour < end)
+
+
+def _record_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> Any:
+    """Per group, the sums of the records in [start, end), grouped as the rollups are."""
+    r = UsageRecord
+    backend = func.coalesce(r.backend_name, "")
+    dims = {
+        "model": r.model,
+        "method": func.coalesce(r.method, ""),
+        "key": func.coalesce(r.api_key_id, 0),
+        "backend": backend,
+    }
+    served = backend != ""
+    return _sums(
+        [dims[n] for n in names],
+        func.sum(case((served, 1), else_=0)),
+        func.sum(case((served, 0), else_=1)),
+        (r.prompt_tokens, r.completion_tokens, r.cost_usd, r.baseline_cost_usd),
+    ).where(r.created_at >= start, r.created_at < end)
+
+
+def _sums(
+    dims: list[Any],
+    requests: ColumnElement[Any],
+    refused: ColumnElement[Any],
+    columns: tuple[Any, ...],
+) -> Any:
+    return select(*dims, requests, refused, *(func.sum(c) for c in columns)).group_by(*dims)
+
+
 def savings(
     session: Session, start: dt.datetime | None, end: dt.datetime | None, group_by: str
 ) -> SavingsReport:
@@ -37,34 +83,35 @@ def savings(
     names = _groups(group_by)
     end = (end or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     start = (start or end - DEFAULT_PERIOD).astimezone(dt.UTC)
-    columns = [GROUPS[n] for n in names]
-    query = (
-        select(
-            *columns,
-            func.sum(UsageHourly.requests),
-            func.sum(UsageHourly.prompt_tokens),
-            func.sum(UsageHourly.completion_tokens),
-            func.sum(UsageHourly.cost_usd),
-            func.sum(UsageHourly.baseline_cost_usd),
+    first_hour = hour_of(start) if hour_of(start) == start else hour_of(start) + HOUR
+    last_hour = hour_of(end)
+    queries = [_record_sums(names, start, end)]
+    if first_hour < last_hour:  # whole hours inside: rollups, and records at either edge
+        queries = [
+            _rollup_sums(names, first_hour, last_hour),
+            _record_sums(names, start, first_hour),
+            _record_sums(names, last_hour, end),
+        ]
+    totals: dict[tuple[Any, ...], list[float]] = {}
+    for query in queries:
+        for row in session.execute(query):
+            group = tuple(row[: len(names)])
+            sums = totals.setdefault(group, [0.0] * 6)
+            for i, value in enumerate(row[len(names) :]):
+                sums[i] += float(value or 0)
+    rows = [
+        SavingsRow(
+            **dict(zip(names, group, strict=True)),
+            requests=int(requests),
+            refused=int(refused),
+            prompt_tokens=int(prompt),
+            completion_tokens=int(completion),
+            cost_usd=cost,
+            baseline_cost_usd=baseline,
+            savings_usd=baseline - cost,
         )
-        .where(UsageHourly.hour >= start, UsageHourly.hour < end)
-        .group_by(*columns)
-        .order_by(*columns)
-    )
-    rows = []
-    for row in session.execute(query):
-        dims = row[: len(names)]
-        totals = [float(v or 0) for v in row[len(names) :]]  # type: ignore[arg-type]
-        requests, prompt, completion, cost, baseline = totals
-        rows.append(
-            SavingsRow(
-                **dict(zip(names, dims, strict=True)),
-                requests=int(requests),
-                prompt_tokens=int(prompt),
-                completion_tokens=int(completion),
-                cost_usd=cost,
-                baseline_cost_usd=baseline,
-                savings_usd=baseline - cost,
-            )
+        for group, (requests, refused, prompt, completion, cost, baseline) in sorted(
+            totals.items(), key=lambda item: item[0]
         )
+    ]
     return SavingsReport(start=start.isoformat(), end=end.isoformat(), group_by=names, data=rows)

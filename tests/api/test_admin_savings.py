@@ -55,3 +55,47 @@ async def test_savings_equal_the_records_sum(client: httpx.AsyncClient, app: Fas
 async def test_unknown_group_is_422(client: httpx.AsyncClient) -> None:
     response = await client.get("/admin/v1/savings", params={"group_by": "model,colour"})
     assert "colour" in assert_envelope(response, 422, param="group_by")
+
+
+async def test_any_period_is_answered_exactly(client: httpx.AsyncClient, app: FastAPI) -> None:
+    # Records at 10:04, 10:06, 11:30 and 12:10: whole hours come from the rollups, the
+    # partial hours at the edges from the records, so a period starting at 10:05 counts the
+    # request at 10:06 (the rollups alone would drop the hour 10:00, or count 10:04 in it).
+    minutes = [4, 6, 90, 130]
+    records = [
+        entry(n, minute=m, completion_tokens=10 * (n + 1), api_key_id=None)
+        for n, m in enumerate(minutes)
+    ]
+    write_batch(app.state.services.sessions, records)
+
+    async def tokens(start: int, end: int) -> int:
+        params = {
+            "from": (HOUR + dt.timedelta(minutes=start)).isoformat(),
+            "to": (HOUR + dt.timedelta(minutes=end)).isoformat(),
+            "group_by": "model",
+        }
+        body = (await client.get("/admin/v1/savings", params=params)).json()
+        return sum(r["completion_tokens"] for r in body["data"])
+
+    def expected(start: int, end: int) -> int:
+        pairs = zip(records, minutes, strict=True)
+        return sum(r.completion_tokens for r, m in pairs if start <= m < end)
+
+    for start, end in [(5, 7), (5, 200), (0, 60), (7, 131), (60, 120), (5, 125), (0, 4), (4, 5)]:
+        assert await tokens(start, end) == expected(start, end), (start, end)
+
+
+async def test_refused_requests_are_counted_apart(client: httpx.AsyncClient, app: FastAPI) -> None:
+    served = [entry(n, api_key_id=None) for n in range(3)]
+    refused = [
+        entry(10 + n, api_key_id=None, method=None, backend_name=None, status_code=401,
+              outcome="rejected", completion_tokens=0, cost_usd=None, baseline_cost_usd=None)
+        for n in range(2)
+    ]  # fmt: skip
+    write_batch(app.state.services.sessions, served + refused)
+    params = {"from": HOUR.isoformat(), "to": (HOUR + dt.timedelta(hours=1)).isoformat()}
+    body = (await client.get("/admin/v1/savings", params=params | {"group_by": "model"})).json()
+    assert [(r["model"], r["requests"], r["refused"]) for r in body["data"]] == [("m", 3, 2)]
+    partial = params | {"from": (HOUR + dt.timedelta(minutes=1)).isoformat(), "group_by": "model"}
+    body = (await client.get("/admin/v1/savings", params=partial)).json()
+    assert [(r["requests"], r["refused"]) for r in body["data"]] == [(3, 2)]

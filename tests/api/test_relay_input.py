@@ -77,3 +77,26 @@ async def test_unreachable_backend_is_502_after_retries(relay_client: httpx.Asyn
     response = await relay_client.post("/v1/chat/completions", json=chat)
     assert_envelope(response, 502)
     assert response.json()["error"]["code"] == "upstream_error"
+
+
+async def test_refusals_are_recorded_under_known_names_only(
+    relay_client: httpx.AsyncClient,
+) -> None:
+    # A client picks the model name: refusals of names no backend serves are recorded under
+    # "unknown" (as /metrics labels them), and none counts among any model's requests.
+    for name in ("nope", "x" * 300, "'; drop table usage_records; --"):
+        chat = {"model": name, "messages": [{"role": "user", "content": "hi"}]}
+        assert (await relay_client.post("/v1/chat/completions", json=chat)).status_code == 404
+    bad = {"model": MODEL, "messages": [], "max_tokens": 4}
+    assert (await relay_client.post("/v1/chat/completions", json=bad)).status_code == 400
+    rows: list[dict[str, Any]] = []
+    for _ in range(200):  # the ledger writes every flush interval
+        body = (await relay_client.get("/admin/v1/savings", params={"group_by": "model"})).json()
+        rows = body["data"]
+        if sum(r["refused"] for r in rows) == 4:
+            break
+        await asyncio.sleep(0.05)
+    assert sorted((r["model"], r["requests"], r["refused"]) for r in rows) == [
+        (MODEL, 0, 1),
+        ("unknown", 0, 3),
+    ]
