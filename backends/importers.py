@@ -29,6 +29,9 @@ class ImportedPoint:
     acceptance_per_position: list[float] | None
     ttft_ms: float | None
     itl_ms: float | None
+    requests: int | None = None  # the sample: requests completed, and their mean lengths
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
 
 
 def _number(data: dict[str, Any], key: str, where: str, *, required: bool) -> float | None:
@@ -76,7 +79,22 @@ def read_vllm_bench(path: Path, *, model: str | None, concurrency: float | None)
         acceptance_per_position=[float(p) for p in per_position] if per_position else None,
         ttft_ms=_number(data, "mean_ttft_ms", where, required=False),
         itl_ms=_number(data, "mean_itl_ms", where, required=False),
+        **_bench_sample(data, where),
     )
+
+
+def _bench_sample(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """Requests completed and their mean lengths, from a `vllm bench serve` file's totals."""
+    completed = _number(data, "completed", where, required=False)
+    if not completed or completed < 1:
+        return {}
+    inputs = _number(data, "total_input_tokens", where, required=False)
+    outputs = _number(data, "total_output_tokens", where, required=False)
+    return {
+        "requests": int(completed),
+        "mean_prompt_tokens": None if inputs is None else inputs / completed,
+        "mean_output_tokens": None if outputs is None else outputs / completed,
+    }
 
 
 def _observed_concurrency(data: dict[str, Any], where: str) -> float | None:
@@ -163,4 +181,15 @@ def _guidellm_point(benchmark: object, where: str, model: str) -> ImportedPoint:
         acceptance_per_position=None,
         ttft_ms=_mean(metrics, "time_to_first_token_ms"),
         itl_ms=_mean(metrics, "inter_token_latency_ms"),
+        requests=_count(metrics, "output_token_count"),
+        mean_prompt_tokens=_mean(metrics, "prompt_token_count"),
+        mean_output_tokens=_mean(metrics, "output_token_count"),
     )
+
+
+def _count(metrics: dict[str, Any], name: str) -> int | None:
+    """`metrics[name].successful.count` of a GuideLLM benchmark: the requests behind it."""
+    summary = metrics.get(name)
+    successful = summary.get("successful") if isinstance(summary, dict) else None
+    value = successful.get("count") if isinstance(successful, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

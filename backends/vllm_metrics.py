@@ -117,6 +117,7 @@ class VllmSnapshot:
     accepted_tokens: float | None
     accepted_per_position: tuple[float, ...] | None
     e2e_latency_sum_s: float | None = None  # Σ latency of finished requests (Little's law)
+    e2e_latency_count: float | None = None  # requests finished
 
 
 def parse_metrics(text: str) -> VllmSnapshot:
@@ -130,7 +131,7 @@ def parse_metrics(text: str) -> VllmSnapshot:
         for sample in family.samples:
             if sample.name.endswith("_created"):
                 continue
-            if sample.name == E2E_LATENCY.name + "_sum":
+            if sample.name in (E2E_LATENCY.name + "_sum", E2E_LATENCY.name + "_count"):
                 sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
                 continue
             if family.name == SPEC_ACCEPTED_PER_POS.name:
@@ -151,6 +152,7 @@ def parse_metrics(text: str) -> VllmSnapshot:
         accepted_tokens=sums.get(SPEC_ACCEPTED_TOKENS.name) if spec else None,
         accepted_per_position=positions if spec else None,
         e2e_latency_sum_s=sums.get(E2E_LATENCY.name + "_sum"),
+        e2e_latency_count=sums.get(E2E_LATENCY.name + "_count"),
     )
 
 
@@ -165,6 +167,8 @@ class Observation:
     accepted_per_position: tuple[float, ...]
     running: float
     latency_s: float = 0.0  # Σ end-to-end latency of the requests that finished meanwhile
+    finished: float | None = None  # requests that finished meanwhile (None: not exposed)
+    prompt_tokens: float = 0.0
 
 
 def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Observation | None:
@@ -189,7 +193,15 @@ def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Obs
         per_position,
         _mean_concurrency(before, after, seconds),
         _finished_latency_s(before, after),
+        _finished(before, after),
+        max(after.prompt_tokens - before.prompt_tokens, 0.0),
     )
+
+
+def _finished(before: VllmSnapshot, after: VllmSnapshot) -> float | None:
+    if before.e2e_latency_count is None or after.e2e_latency_count is None:
+        return None
+    return max(after.e2e_latency_count - before.e2e_latency_count, 0.0)
 
 
 def _finished_latency_s(before: VllmSnapshot, after: VllmSnapshot) -> float:

@@ -22,7 +22,7 @@ from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
 from gateway.control.benchmarks import BenchmarkManager
-from gateway.control.collector import Collector
+from gateway.control.collector import Collector, Gate
 from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
 from gateway.control.selector import Selector
@@ -150,7 +150,7 @@ async def _running(
     """Start the registry, ledger, limiter, prober and relay; drain the ledger at the end."""
     sessions = make_sessionmaker(engine)
     metrics = GatewayMetrics()
-    registry = Registry(sessions, settings.registry_refresh_s)
+    registry = Registry(sessions, settings.registry_refresh_s, settings.measurement_max_age_s)
     await anyio.to_thread.run_sync(registry.load)
     ledger = Ledger(
         sessions,
@@ -185,6 +185,7 @@ async def _running(
         metrics,
         interval_s=settings.collect_interval_s,
         window_s=settings.measurement_window_s,
+        gate=Gate(settings.measurement_min_requests, settings.measurement_min_output_tokens),
     )
     selector = Selector(
         registry,

@@ -28,7 +28,7 @@ from planner import calibration, catalog
 from planner.calibration import EngineCalibration
 from planner.catalog import UnknownCatalogEntry
 from planner.cost import ThroughputCurve
-from planner.fit_measurements import Hardware, MeasuredPoint, predict_point
+from planner.fit_measurements import Hardware, MeasuredPoint, concurrency_bin, predict_point
 from planner.recommend import CONCURRENCY
 
 WORKLOAD = "chat"  # the traffic the planner assumes for live requests
@@ -46,38 +46,159 @@ class Served:
 
 
 @dataclass(frozen=True, slots=True)
+class Sample:
+    """One stored measurement as the curves read it: throughput per GPU, and its sample."""
+
+    key: CurveKey
+    k: int
+    concurrency: float
+    output_tokens_per_s: float
+    acceptance_length: float | None = None
+    requests: int | None = None  # None: the source did not say (weighs as one request)
+    mean_output_tokens: float | None = None
+    source: str = "scrape"
+
+
+@dataclass(frozen=True, slots=True)
 class Aggregate:
-    """The mean of a (model, method, GPU, concurrency)'s measurements, per GPU."""
+    """The measurements of a (model, method, GPU, K) in one concurrency bin, pooled: their
+    request-weighted mean throughput per GPU, and how much and how spread the data is."""
 
     key: CurveKey
     k: int
     concurrency: float
     output_tokens_per_s: float
     acceptance_length: float | None
+    requests: int = 1  # Σ requests of the pooled measurements
+    points: int = 1  # measurements pooled
+    spread: float = 0.0  # request-weighted standard deviation of tokens/s, relative to the mean
+    sources: tuple[str, ...] = ("scrape",)
 
 
-def build_curves(
-    points: Iterable[Aggregate], served: Iterable[Served]
-) -> dict[CurveKey, ThroughputCurve]:
+# Points of one curve whose mean answer length is more than this factor from the curve's
+# (request-weighted) median are kept out: 20-token answers do not run at 500-token speed.
+SHAPE_RATIO = 4.0
+# A point this many robust standard deviations (MAD x 1.4826) from its bin's median is an
+# outlier (the modified z-score of Iglewicz and Hoaglin); bins of fewer points keep all.
+OUTLIER_Z = 3.5
+OUTLIER_MIN_POINTS = 3
+Rejections = dict[tuple[CurveKey, int], dict[str, int]]  # (curve, K) -> reason -> points
+
+
+def pool(samples: Iterable[Sample]) -> tuple[list[Aggregate], Rejections]:
+    """Samples pooled per (model, method, GPU, K, concurrency bin), after the shape and
+    outlier rules; what each rule kept out, per curve and K (pure)."""
+    by_curve: dict[tuple[CurveKey, int], list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_curve[(sample.key, sample.k)].append(sample)
+    pooled: list[Aggregate] = []
+    rejected: Rejections = {}
+    for (key, k), group in by_curve.items():
+        kept = _same_shape(group)
+        counts = {"shape": len(group) - len(kept), "outlier": 0}
+        bins: dict[float, list[Sample]] = defaultdict(list)
+        for sample in kept:
+            bins[concurrency_bin(sample.concurrency)].append(sample)
+        for c, members in sorted(bins.items()):
+            good = _without_outliers(members)
+            counts["outlier"] += len(members) - len(good)
+            pooled.append(_pooled(key, k, c, good))
+        if any(counts.values()):
+            rejected[(key, k)] = {reason: n for reason, n in counts.items() if n}
+    return pooled, rejected
+
+
+def _weight(sample: Sample) -> int:
+    return max(sample.requests or 1, 1)
+
+
+def _weighted_median(values: list[tuple[float, int]]) -> float:
+    ordered, half, seen = sorted(values), sum(w for _, w in values) / 2, 0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= half:
+            return value
+    return ordered[-1][0]
+
+
+def _same_shape(samples: list[Sample]) -> list[Sample]:
+    lengths = [(s.mean_output_tokens, _weight(s)) for s in samples if s.mean_output_tokens]
+    if not lengths:
+        return samples
+    median = _weighted_median([(length, w) for length, w in lengths if length is not None])
+    low, high = median / SHAPE_RATIO, median * SHAPE_RATIO
+    return [s for s in samples if not s.mean_output_tokens or low <= s.mean_output_tokens <= high]
+
+
+def _median(values: list[float]) -> float:
+    ordered, n = sorted(values), len(values)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def _without_outliers(samples: list[Sample]) -> list[Sample]:
+    if len(samples) < OUTLIER_MIN_POINTS:
+        return samples
+    values = [s.output_tokens_per_s for s in samples]
+    median = _median(values)
+    mad = _median([abs(v - median) for v in values])
+    if mad == 0:
+        return samples
+    return [s for s in samples if abs(s.output_tokens_per_s - median) / (1.4826 * mad) <= OUTLIER_Z]
+
+
+def _pooled(key: CurveKey, k: int, c: float, samples: list[Sample]) -> Aggregate:
+    weights = [_weight(s) for s in samples]
+    total = sum(weights)
+    mean = sum(w * s.output_tokens_per_s for w, s in zip(weights, samples, strict=True)) / total
+    variance = sum(
+        w * (s.output_tokens_per_s - mean) ** 2 for w, s in zip(weights, samples, strict=True)
+    )
+    seen = [(w, s.acceptance_length) for w, s in zip(weights, samples, strict=True)]
+    known = [(w, al) for w, al in seen if al is not None]
+    al = sum(w * a for w, a in known) / sum(w for w, _ in known) if known else None
+    return Aggregate(
+        key,
+        k,
+        c,
+        mean,
+        al,
+        requests=sum(s.requests or 0 for s in samples) or len(samples),
+        points=len(samples),
+        spread=math.sqrt(variance / total) / mean,
+        sources=tuple(sorted({s.source for s in samples})),
+    )
+
+
+@dataclass(frozen=True)
+class Curves:
+    """The lines that price requests, and the measured points each rests on (at its K)."""
+
+    lines: dict[CurveKey, ThroughputCurve]
+    measured: dict[CurveKey, tuple[Aggregate, ...]]
+    k: dict[CurveKey, int]
+
+
+def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curves:
     """Curves for every measured key and every served (model, method, GPU)."""
     by_key: dict[CurveKey, list[Aggregate]] = defaultdict(list)
     for p in points:
         by_key[p.key].append(p)
     wanted = {(s.model, s.method, s.gpu_type): s.k for s in served}
     for key, rows in by_key.items():
-        wanted.setdefault(key, max(r.k for r in rows))
-    curves = {}
+        wanted.setdefault(key, max(r.k for r in rows))  # not served: its highest K measured
+    curves = Curves({}, {}, {})
     for key, k in wanted.items():
-        curve = _curve(key, k, by_key)
+        rows = [r for r in by_key.get(key, []) if r.k == k]  # another K's points never mix in
+        curve = _curve(key, k, rows, by_key)
         if curve is not None:
-            curves[key] = curve
+            curves.lines[key], curves.k[key] = curve, k
+            curves.measured[key] = tuple(sorted(rows, key=lambda r: r.concurrency))
     return curves
 
 
 def _curve(
-    key: CurveKey, k: int, by_key: Mapping[CurveKey, list[Aggregate]]
+    key: CurveKey, k: int, rows: list[Aggregate], by_key: Mapping[CurveKey, list[Aggregate]]
 ) -> ThroughputCurve | None:
-    rows = by_key.get(key, [])
     hardware = _hardware(key[0], key[2])
     if hardware is None:
         return ThroughputCurve.from_points(_pairs(rows)) if rows else None
@@ -146,5 +267,6 @@ def _point(r: Aggregate) -> MeasuredPoint:
 
 
 def _mean_acceptance(rows: list[Aggregate]) -> float | None:
-    seen = [r.acceptance_length for r in rows if r.acceptance_length is not None]
-    return sum(seen) / len(seen) if seen else None
+    seen = [(r.requests, r.acceptance_length) for r in rows if r.acceptance_length is not None]
+    total = sum(n for n, _ in seen)
+    return sum(n * al for n, al in seen) / total if total else None

@@ -106,6 +106,12 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        self.windows_rejected = Counter(
+            "draftgate_measurement_windows_rejected",
+            "Collector windows not stored as measurements: too few requests or output tokens.",
+            ["backend", "reason"],
+            registry=r,
+        )
         self.desired_replicas = Gauge(
             "draftgate_desired_replicas",
             "Replicas each method pool of a model needs at its current load (autoscaling).",

@@ -21,8 +21,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.curves import Served, build_curves
-from gateway.db.measurements import aggregates
+from gateway.curves import Aggregate, CurveKey, Rejections, Served, build_curves
+from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from gateway.reports import FleetNow
 from planner.cost import ThroughputCurve, usd_per_mtok
@@ -94,7 +94,12 @@ class Snapshot:
     policies: Mapping[str, PolicyView] = field(default_factory=dict)
     keys: Mapping[str, KeyView] = field(default_factory=dict)  # by SHA-256 of the key
     prices: Mapping[str, float] = field(default_factory=dict)  # usd/GPU-hour by GPU type
-    curves: Mapping[tuple[str, str, str], ThroughputCurve] = field(default_factory=dict)
+    # One set of curves prices requests, drives `auto`, sizes the fleet and is drawn: the
+    # lines, the pooled measured points each rests on (at its K), and what was kept out.
+    curves: Mapping[CurveKey, ThroughputCurve] = field(default_factory=dict)
+    measured: Mapping[CurveKey, tuple[Aggregate, ...]] = field(default_factory=dict)
+    curve_k: Mapping[CurveKey, int] = field(default_factory=dict)
+    rejected: Rejections = field(default_factory=dict)
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
 
     def usd_per_mtok(self, model: str, method: str, backend: BackendView, c: float) -> float | None:
@@ -133,8 +138,9 @@ def _period_start(period: str, now: dt.datetime) -> dt.datetime | None:
     return None  # total
 
 
-def load_snapshot(session: Session) -> Snapshot:
-    """Read the registry's snapshot from the database."""
+def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Snapshot:
+    """Read the registry's snapshot from the database (collector windows older than
+    `scrape_max_age_s` no longer shape the curves)."""
     backends: dict[str, list[BackendView]] = defaultdict(list)
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
         view = BackendView(b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count)
@@ -159,12 +165,20 @@ def load_snapshot(session: Session) -> Snapshot:
         p.gpu_type: p.usd_per_gpu_hour
         for p in session.scalars(select(GpuPrice).where(GpuPrice.kind == PRICE_KIND))
     }
+    since = None
+    if scrape_max_age_s is not None:
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=scrape_max_age_s)
+    points, rejected = pooled(session, since)
+    curves = build_curves(points, _served(backends))
     return Snapshot(
         backends={m: tuple(v) for m, v in backends.items()},
         policies=policies,
         keys=keys,
         prices=prices,
-        curves=build_curves(aggregates(session), _served(backends)),
+        curves=curves.lines,
+        measured=curves.measured,
+        curve_k=curves.k,
+        rejected=rejected,
         key_spend_usd=_key_spend(session, keys.values()),
     )
 
@@ -207,11 +221,17 @@ def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
 class Registry:
     """The current snapshot plus per-backend state; refreshed in the background."""
 
-    def __init__(self, sessions: sessionmaker[Session], refresh_s: float) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        refresh_s: float,
+        scrape_max_age_s: float | None = None,
+    ) -> None:
         self.snapshot = Snapshot()
         self.states: dict[str, BackendState] = defaultdict(BackendState)
         self._sessions = sessions
         self._refresh_s = refresh_s
+        self._scrape_max_age_s = scrape_max_age_s
         self._wake = asyncio.Event()
         self._load_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -234,7 +254,7 @@ class Registry:
             for callback in self.on_load_start:
                 callback()
             with self._sessions() as session:
-                snapshot = load_snapshot(session)
+                snapshot = load_snapshot(session, self._scrape_max_age_s)
             self.snapshot = snapshot
             for callback in self.on_load:
                 callback()

@@ -263,3 +263,49 @@ class FleetReport(Report):
     over_provisioning_usd: float | None  # actual spend - served_bill_usd
     latency: list[FleetLatency]  # the latency gain at the fleet one has, per served method
     now: FleetNow | None
+
+
+class CurvePoint(Report):
+    """A pooled measured point of a curve: the windows, sweep levels and imports in one
+    concurrency bin at the curve's K, weighted by the requests behind each."""
+
+    concurrency: float
+    output_tokens_per_s: float  # per GPU
+    requests: int
+    points: int  # measurements pooled
+    relative_spread: float  # request-weighted standard deviation of tokens/s over the mean
+    # 95% interval of the pooled mean, relative (1.96 x spread / sqrt(points)); None with
+    # one point: a single measurement says nothing of its own noise.
+    relative_interval_95: float | None
+    acceptance_length: float | None
+    sources: list[str]
+
+
+class CurveLinePoint(Report):
+    """A point of the line that prices requests: measured (a pooled point) or estimated
+    (the planner's prediction scaled to meet the measured points)."""
+
+    concurrency: float
+    output_tokens_per_s: float  # per GPU
+    usd_per_mtok: float | None  # capacity cost at this load, at the on-demand price
+    source: Literal["measured", "estimated"]
+
+
+class Curve(Report):
+    """One (model, method, GPU type) curve as the gateway prices requests with it now."""
+
+    model: str
+    method: str
+    k: int
+    gpu_type: str
+    usd_per_gpu_hour: float | None  # the on-demand price applied; None when unpriced
+    measured: list[CurvePoint]
+    line: list[CurveLinePoint]
+    rejected: dict[str, int]  # measurements kept out of it: shape, outlier
+
+
+class CurvesReport(Report):
+    """The curves that price live requests, drive `auto`, size the fleet and are drawn."""
+
+    price_kind: str
+    curves: list[Curve]

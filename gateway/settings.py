@@ -191,6 +191,32 @@ class Settings(BaseSettings):
             "concurrency bucket. Default 60 s: enough tokens for a stable rate."
         ),
     )
+    measurement_min_requests: int = Field(
+        default=10,
+        ge=1,
+        description=(
+            "Fewest finished requests a collector window needs to become a measurement; a "
+            "thinner window is rejected and counted "
+            "(`draftgate_measurement_windows_rejected_total`). Default 10."
+        ),
+    )
+    measurement_min_output_tokens: int = Field(
+        default=500,
+        ge=1,
+        description=(
+            "Fewest output tokens a collector window needs to become a measurement (a few "
+            "short test requests must not move the curves that price every request). "
+            "Default 500."
+        ),
+    )
+    measurement_max_age_s: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description=(
+            "Seconds a collector measurement counts toward the curves; older windows are "
+            "kept but no longer used. Sweeps and imports count until deleted. Default 7 days."
+        ),
+    )
     selector_interval_s: float = Field(
         default=10.0,
         gt=0,

@@ -222,6 +222,9 @@ def _import(
                 ttft_ms=p.ttft_ms,
                 itl_ms=p.itl_ms,
                 source="import",
+                requests=p.requests,
+                mean_prompt_tokens=p.mean_prompt_tokens,
+                mean_output_tokens=p.mean_output_tokens,
             )
             for p in points
         )

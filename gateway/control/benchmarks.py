@@ -136,4 +136,7 @@ def level_measurement(level: LevelResult, backend: dict[str, Any]) -> Measuremen
         itl_ms=figures["mean_itl_ms"],
         source="bench",
         backend_name=backend.get("name"),
+        requests=level.completed,
+        mean_prompt_tokens=level.input_tokens / level.completed if level.completed else None,
+        mean_output_tokens=level.output_tokens / level.completed if level.completed else None,
     )

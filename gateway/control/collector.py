@@ -8,7 +8,9 @@ restarted: that interval is skipped, never turned into a negative or huge rate. 
 are summed per backend and written as one `scrape` measurement per window, at the window's
 mean concurrency (Little's law over the whole window: the latency of a request lands in the
 interval it finished in, its tokens in every interval it ran, so only window totals pair
-up; the planner's curves bin the stored concurrencies). A backend whose declared method
+up; the planner's curves bin the stored concurrencies). A window with fewer finished
+requests or output tokens than the gate asks is not stored, only counted: a few short test
+requests would otherwise move the curves that price every request. A backend whose declared method
 disagrees with its counters is flagged. Several replicas scrape the same backends; a window
 another replica already stored is not stored again.
 """
@@ -49,6 +51,14 @@ def method_mismatch(backend: BackendView, snapshot: VllmSnapshot) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The least a collector window must hold to become a measurement."""
+
+    min_requests: int
+    min_output_tokens: int
+
+
 @dataclass
 class Tally:
     """Observations of one backend at one concurrency bucket, summed over a window."""
@@ -60,10 +70,16 @@ class Tally:
     accepted_per_position: list[float] = field(default_factory=list)
     running_seconds: float = 0.0
     latency_s: float = 0.0  # Σ latency of the requests that finished in the window
+    finished: float | None = 0.0  # requests finished (None: the server does not say)
+    prompt_tokens: float = 0.0
 
     def add(self, o: Observation) -> None:
         self.seconds += o.seconds
         self.output_tokens += o.output_tokens
+        self.prompt_tokens += o.prompt_tokens
+        self.finished = (
+            None if o.finished is None or self.finished is None else (self.finished + o.finished)
+        )
         self.drafts += o.drafts
         self.accepted += o.accepted
         self.running_seconds += o.running * o.seconds
@@ -72,6 +88,14 @@ class Tally:
         self.accepted_per_position += [0.0] * max(0, grow)
         for i, value in enumerate(o.accepted_per_position):
             self.accepted_per_position[i] += value
+
+    def rejection(self, gate: Gate) -> str | None:
+        """Why the window is too thin to be a measurement, if it is."""
+        if self.finished is not None and self.finished < gate.min_requests:
+            return "too_few_requests"
+        if self.output_tokens < gate.min_output_tokens:
+            return "too_few_tokens"
+        return None
 
     def measurement(self, backend: BackendView) -> Measurement | None:
         """The window as one `scrape` measurement (None when it says too little).
@@ -105,6 +129,9 @@ class Tally:
             else None,
             source="scrape",
             backend_name=backend.name,
+            requests=None if self.finished is None else round(self.finished),
+            mean_prompt_tokens=self.prompt_tokens / self.finished if self.finished else None,
+            mean_output_tokens=self.output_tokens / self.finished if self.finished else None,
         )
 
 
@@ -120,6 +147,7 @@ class Collector:
         *,
         interval_s: float,
         window_s: float,
+        gate: Gate,
     ) -> None:
         self.registry, self.client, self.sessions, self.metrics = (
             registry,
@@ -127,7 +155,7 @@ class Collector:
             sessions,
             metrics,
         )
-        self.interval_s, self.window_s = interval_s, window_s
+        self.interval_s, self.window_s, self.gate = interval_s, window_s, gate
         self._last: dict[str, tuple[float, VllmSnapshot]] = {}
         self._tallies: dict[str, tuple[BackendView, Tally]] = {}
         self._window_start = time.monotonic()
@@ -184,11 +212,12 @@ class Collector:
 
     async def flush(self) -> None:
         """Write one measurement per backend of the window; start a new window."""
-        rows = [
-            m
-            for backend, tally in self._tallies.values()
-            if (m := tally.measurement(backend)) is not None
-        ]
+        rows = []
+        for backend, tally in self._tallies.values():
+            if reason := tally.rejection(self.gate):
+                self.metrics.windows_rejected.labels(backend.name, reason).inc()
+            elif (m := tally.measurement(backend)) is not None:
+                rows.append(m)
         self._tallies, self._window_start = {}, time.monotonic()
         if not rows:
             return

@@ -1,22 +1,22 @@
 """Stored measurements: every read of the measurements table, in one place.
 
 The planner fits and checks itself on points per GPU (`per_gpu_points`, `by_hardware`); the
-live curves that price requests take them averaged per concurrency bin (`aggregates`); the
+live curves that price requests take them pooled per K and concurrency bin (`pooled`); the
 backends view takes each backend's newest acceptance (`latest_acceptance`); the admin API
 lists them (`newest`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from gateway.curves import Aggregate, CurveKey
+from gateway.curves import Aggregate, Rejections, Sample, pool
 from gateway.db.tables import Backend, Measurement
-from planner.fit_measurements import MeasuredPoint, concurrency_bin
+from planner.fit_measurements import MeasuredPoint
 
 
 def newest(
@@ -56,38 +56,32 @@ def by_hardware(session: Session) -> dict[tuple[str, str], list[Measurement]]:
     return groups
 
 
-def aggregates(session: Session) -> list[Aggregate]:
-    """Every measured point, averaged per (model, method, GPU type, concurrency bin)."""
+def pooled(
+    session: Session, scrape_since: dt.datetime | None = None
+) -> tuple[list[Aggregate], Rejections]:
+    """Every usable measurement pooled per (model, method, GPU, K, concurrency bin), and
+    what the shape and outlier rules kept out; collector windows older than `scrape_since`
+    no longer count (sweeps and imports count until deleted)."""
     m = Measurement
-    query = (
-        select(
-            m.model,
-            m.method,
-            m.gpu_type,
-            m.concurrency,
-            func.max(m.k),
-            func.count(),
-            func.avg(m.output_tokens_per_s / m.gpu_count),
-            func.avg(m.mean_acceptance_length),
-        )
-        .where(m.concurrency > 0, m.output_tokens_per_s > 0)
-        .group_by(m.model, m.method, m.gpu_type, m.concurrency)
-    )
-    bins: dict[tuple[CurveKey, float], list[tuple[int, int, float, float | None]]]
-    bins = defaultdict(list)
-    for model, method, gpu, c, k, n, tps, al in session.execute(query):
-        bins[((model, method, gpu), concurrency_bin(float(c)))].append((int(k), n, float(tps), al))
-    return [_aggregate(key, c, rows) for (key, c), rows in bins.items()]
-
-
-def _aggregate(
-    key: CurveKey, c: float, rows: list[tuple[int, int, float, float | None]]
-) -> Aggregate:
-    count = sum(n for _, n, _, _ in rows)
-    tps = sum(n * t for _, n, t, _ in rows) / count
-    seen = [(n, float(al)) for _, n, _, al in rows if al is not None]
-    al = sum(n * a for n, a in seen) / sum(n for n, _ in seen) if seen else None
-    return Aggregate(key, max(k for k, _, _, _ in rows), c, tps, al)
+    query = select(
+        m.model,
+        m.method,
+        m.gpu_type,
+        m.k,
+        m.concurrency,
+        m.output_tokens_per_s / m.gpu_count,
+        m.mean_acceptance_length,
+        m.requests,
+        m.mean_output_tokens,
+        m.source,
+    ).where(m.concurrency > 0, m.output_tokens_per_s > 0)
+    if scrape_since is not None:
+        query = query.where(or_(m.source != "scrape", m.measured_at >= scrape_since))
+    samples = [
+        Sample((model, method, gpu), k, c, tps, al, requests, output, source)
+        for model, method, gpu, k, c, tps, al, requests, output, source in session.execute(query)
+    ]
+    return pool(samples)
 
 
 def latest_acceptance(session: Session, rows: Sequence[Backend]) -> dict[str, Measurement]:

@@ -182,6 +182,11 @@ class Measurement(Base):
     source: Mapped[str] = mapped_column(String(16))
     backend_name: Mapped[str | None] = mapped_column(String(NAME))
     measured_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    # The sample: requests finished in it, and their mean prompt and answer lengths (NULL
+    # where the source does not say: weighted as one request, shape unknown).
+    requests: Mapped[int | None]
+    mean_prompt_tokens: Mapped[float | None]
+    mean_output_tokens: Mapped[float | None]
 
 
 class BenchmarkRun(Base):

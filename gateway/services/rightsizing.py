@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from gateway.accounting import hour_of
 from gateway.curves import CurveKey
-from gateway.db import measurements, queries
+from gateway.db import queries
 from gateway.db.tables import UsageHourly
 from gateway.errors import NotFound
 from gateway.registry import Snapshot
@@ -228,13 +228,13 @@ def _source(
     return "estimated"
 
 
-def _measured_spans(session: Session, model: str) -> dict[CurveKey, tuple[float, float]]:
-    spans: dict[CurveKey, tuple[float, float]] = {}
-    for a in measurements.aggregates(session):
-        if a.key[0] == model:
-            low, high = spans.get(a.key, (a.concurrency, a.concurrency))
-            spans[a.key] = (min(low, a.concurrency), max(high, a.concurrency))
-    return spans
+def _measured_spans(snapshot: Snapshot, model: str) -> dict[CurveKey, tuple[float, float]]:
+    """The measured concurrencies each of the model's curves rests on (its own K's)."""
+    return {
+        key: (points[0].concurrency, points[-1].concurrency)
+        for key, points in snapshot.measured.items()
+        if key[0] == model and points
+    }
 
 
 def _price(session: Session, gpu_type: str, kind: str) -> float | None:
@@ -413,7 +413,7 @@ def fleet_report(
     policy = snapshot.policies.get(model)
     objective = policy.itl_objective_ms if policy is not None else None
     served = {m for h in hours for m in h.completion_by_method}
-    spans = _measured_spans(session, model)
+    spans = _measured_spans(snapshot, model)
     sized = {
         p.method: Sized(
             p,

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from backends.vllm_metrics import VllmSnapshot, difference, parse_metrics
-from gateway.control.collector import Tally, method_mismatch
+from gateway.control.collector import Gate, Tally, method_mismatch
 from gateway.registry import BackendView
 
 BEFORE = VllmSnapshot(1000, 50, 4, 0, 0.1, 100, 700, 250, (90, 70, 50, 25, 10, 5, 0))
@@ -126,3 +126,32 @@ def test_concurrency_comes_from_littles_law_when_latencies_are_exposed() -> None
     o = difference(before, after, 2.0)
     assert o is not None
     assert o.running == 3.0  # 6 s of request latency over a 2 s interval
+
+
+def test_a_thin_window_is_rejected_and_a_full_one_knows_its_sample() -> None:
+    gate = Gate(min_requests=10, min_output_tokens=500)
+
+    def window(finished: float | None, tokens: float) -> Tally:
+        before = replace(BEFORE, e2e_latency_sum_s=0.0, e2e_latency_count=None)
+        after = replace(
+            BEFORE,
+            generation_tokens=BEFORE.generation_tokens + tokens,
+            prompt_tokens=BEFORE.prompt_tokens + 2000,
+            e2e_latency_sum_s=4.0,
+            e2e_latency_count=finished,
+        )
+        if finished is not None:
+            before = replace(before, e2e_latency_count=0.0)
+        tally = Tally()
+        tally.add(difference(before, after, 2.0))  # type: ignore[arg-type]
+        return tally
+
+    assert window(3, 4000).rejection(gate) == "too_few_requests"
+    assert window(10, 40).rejection(gate) == "too_few_tokens"  # ten short test requests
+    assert window(None, 40).rejection(gate) == "too_few_tokens"
+    assert window(None, 4000).rejection(gate) is None  # a server without the count: tokens only
+    full = window(20, 4000)
+    assert full.rejection(gate) is None
+    m = full.measurement(PLAIN)
+    assert m is not None
+    assert (m.requests, m.mean_prompt_tokens, m.mean_output_tokens) == (20, 100.0, 200.0)

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 
 from backends.vllm_metrics import VllmSnapshot
-from gateway.control.collector import Collector
+from gateway.control.collector import Collector, Gate
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, Registry
 from tests.unit.test_collector import AFTER, BEFORE, PEAGLE, PLAIN
@@ -24,6 +24,7 @@ def _collector() -> Collector:
         GatewayMetrics(),
         interval_s=1.0,
         window_s=10.0,
+        gate=Gate(min_requests=1, min_output_tokens=1),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.curves import Aggregate, Served, build_curves, extend
+from gateway.curves import Aggregate, Sample, Served, build_curves, extend, pool
 from planner.fit_measurements import concurrency_bin
 
 MODEL, GPU = "openai/gpt-oss-20b", "B200"
@@ -42,7 +42,7 @@ def test_concurrency_bins_are_quarter_octaves(concurrency: float, expected: floa
 
 def test_unmeasured_catalog_methods_get_the_planners_curve() -> None:
     served = [Served(MODEL, "plain", 0, GPU), Served(MODEL, "p-eagle", 7, GPU)]
-    curves = build_curves([], served)
+    curves = build_curves([], served).lines
     plain, peagle = curves[(MODEL, "plain", GPU)], curves[(MODEL, "p-eagle", GPU)]
     # The planner's published-calibrated view of GPT-OSS-20B on B200 at low load:
     # P-EAGLE (K=7) roughly doubles plain decoding.
@@ -53,7 +53,7 @@ def test_unmeasured_catalog_methods_get_the_planners_curve() -> None:
 def test_measured_points_stand_and_the_prediction_continues_past_them() -> None:
     key = (MODEL, "eagle3", GPU)
     points = [Aggregate(key, 3, 1.0, 400.0, 2.5), Aggregate(key, 3, 4.0, 1400.0, 2.5)]
-    curve = build_curves(points, [Served(MODEL, "eagle3", 3, GPU)])[key]
+    curve = build_curves(points, [Served(MODEL, "eagle3", 3, GPU)]).lines[key]
     assert curve.at(1) == pytest.approx(400.0)
     assert curve.at(4) == pytest.approx(1400.0)
     assert curve.at(64) > 4 * curve.at(4)  # a measured-only curve would stay at 1400
@@ -61,20 +61,52 @@ def test_measured_points_stand_and_the_prediction_continues_past_them() -> None:
 
 def test_models_outside_the_catalog_use_measurements_only() -> None:
     key = ("acme/private-model", "plain", GPU)
-    curve = build_curves([Aggregate(key, 0, 2.0, 100.0, None)], [])[key]
+    curve = build_curves([Aggregate(key, 0, 2.0, 100.0, None)], []).lines[key]
     assert curve.at(2) == pytest.approx(100.0)
     assert curve.at(64) == pytest.approx(100.0)  # saturates: nothing to predict with
-    assert build_curves([], [Served("acme/private-model", "plain", 0, GPU)]) == {}
+    assert build_curves([], [Served("acme/private-model", "plain", 0, GPU)]).lines == {}
 
 
 def test_an_unmeasured_method_is_priced_as_off_as_the_measured_ones() -> None:
     """Measurements 20x slower than the planner expects (a time-scaled simulator, say):
     a method never measured must not look 20x faster than the measured ones."""
     served = [Served(MODEL, "plain", 0, GPU), Served(MODEL, "eagle3", 3, GPU)]
-    planned = build_curves([], served)
+    planned = build_curves([], served).lines
     key = (MODEL, "plain", GPU)
     slow = [Aggregate(key, 0, c, planned[key].at(c) / 20, None) for c in (1.0, 4.0, 16.0)]
-    curves = build_curves(slow, served)
+    curves = build_curves(slow, served).lines
     ratio = curves[(MODEL, "eagle3", GPU)].at(4) / curves[key].at(4)
     planned_ratio = planned[(MODEL, "eagle3", GPU)].at(4) / planned[key].at(4)
     assert ratio == pytest.approx(planned_ratio, rel=0.15)
+
+
+def test_points_weigh_by_the_requests_behind_them() -> None:
+    key = (MODEL, "plain", GPU)
+    steady = Sample(key, 0, 4.0, 1000.0, requests=990)
+    burst = Sample(key, 0, 4.0, 500.0, requests=10)  # a few requests, half as fast
+    [point], rejected = pool([steady, burst])
+    assert point.output_tokens_per_s == pytest.approx(995.0)  # (990*1000 + 10*500) / 1000
+    assert (point.requests, point.points, rejected) == (1000, 2, {})
+    assert point.spread == pytest.approx((0.99 * 5**2 + 0.01 * 495**2) ** 0.5 / 995)
+
+
+def test_another_k_never_mixes_into_a_curve() -> None:
+    key = (MODEL, "eagle3", GPU)
+    points, _ = pool([Sample(key, 3, 4.0, 1400.0, 2.5, 100), Sample(key, 1, 4.0, 900.0, 1.7, 100)])
+    assert sorted((p.k, p.output_tokens_per_s) for p in points) == [(1, 900.0), (3, 1400.0)]
+    curves = build_curves(points, [Served(MODEL, "eagle3", 3, GPU)])
+    assert curves.lines[key].at(4) == pytest.approx(1400.0)
+    assert [(p.k, p.concurrency) for p in curves.measured[key]] == [(3, 4.0)]
+    assert curves.k[key] == 3
+
+
+def test_answers_of_another_shape_and_outliers_are_kept_out_and_counted() -> None:
+    key = (MODEL, "plain", GPU)
+    steady = [Sample(key, 0, 4.0, 1000.0 + i, None, 50, 256) for i in range(5)]
+    short = Sample(key, 0, 4.0, 300.0, requests=10, mean_output_tokens=4)  # max_tokens: 4
+    wild = Sample(key, 0, 4.0, 5000.0, requests=50, mean_output_tokens=256)
+    unknown = Sample(key, 0, 4.0, 1002.0)  # an old row: no sample size or shape recorded
+    [point], rejected = pool([*steady, short, wild, unknown])
+    assert rejected == {(key, 0): {"shape": 1, "outlier": 1}}
+    assert point.points == 6
+    assert 1000 <= point.output_tokens_per_s <= 1004

@@ -47,3 +47,13 @@ def test_little_never_exceeds_the_cap(tmp_path: Path) -> None:
 def test_a_rate_run_without_latencies_needs_the_concurrency_given(tmp_path: Path) -> None:
     with pytest.raises(ImportRejected, match="give --concurrency"):
         _read(tmp_path, request_rate=4.0, max_concurrency=64)
+
+
+def test_a_run_says_how_many_requests_it_rests_on_and_their_lengths(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(BASE | {"max_concurrency": 8, "total_input_tokens": 3000}))
+    point = read_vllm_bench(path, model=None, concurrency=None)
+    assert (point.requests, point.mean_prompt_tokens, point.mean_output_tokens) == (100, 30, 128)
+    path.write_text(json.dumps(BASE | {"max_concurrency": 8, "completed": 0}))
+    point = read_vllm_bench(path, model=None, concurrency=None)
+    assert (point.requests, point.mean_output_tokens) == (None, None)  # nothing to weigh by

@@ -1,0 +1,73 @@
+"""GET /admin/v1/curves: the very curves that price requests, with what they rest on."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.db.session import transaction
+from gateway.db.tables import Measurement
+from gateway.registry import BackendView
+
+CATALOG_MODEL, GPU = "openai/gpt-oss-20b", "B200"
+BACKEND = {"name": "g-eagle3", "url": "http://127.0.0.1:9", "model": CATALOG_MODEL,
+           "method": "eagle3", "k": 3, "drafter": "d", "gpu_type": GPU}  # fmt: skip
+
+
+def _window(c: float, tps: float, requests: int | None, k: int = 3, out: int = 256) -> Measurement:
+    return Measurement(
+        model=CATALOG_MODEL, method="eagle3", k=k, gpu_type=GPU, concurrency=c,
+        output_tokens_per_s=tps, mean_acceptance_length=2.5, source="scrape",
+        backend_name="g-eagle3", requests=requests, mean_output_tokens=out,
+    )  # fmt: skip
+
+
+async def test_the_curves_are_the_ones_that_price_requests(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    assert (await client.post("/admin/v1/backends", json=BACKEND)).status_code == 201
+    price = {"gpu_type": GPU, "usd_per_gpu_hour": 6.0, "source": "t", "date": "2026-11-01"}
+    assert (await client.post("/admin/v1/prices", json=price)).status_code == 201
+    services = app.state.services
+    with transaction(services.sessions) as session:
+        session.add_all([_window(4.0, 1000.0 + i, 40) for i in range(4)])  # four steady windows
+        session.add(_window(4.0, 400.0, 10, out=4))  # ten max_tokens=4 requests: another shape
+        session.add(_window(4.0, 9000.0, 40))  # an outlier
+        session.add(_window(4.0, 700.0, 40, k=1))  # the backend's earlier K
+        session.add(_window(16.0, 3000.0, None))  # an old row: no sample recorded
+    services.registry.load()
+
+    response = await client.get("/admin/v1/curves", params={"model": CATALOG_MODEL})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["price_kind"] == "on-demand"
+    by_method = {c["method"]: c for c in body["curves"]}
+    assert set(by_method) == {"eagle3", "plain"}  # plain: the baseline, predicted
+    eagle3 = by_method["eagle3"]
+    assert (eagle3["k"], eagle3["gpu_type"]) == (3, GPU)
+    assert eagle3["rejected"] == {"shape": 1, "outlier": 1}
+    low, high = eagle3["measured"]
+    assert (low["concurrency"], low["points"], low["requests"]) == (4.0, 4, 160)
+    assert low["output_tokens_per_s"] == pytest.approx(1001.5)
+    assert 0 < low["relative_interval_95"] < 0.01  # four windows within 0.3%
+    assert (high["concurrency"], high["points"], high["relative_interval_95"]) == (16.0, 1, None)
+    assert low["sources"] == ["scrape"]
+
+    # The line holds the measured points and estimates elsewhere; its $/1M at a load is what
+    # the registry charges a request of this backend at that load.
+    line = {p["concurrency"]: p for p in eagle3["line"]}
+    assert line[4.0]["source"] == line[16.0]["source"] == "measured"
+    assert line[4.0]["output_tokens_per_s"] == pytest.approx(1001.5)
+    assert {p["source"] for c, p in line.items() if c not in (4.0, 16.0)} == {"estimated"}
+    view = BackendView("g-eagle3", "", CATALOG_MODEL, "eagle3", 3, GPU, 1)
+    snapshot = services.registry.snapshot
+    for c, point in line.items():
+        assert point["usd_per_mtok"] == pytest.approx(
+            snapshot.usd_per_mtok(CATALOG_MODEL, "eagle3", view, c)
+        )
+    assert eagle3["usd_per_gpu_hour"] == 6.0
+    assert line[4.0]["usd_per_mtok"] == pytest.approx(6.0 / (1001.5 * 3600) * 1e6)
+
+    only_h100 = await client.get("/admin/v1/curves", params={"gpu": "H100"})
+    assert only_h100.json()["curves"] == []
