@@ -115,6 +115,8 @@ def stack_env(database_url: str) -> dict[str, str]:
         DRAFTGATE_DATABASE_URL=database_url,
         DRAFTGATE_COLLECT_INTERVAL_S="1",
         DRAFTGATE_MEASUREMENT_WINDOW_S="2",
+        DRAFTGATE_MEASUREMENT_MIN_REQUESTS="1",  # 2 s windows of a few test requests
+        DRAFTGATE_MEASUREMENT_MIN_OUTPUT_TOKENS="1",
         DRAFTGATE_LEDGER_FLUSH_INTERVAL_S="0.2",
         DRAFTGATE_PROBE_INTERVAL_S="0.5",
     )

@@ -109,6 +109,8 @@ def _start_up(start_server: ServerStarter, tmp_path: Path) -> tuple[Server, str]
         DRAFTGATE_SELECTOR_MIN_DWELL_S="4",
         DRAFTGATE_COLLECT_INTERVAL_S="1",
         DRAFTGATE_MEASUREMENT_WINDOW_S="4",
+        DRAFTGATE_MEASUREMENT_MIN_REQUESTS="1",  # exploration sends a method few requests
+        DRAFTGATE_MEASUREMENT_MIN_OUTPUT_TOKENS="1",
     )
     server = start_server("up", "--sim-base-port", str(free_port_block(5)), "--time-scale",
                           "0.2", "--no-dashboard", env=env, wait=False)  # fmt: skip

@@ -27,7 +27,10 @@ CHAT = {
     "ignore_eos": True,
 }
 WAIT_S = 30.0  # deadline of polls: windows close and scrapes land late on a busy machine
-SETTINGS = {"COLLECT_INTERVAL_S": "0.3", "MEASUREMENT_WINDOW_S": "1.5", "REGISTRY_REFRESH_S": "0.5"}
+# Windows of 1.5 s hold a few requests each: the gate is lowered to store them (the gate
+# itself is tested in tests/e2e/test_measurement_gates.py).
+SETTINGS = {"COLLECT_INTERVAL_S": "0.3", "MEASUREMENT_WINDOW_S": "1.5", "REGISTRY_REFRESH_S": "0.5",
+            "MEASUREMENT_MIN_REQUESTS": "1", "MEASUREMENT_MIN_OUTPUT_TOKENS": "1"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,8 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             LEDGER_FLUSH_INTERVAL_S=str(LEDGER_FLUSH_S),
             COLLECT_INTERVAL_S=str(COLLECT_INTERVAL_S),
             MEASUREMENT_WINDOW_S=str(MEASUREMENT_WINDOW_S),
+            MEASUREMENT_MIN_REQUESTS="1",  # each window is stored: the test counts them
+            MEASUREMENT_MIN_OUTPUT_TOKENS="1",
         )
         gateways = []
         for _ in range(REPLICAS):  # one after the other: the first migrates the schema

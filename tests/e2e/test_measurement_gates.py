@@ -1,0 +1,154 @@
+"""Quality gates against real simulators: a burst of short test requests moves no price.
+
+Steady streams through the gateway become collector measurements; then ten `max_tokens: 4`
+requests per method, as a new user trying the stack sends. Their windows are too thin to be
+measurements: they are counted as rejected, stored nowhere, and every method's $/1M on the
+curves that price requests stays where the steady traffic put it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    SIM_MODEL,
+    ModuleGatewayStarter,
+    ModuleServerStarter,
+    Server,
+    fleet_backend,
+    metric_value,
+    query_rows,
+    sim_args,
+)
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+WINDOW_S = 2.0
+# The default gates (10 requests, 500 output tokens per window); only the clocks are short.
+SETTINGS = {"COLLECT_INTERVAL_S": "0.3", "MEASUREMENT_WINDOW_S": str(WINDOW_S),
+            "REGISTRY_REFRESH_S": "0.5"}  # fmt: skip
+WAIT_S = 60.0  # deadline of every poll: windows close late on a busy machine
+METHODS = ("plain", "p-eagle")
+REJECTED = "draftgate_measurement_windows_rejected_total"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    start_module_servers: ModuleServerStarter, start_module_gateway: ModuleGatewayStarter
+) -> tuple[Server, str]:
+    fast = ("--time-scale", "10", "--workload", "chat")
+    plain, peagle = start_module_servers(
+        sim_args(*fast), sim_args("--method", "p-eagle", "--k", "7", *fast)
+    )
+    backends = [
+        fleet_backend("g-plain", plain.base_url),
+        fleet_backend("g-peagle", peagle.base_url, "p-eagle"),
+    ]
+    return start_module_gateway(backends, **SETTINGS)
+
+
+def _chat(http: httpx.Client, max_tokens: int) -> str:
+    body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens, "ignore_eos": True}  # fmt: skip
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.headers["x-draftgate-method"]
+
+
+def _steady(server: Server, clients: int, stop: threading.Event) -> None:
+    def client() -> None:
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            while not stop.is_set():
+                _chat(http, 128)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _scrape_rows(database_url: str) -> list[dict[str, object]]:
+    return query_rows(
+        database_url,
+        "SELECT id, method, requests, mean_output_tokens FROM measurements "
+        "WHERE source = 'scrape' ORDER BY id",
+    )
+
+
+def _prices(server: Server) -> dict[tuple[str, float], float]:
+    body = httpx.get(
+        f"{server.base_url}/admin/v1/curves", params={"model": SIM_MODEL}, headers=ADMIN
+    ).json()
+    return {
+        (c["method"], p["concurrency"]): p["usd_per_mtok"]
+        for c in body["curves"]
+        for p in c["line"]
+        if p["usd_per_mtok"] is not None
+    }
+
+
+def _until(condition: object, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_a_burst_of_short_requests_moves_no_price(stack: tuple[Server, str]) -> None:
+    server, database_url = stack
+    policy = {"mode": "auto", "explore_fraction": 0.5}  # both methods get traffic
+    httpx.put(
+        f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy", json=policy, headers=ADMIN
+    ).raise_for_status()
+    price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
+    httpx.post(f"{server.base_url}/admin/v1/prices", json=price, headers=ADMIN)
+
+    stop = threading.Event()
+    load = threading.Thread(target=_steady, args=(server, 8, stop))
+    load.start()
+    try:
+        _until(
+            lambda: {r["method"] for r in _scrape_rows(database_url)} >= set(METHODS),
+            "steady traffic never became measurements of both methods",
+        )
+    finally:
+        stop.set()
+        load.join()
+    steady_rows = _scrape_rows(database_url)
+    assert all(int(r["requests"]) >= 10 for r in steady_rows), steady_rows  # type: ignore[call-overload]
+
+    # Quiet until the last window with steady traffic has been written and read.
+    def quiet() -> bool:
+        rows = _scrape_rows(database_url)
+        time.sleep(WINDOW_S + 1.0)
+        return _scrape_rows(database_url) == rows
+
+    _until(quiet, "the collector kept storing windows with no traffic")
+    _until(lambda: _prices(server), "no priced curve")
+    before, last_id = _prices(server), max(int(r["id"]) for r in _scrape_rows(database_url))  # type: ignore[call-overload]
+    rejected_before = {m: metric_value(server.base_url, REJECTED, backend=b)
+                       for m, b in (("plain", "g-plain"), ("p-eagle", "g-peagle"))}  # fmt: skip
+
+    sent: Counter[str] = Counter()
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        while min(sent[m] for m in METHODS) < 10:
+            sent[_chat(http, 4)] += 1
+    _until(
+        lambda: all(
+            metric_value(server.base_url, REJECTED, backend=b) > rejected_before[m]
+            for m, b in (("plain", "g-plain"), ("p-eagle", "g-peagle"))
+        ),
+        "the burst's windows were not counted as rejected",
+    )
+    stored = [r for r in _scrape_rows(database_url) if int(r["id"]) > last_id]  # type: ignore[call-overload]
+    assert stored == [], stored  # the burst is in no measurement
+    after = _prices(server)
+    assert after.keys() == before.keys()
+    moved = {key: after[key] / before[key] - 1 for key in before}
+    assert all(abs(m) <= 0.05 for m in moved.values()), moved
