@@ -49,6 +49,7 @@ class UsageEntry:
     concurrency: float | None
     cost_usd: float | None
     baseline_cost_usd: float | None
+    curve_source: str | None = None  # measured / estimated; None when not priced
 
 
 ENTRY_FIELDS = tuple(f.name for f in fields(UsageEntry))

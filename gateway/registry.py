@@ -111,6 +111,16 @@ class Snapshot:
         tps = curve.at(c) * backend.gpu_count  # curves are per GPU
         return usd_per_mtok(price, backend.gpu_count, tps)
 
+    def curve_source(self, model: str, method: str, gpu_type: str, c: float) -> str | None:
+        """ "measured" when c lies within the measured points of the curve, else "estimated"
+        (None without a curve)."""
+        key = (model, method, gpu_type)
+        if key not in self.curves:
+            return None
+        points = self.measured.get(key, ())
+        within = bool(points) and points[0].concurrency <= max(c, 1.0) <= points[-1].concurrency
+        return "measured" if within else "estimated"
+
     def itl_ms(self, model: str, method: str, backend: BackendView, c: float) -> float | None:
         """Mean time per output token a request sees at concurrency c (c over tokens/s)."""
         curve = self.curves.get((model, method, backend.gpu_type))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -309,3 +310,38 @@ class CurvesReport(Report):
 
     price_kind: str
     curves: list[Curve]
+
+
+class UsageRow(Report):
+    """One request as the ledger recorded it, with the price applied to it: cost_usd is
+    completion_tokens x usd_per_mtok / 1e6, the $/1M of its method's curve at its
+    concurrency on its backend's GPU type (GET /admin/v1/curves shows that curve)."""
+
+    id: int
+    request_id: str
+    client_request_id: str | None
+    created_at: dt.datetime
+    api_key_id: int | None
+    model: str
+    method: str | None
+    backend: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    status_code: int
+    outcome: str
+    latency_ms: float
+    ttft_ms: float | None
+    concurrency: float | None  # the load its backend was under, which priced it
+    usd_per_mtok: float | None  # applied; None when not priced (no curve, no price, no tokens)
+    baseline_usd_per_mtok: float | None  # plain decoding's, at the same load
+    cost_usd: float | None
+    baseline_cost_usd: float | None
+    curve_source: str | None  # measured / estimated
+
+
+class UsagePage(Report):
+    """A page of usage records, oldest first; pass `next_cursor` as `cursor` for the next."""
+
+    object: Literal["list"] = "list"
+    data: list[UsageRow]
+    next_cursor: str | None

@@ -338,3 +338,6 @@ class MeasurementPublic(Public):
     source: str
     backend_name: str | None
     measured_at: dt.datetime
+    requests: int | None  # the requests it rests on (None: the source did not say)
+    mean_prompt_tokens: float | None
+    mean_output_tokens: float | None

@@ -18,6 +18,7 @@ from gateway.admin import (
     savings,
     spend,
     switches,
+    usage,
 )
 from gateway.deps import refresh_registry_after_changes, require_admin
 from gateway.errors import ADMIN_ERROR_RESPONSES
@@ -48,6 +49,7 @@ def admin_router() -> APIRouter:
         gpus,
         measurements,
         methods,
+        usage,
     ):
         router.include_router(module.router)
     router.include_router(plan.accuracy_router)

@@ -133,6 +133,9 @@ class UsageRecord(Base):
     concurrency: Mapped[float | None]
     cost_usd: Mapped[float | None]
     baseline_cost_usd: Mapped[float | None]
+    # Where the $/1M that priced it came from: "measured" when its concurrency lies within
+    # the measured points of its curve, else "estimated"; NULL when it was not priced.
+    curve_source: Mapped[str | None] = mapped_column(String(16))
 
 
 class UsageHourly(Base):

@@ -93,6 +93,7 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             concurrency=x.concurrency,
             cost_usd=cost,
             baseline_cost_usd=baseline,
+            curve_source=_curve_source(x, x.snapshot) if cost is not None else None,
         )
     )
     if x.key is not None:
@@ -109,6 +110,12 @@ def _costs(x: Exchange, snapshot: Snapshot, completion: int) -> tuple[float | No
     cost = None if per_mtok is None else completion * per_mtok / 1e6
     baseline = None if plain is None else completion * plain / 1e6
     return cost, baseline
+
+
+def _curve_source(x: Exchange, snapshot: Snapshot) -> str | None:
+    if x.backend is None or x.method is None or x.model is None:
+        return None
+    return snapshot.curve_source(x.model, x.method, x.backend.gpu_type, x.concurrency or 1.0)
 
 
 def _observe(

@@ -8,13 +8,16 @@ curves that price requests stays where the steady traffic put it.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
+import uuid
 from collections import Counter
 
 import httpx
 import pytest
 
+from planner.cost import ThroughputCurve
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     SIM_MODEL,
@@ -152,3 +155,46 @@ def test_a_burst_of_short_requests_moves_no_price(stack: tuple[Server, str]) -> 
     assert after.keys() == before.keys()
     moved = {key: after[key] / before[key] - 1 for key in before}
     assert all(abs(m) <= 0.05 for m in moved.values()), moved
+
+
+def test_every_request_is_priced_from_the_curves_the_api_shows(stack: tuple[Server, str]) -> None:
+    server, _ = stack
+    price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
+    httpx.post(f"{server.base_url}/admin/v1/prices", json=price, headers=ADMIN)  # 409 if there
+    _until(lambda: _prices(server), "no priced curve")
+    since = dt.datetime.now(dt.UTC).isoformat()
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        ids = {_request_id(http) for _ in range(12)}
+    rows: list[dict[str, object]] = []
+
+    def recorded() -> bool:
+        nonlocal rows
+        params = {"model": SIM_MODEL, "from": since, "limit": 1000}
+        usage = httpx.get(f"{server.base_url}/admin/v1/usage", params=params, headers=ADMIN)
+        rows = [r for r in usage.json()["data"] if r["client_request_id"] in ids]
+        return len(rows) == len(ids)
+
+    _until(recorded, "the requests' usage records were not written")
+    curves = httpx.get(
+        f"{server.base_url}/admin/v1/curves", params={"model": SIM_MODEL}, headers=ADMIN
+    ).json()["curves"]
+    lines = {
+        c["method"]: ThroughputCurve.from_points(
+            [(p["concurrency"], p["output_tokens_per_s"]) for p in c["line"]]
+        )
+        for c in curves
+    }
+    for r in rows:
+        # Recomputed from outside: the curve of its method at its concurrency, at $6/GPU-hour.
+        tps = lines[str(r["method"])].at(float(r["concurrency"]))  # type: ignore[arg-type]
+        assert r["usd_per_mtok"] == pytest.approx(6.0 / (tps * 3600) * 1e6, rel=1e-6), r
+        assert r["curve_source"] in ("measured", "estimated")
+
+
+def _request_id(http: httpx.Client) -> str:
+    rid = uuid.uuid4().hex
+    body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 16, "ignore_eos": True}  # fmt: skip
+    response = http.post("/v1/chat/completions", json=body, headers={"x-request-id": rid})
+    assert response.status_code == 200, response.text
+    return rid

@@ -1,0 +1,44 @@
+"""Admin API for usage: every request's record with the price applied, as JSON or CSV."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from gateway.deps import ServicesDep, SessionDep
+from gateway.reports import UsagePage
+from gateway.services.usage import UsageFilter, csv_lines, page
+
+router = APIRouter(prefix="/usage", tags=["savings"])
+
+
+@router.get(
+    "",
+    response_model=UsagePage,
+    responses={200: {"content": {"text/csv": {}}, "description": "JSON page, or CSV"}},
+)
+def get_usage(
+    session: SessionDep,
+    services: ServicesDep,
+    start: Annotated[dt.datetime | None, Query(alias="from")] = None,
+    end: Annotated[dt.datetime | None, Query(alias="to")] = None,
+    model: str | None = None,
+    method: str | None = None,
+    backend: str | None = None,
+    key: int | None = None,
+    status: int | None = None,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    format: Literal["json", "csv"] = "json",
+) -> UsagePage | StreamingResponse:
+    """Usage records over [from, to), oldest first, with the concurrency, $/1M and curve
+    source that priced each; `format=csv` streams every matching record (no paging)."""
+    where = UsageFilter(start, end, model, method, backend, key, status)
+    if format == "csv":
+        headers = {"content-disposition": 'attachment; filename="usage.csv"'}
+        lines = csv_lines(services.sessions, where)
+        return StreamingResponse(lines, media_type="text/csv", headers=headers)
+    return page(session, where, cursor, limit)

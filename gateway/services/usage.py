@@ -1,0 +1,120 @@
+"""Per-request usage records with the price applied to each: every $ recomputable.
+
+Pages are ordered by record id and continued from a cursor (the last id seen), so a page
+never skips or repeats a record while new ones arrive. CSV streams every matching record in
+batches of the same query.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db.tables import UsageRecord
+from gateway.errors import ValidationFailed
+from gateway.reports import UsagePage, UsageRow
+
+CSV_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class UsageFilter:
+    """Which records: [start, end), and optionally one model, method, backend, key, status."""
+
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    model: str | None = None
+    method: str | None = None
+    backend: str | None = None
+    key: int | None = None
+    status: int | None = None
+
+    def query(self, after_id: int, limit: int) -> Select[Any]:
+        r = UsageRecord
+        query = select(r).where(r.id > after_id).order_by(r.id).limit(limit)
+        for column, value in (
+            (r.model, self.model),
+            (r.method, self.method),
+            (r.backend_name, self.backend),
+            (r.api_key_id, self.key),
+            (r.status_code, self.status),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        if self.start is not None:
+            query = query.where(r.created_at >= self.start)
+        if self.end is not None:
+            query = query.where(r.created_at < self.end)
+        return query
+
+
+def _after(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    if not cursor.isdigit() or len(cursor) > 19:
+        message = "cursor must be a next_cursor this endpoint returned"
+        raise ValidationFailed(message, param="cursor")
+    return int(cursor)
+
+
+def page(session: Session, where: UsageFilter, cursor: str | None, limit: int) -> UsagePage:
+    """Up to `limit` records after `cursor`, oldest first."""
+    rows = list(session.scalars(where.query(_after(cursor), limit)))
+    more = len(rows) == limit
+    return UsagePage(
+        data=[row_of(r) for r in rows], next_cursor=str(rows[-1].id) if rows and more else None
+    )
+
+
+def row_of(r: UsageRecord) -> UsageRow:
+    tokens, cost, base = r.completion_tokens, r.cost_usd, r.baseline_cost_usd
+    return UsageRow(
+        id=r.id,
+        request_id=r.request_id,
+        client_request_id=r.client_request_id,
+        created_at=r.created_at,
+        api_key_id=r.api_key_id,
+        model=r.model,
+        method=r.method,
+        backend=r.backend_name,
+        prompt_tokens=r.prompt_tokens,
+        completion_tokens=r.completion_tokens,
+        status_code=r.status_code,
+        outcome=r.outcome,
+        latency_ms=r.latency_ms,
+        ttft_ms=r.ttft_ms,
+        concurrency=r.concurrency,
+        usd_per_mtok=None if cost is None or not tokens else cost * 1e6 / tokens,
+        baseline_usd_per_mtok=None if base is None or not tokens else base * 1e6 / tokens,
+        cost_usd=cost,
+        baseline_cost_usd=base,
+        curve_source=r.curve_source,
+    )
+
+
+def csv_lines(sessions: sessionmaker[Session], where: UsageFilter) -> Iterator[str]:
+    """The CSV of every matching record: a header, then a line per record, oldest first."""
+    columns = list(UsageRow.model_fields)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    after = 0
+    while True:
+        with sessions() as session:
+            rows = list(session.scalars(where.query(after, CSV_BATCH)))
+        for r in rows:
+            values = row_of(r).model_dump(mode="json")
+            writer.writerow("" if values[c] is None else values[c] for c in columns)
+        yield out.getvalue()
+        out.seek(0)
+        out.truncate()
+        if len(rows) < CSV_BATCH:
+            return
+        after = rows[-1].id

@@ -1,0 +1,91 @@
+"""GET /admin/v1/usage: every record with the price applied, paged by cursor, and as CSV."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.accounting import write_batch
+from tests.api.test_admin_backends import assert_envelope
+from tests.api.test_ledger import HOUR, entry
+
+
+def _records() -> list:  # type: ignore[type-arg]
+    return [
+        entry(0, minute=1, completion_tokens=100, cost_usd=0.0002, baseline_cost_usd=0.0005,
+              concurrency=4.0, curve_source="measured"),
+        entry(1, minute=2, method="plain", completion_tokens=50, cost_usd=0.00025,
+              baseline_cost_usd=0.00025, curve_source="estimated"),
+        entry(2, minute=3, status_code=401, outcome="rejected", method=None, backend_name=None,
+              completion_tokens=0, cost_usd=None, baseline_cost_usd=None),
+        entry(3, minute=70, completion_tokens=10, cost_usd=0.00001, baseline_cost_usd=0.00004,
+              curve_source="measured"),
+    ]  # fmt: skip
+
+
+async def test_pages_follow_the_cursor_and_show_the_price_applied(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    write_batch(app.state.services.sessions, _records())
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+        body = (await client.get("/admin/v1/usage", params=params)).json()
+        seen += body["data"]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert [r["request_id"] for r in seen] == ["r0", "r1", "r2", "r3"]  # oldest first, once
+    first = seen[0]
+    assert first["usd_per_mtok"] == pytest.approx(2.0)  # 0.0002 USD for 100 tokens
+    assert first["baseline_usd_per_mtok"] == pytest.approx(5.0)
+    assert (first["concurrency"], first["curve_source"], first["backend"]) == (4.0, "measured", "b")
+    refused = seen[2]
+    assert (refused["usd_per_mtok"], refused["curve_source"], refused["outcome"]) == (
+        None,
+        None,
+        "rejected",
+    )
+    # cost = tokens x $/1M / 1e6, for every priced record
+    for r in seen:
+        if r["usd_per_mtok"] is not None:
+            assert r["cost_usd"] == pytest.approx(r["completion_tokens"] * r["usd_per_mtok"] / 1e6)
+
+
+async def test_filters_and_csv_agree_with_json(client: httpx.AsyncClient, app: FastAPI) -> None:
+    write_batch(app.state.services.sessions, _records())
+    hour = {"from": HOUR.isoformat(), "to": (HOUR + dt.timedelta(hours=1)).isoformat()}
+    cases = [
+        (hour, ["r0", "r1", "r2"]),
+        ({"method": "plain"}, ["r1"]),
+        ({"status": 401}, ["r2"]),
+        ({"from": (HOUR + dt.timedelta(minutes=2)).isoformat()}, ["r1", "r2", "r3"]),
+        ({"model": "other"}, []),
+    ]
+    for params, expected in cases:
+        body = (await client.get("/admin/v1/usage", params=params)).json()
+        assert [r["request_id"] for r in body["data"]] == expected, params
+        response = await client.get("/admin/v1/usage", params=params | {"format": "csv"})
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/csv")
+        rows = list(csv.DictReader(io.StringIO(response.text)))
+        assert [r["request_id"] for r in rows] == expected
+        for row, record in zip(rows, body["data"], strict=True):
+            for name, value in record.items():
+                if isinstance(value, float):
+                    assert float(row[name]) == pytest.approx(value), name
+                elif value is None:
+                    assert row[name] == "", name
+                elif not isinstance(value, str) or name != "created_at":
+                    assert row[name] == str(value), name
+
+
+async def test_a_bad_cursor_or_format_is_422(client: httpx.AsyncClient) -> None:
+    assert_envelope(await client.get("/admin/v1/usage", params={"cursor": "abc"}), 422)
+    assert_envelope(await client.get("/admin/v1/usage", params={"format": "xml"}), 422)
+    assert_envelope(await client.get("/admin/v1/usage", params={"limit": 0}), 422)
