@@ -29,6 +29,7 @@ from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
 PRICE_KIND = "on-demand"  # the price that costs requests; others are what-ifs
+LOAD_SMOOTHING = 0.25  # weight of each scrape in a backend's smoothed load (about 4 scrapes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,26 @@ class BackendState:
     # which the backend drafted; None for plain or before it drafted.
     acceptance_length: float | None = None
     acceptance_per_position: tuple[float, ...] | None = None
+    # The backend's requests in flight from every replica (Little's law over each scrape
+    # interval), smoothed over the last few scrapes; None before the second scrape.
+    scraped_running: float | None = None
+
+    def scraped(self, running: float) -> None:
+        """The backend's requests in flight over the scrape interval that just ended."""
+        if self.scraped_running is None:
+            self.scraped_running = running
+        else:
+            self.scraped_running += LOAD_SMOOTHING * (running - self.scraped_running)
+
+    def load(self) -> float:
+        """Requests the backend is serving, from every replica: its smoothed scraped load,
+        or, before any scrape, this replica's in flight. Every replica reads the same
+        counters, so all price the same backend's tokens at the same load; a burst reaches
+        the price within a scrape or two. (Adding this replica's own count between scrapes
+        made replicas disagree: the one with burstier clients priced 5-10% higher.)"""
+        if self.scraped_running is None:
+            return float(self.in_flight)
+        return max(self.scraped_running, min(self.in_flight, 1))  # a request runs with itself
 
 
 @dataclass(frozen=True, slots=True)

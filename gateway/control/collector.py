@@ -206,6 +206,8 @@ class Collector:
             state.acceptance_per_position = tuple(
                 a / observation.drafts for a in observation.accepted_per_position
             )
+        if observation is not None:  # the load, from every replica, that prices its requests
+            state.scraped(observation.running)
         if observation is None or observation.output_tokens <= 0:
             return
         self._tallies.setdefault(backend.name, (backend, Tally()))[1].add(observation)

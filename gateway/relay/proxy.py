@@ -221,7 +221,7 @@ class Relay:
         state = self.registry.states[backend.name]
         x.backend, x.method = backend, backend.method
         state.in_flight += 1
-        x.concurrency = float(state.in_flight)
+        x.concurrency = state.load()  # the backend's load, alike on every replica
         request = self.client.build_request(
             "POST", backend.url + path, content=body, headers=_upstream_headers(x.request_id)
         )

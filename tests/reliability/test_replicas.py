@@ -24,6 +24,7 @@ import psycopg
 import pytest
 import yaml
 
+from planner.cost import ThroughputCurve
 from tests.conftest import POSTGRES_URL
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
@@ -354,3 +355,59 @@ def test_collectors_store_each_window_once(replicas: Replicas) -> None:
     assert gaps, "too few scrape measurements stored: the test proves nothing"
     assert max(len(ts) for ts in times.values()) <= most
     assert min(gaps) >= MEASUREMENT_WINDOW_S / 2 - COLLECT_INTERVAL_S
+
+
+def _usage(replicas: Replicas, key_id: int, since: str) -> list[dict[str, Any]]:
+    with replicas.admin(replicas.a) as http:
+        params = {"key": key_id, "from": since, "limit": 1000}
+        body = http.get("/admin/v1/usage", params=params).json()
+    return [r for r in body["data"] if r["outcome"] == "ok" and r["usd_per_mtok"] is not None]
+
+
+ANSWER = 256  # tokens
+
+
+def test_both_replicas_price_a_backend_at_its_whole_load(replicas: Replicas) -> None:
+    """Eight streams through A and one at a time through B, to the same plain backend: both
+    price its tokens at the backend's load, within 5% of each other (B priced at its own one
+    request in flight would pay the $/1M of concurrency 1)."""
+    id_a, key_a = create_key(replicas, "load-a")
+    id_b, key_b = create_key(replicas, "load-b")
+    # Long answers, so the clients' own overhead between requests leaves the load steady.
+    load = StreamingLoad([replicas.a.base_url], SIM_MODEL, 8, ANSWER, api_key=key_a).start()
+    try:
+        with httpx.Client(timeout=30) as http:
+            # B learns the backend's load from its collector's next scrapes (alone, B's one
+            # request at a time would be priced at concurrency 1).
+            warm = dt.datetime.now(dt.UTC).isoformat()
+            deadline = time.monotonic() + WAIT_S
+            while not any(float(r["concurrency"]) >= 2 for r in _usage(replicas, id_b, warm)):
+                assert time.monotonic() < deadline, "replica B never saw the backend's load"
+                stream_once(http, replicas.b.base_url, SIM_MODEL, ANSWER, key_b)
+            since = dt.datetime.now(dt.UTC).isoformat()
+            b_url = replicas.b.base_url
+            sent = [stream_once(http, b_url, SIM_MODEL, ANSWER, key_b) for _ in range(20)]
+    finally:
+        load.stop()
+    assert failures(sent) == []
+    rows: dict[str, list[dict[str, Any]]] = {}
+    deadline = time.monotonic() + WAIT_S
+    while len(rows.get("b", [])) < len(sent):
+        assert time.monotonic() < deadline, "B's usage records were not written"
+        rows = {"a": _usage(replicas, id_a, since), "b": _usage(replicas, id_b, since)}
+    # The load each replica priced at; $/1M follows from it on one curve (the curve itself
+    # moves while the collector stores this traffic's windows, alike for both replicas).
+    load_of = {n: sum(float(r["concurrency"]) for r in rs) / len(rs) for n, rs in rows.items()}
+    with replicas.admin(replicas.a) as http:
+        curves = http.get("/admin/v1/curves", params={"model": SIM_MODEL}).json()["curves"]
+    [plain] = [c for c in curves if c["method"] == "plain"]
+    line = ThroughputCurve.from_points(
+        [(p["concurrency"], p["output_tokens_per_s"]) for p in plain["line"]]
+    )
+    price = {n: PRICE_USD_PER_GPU_HOUR / (line.at(c) * 3600) * 1e6 for n, c in load_of.items()}
+    print(
+        f"\none backend, 8 streams via A and 1 via B: mean priced concurrency A "
+        f"{load_of['a']:.2f}, B {load_of['b']:.2f}; $/1M on today's curve A {price['a']:.4f}, "
+        f"B {price['b']:.4f}"
+    )
+    assert price["b"] == pytest.approx(price["a"], rel=0.05)
