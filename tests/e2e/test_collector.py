@@ -62,6 +62,14 @@ def _traffic(server: Server, seconds: float) -> list[str]:
     return methods
 
 
+def _measured_methods(server: Server) -> set[str]:
+    admin = {"Authorization": "Bearer e2e-admin-token-0123456789abcdef"}
+    curves = httpx.get(
+        f"{server.base_url}/admin/v1/curves", params={"model": SIM_MODEL}, headers=admin
+    ).json()["curves"]
+    return {c["method"] for c in curves if c["measured"]}
+
+
 def test_scrapes_become_measurements_and_auto_moves_to_the_cheapest_method(
     stack: tuple[Server, str],
 ) -> None:
@@ -95,7 +103,11 @@ def test_scrapes_become_measurements_and_auto_moves_to_the_cheapest_method(
         json={"mode": "auto"},
         headers=admin,
     ).raise_for_status()
-    time.sleep(1.0)  # the registry reloads the measurements
+    # The registry has loaded both methods' measurements once its curves show them.
+    deadline = time.monotonic() + WAIT_S
+    while not _measured_methods(server) >= {"plain", "p-eagle"}:
+        assert time.monotonic() < deadline, "the registry never loaded the measurements"
+        time.sleep(0.2)
     methods = _traffic(server, 1.5)
     assert methods
     rows = query_rows(
