@@ -289,6 +289,9 @@ class CurveLinePoint(Report):
     concurrency: float
     output_tokens_per_s: float  # per GPU
     usd_per_mtok: float | None  # capacity cost at this load, at the on-demand price
+    # 95% interval of usd_per_mtok from the pooled point's spread (measured points with two
+    # or more measurements); None where the data cannot say (one measurement, estimated).
+    usd_per_mtok_95: tuple[float, float] | None = None
     source: Literal["measured", "estimated"]
 
 

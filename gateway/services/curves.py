@@ -26,7 +26,7 @@ def _curve(snapshot: Snapshot, key: CurveKey) -> Curve:
     model, method, gpu = key
     line, measured = snapshot.curves[key], snapshot.measured.get(key, ())
     price = snapshot.prices.get(gpu)
-    at_measured = {p.concurrency for p in measured}
+    at_measured = {p.concurrency: p for p in measured}
     return Curve(
         model=model,
         method=method,
@@ -39,12 +39,28 @@ def _curve(snapshot: Snapshot, key: CurveKey) -> Curve:
                 concurrency=c,
                 output_tokens_per_s=tps,
                 usd_per_mtok=None if price is None else usd_per_mtok(price, 1, tps),
+                usd_per_mtok_95=_interval(price, tps, at_measured.get(c)),
                 source="measured" if c in at_measured else "estimated",
             )
             for c, tps in zip(line.concurrency, line.output_tokens_per_s, strict=True)
         ],
         rejected=snapshot.rejected.get((key, snapshot.curve_k.get(key, 0)), {}),
     )
+
+
+def _relative_95(p: Aggregate) -> float | None:
+    return Z_95 * p.spread / math.sqrt(p.points) if p.points > 1 else None
+
+
+def _interval(
+    price: float | None, tps: float, point: Aggregate | None
+) -> tuple[float, float] | None:
+    """The $/1M a measured point's 95% throughput interval spans (cost is 1/throughput)."""
+    half = None if point is None else _relative_95(point)
+    if price is None or half is None:
+        return None
+    high_tps, low_tps = tps * (1 + half), tps * max(1 - half, 1e-9)
+    return usd_per_mtok(price, 1, high_tps), usd_per_mtok(price, 1, low_tps)
 
 
 def _point(p: Aggregate) -> CurvePoint:
@@ -54,7 +70,7 @@ def _point(p: Aggregate) -> CurvePoint:
         requests=p.requests,
         points=p.points,
         relative_spread=p.spread,
-        relative_interval_95=Z_95 * p.spread / math.sqrt(p.points) if p.points > 1 else None,
+        relative_interval_95=_relative_95(p),
         acceptance_length=p.acceptance_length,
         sources=list(p.sources),
     )

@@ -68,6 +68,33 @@ async def test_the_curves_are_the_ones_that_price_requests(
         )
     assert eagle3["usd_per_gpu_hour"] == 6.0
     assert line[4.0]["usd_per_mtok"] == pytest.approx(6.0 / (1001.5 * 3600) * 1e6)
+    low_usd, high_usd = line[4.0]["usd_per_mtok_95"]  # the throughput interval, as $/1M
+    assert low_usd < line[4.0]["usd_per_mtok"] < high_usd
+    half = low["relative_interval_95"]
+    assert high_usd == pytest.approx(6.0 / (1001.5 * (1 - half) * 3600) * 1e6)
+    assert line[16.0]["usd_per_mtok_95"] is None  # one measurement says nothing of its noise
+    assert {str(p["usd_per_mtok_95"]) for c, p in line.items() if c not in (4.0, 16.0)} == {"None"}
 
     only_h100 = await client.get("/admin/v1/curves", params={"gpu": "H100"})
     assert only_h100.json()["curves"] == []
+
+
+async def test_the_interval_narrows_as_points_accumulate(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    assert (await client.post("/admin/v1/backends", json=BACKEND)).status_code == 201
+    services = app.state.services
+
+    async def interval_after(windows: int) -> float:
+        with transaction(services.sessions) as session:
+            session.add_all([_window(4.0, 1000.0 + 10 * (i % 2), 40) for i in range(windows)])
+        services.registry.load()
+        body = (await client.get("/admin/v1/curves", params={"model": CATALOG_MODEL})).json()
+        [eagle3] = [c for c in body["curves"] if c["method"] == "eagle3"]
+        [point] = eagle3["measured"]
+        return float(point["relative_interval_95"])
+
+    few = await interval_after(4)  # four windows alternating 1000 and 1010 tokens/s
+    many = await interval_after(12)  # sixteen of the same
+    assert many < few
+    assert many == pytest.approx(few * (4 / 16) ** 0.5, rel=0.05)  # 1 / sqrt(points)
