@@ -100,15 +100,27 @@ def row_of(r: UsageRecord) -> UsageRow:
 
 
 def csv_lines(sessions: sessionmaker[Session], where: UsageFilter) -> Iterator[str]:
-    """The CSV of every matching record: a header, then a line per record, oldest first."""
+    """The CSV of every matching record: a header, then a line per record, oldest first.
+
+    The first batch is read here, before the response starts, so a filter the database
+    refuses (an integer beyond its range) is an error response, not a cut-off download."""
+    first = _batch(sessions, where, 0)
+    return _csv(sessions, where, first)
+
+
+def _batch(sessions: sessionmaker[Session], where: UsageFilter, after: int) -> list[UsageRecord]:
+    with sessions() as session:
+        return list(session.scalars(where.query(after, CSV_BATCH)))
+
+
+def _csv(
+    sessions: sessionmaker[Session], where: UsageFilter, rows: list[UsageRecord]
+) -> Iterator[str]:
     columns = list(UsageRow.model_fields)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
-    after = 0
     while True:
-        with sessions() as session:
-            rows = list(session.scalars(where.query(after, CSV_BATCH)))
         for r in rows:
             values = row_of(r).model_dump(mode="json")
             writer.writerow("" if values[c] is None else values[c] for c in columns)
@@ -117,4 +129,4 @@ def csv_lines(sessions: sessionmaker[Session], where: UsageFilter) -> Iterator[s
         out.truncate()
         if len(rows) < CSV_BATCH:
             return
-        after = rows[-1].id
+        rows = _batch(sessions, where, rows[-1].id)

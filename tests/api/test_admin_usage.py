@@ -89,3 +89,16 @@ async def test_a_bad_cursor_or_format_is_422(client: httpx.AsyncClient) -> None:
     assert_envelope(await client.get("/admin/v1/usage", params={"cursor": "abc"}), 422)
     assert_envelope(await client.get("/admin/v1/usage", params={"format": "xml"}), 422)
     assert_envelope(await client.get("/admin/v1/usage", params={"limit": 0}), 422)
+
+
+@pytest.mark.parametrize("key", [2**31, 2**63])
+async def test_a_filter_the_database_refuses_is_an_error_in_csv_too(
+    client: httpx.AsyncClient, key: int
+) -> None:
+    """The CSV's first batch is read before the response starts: what the JSON page answers
+    with an error envelope, the CSV does too, instead of a download cut off mid-stream."""
+    page = await client.get("/admin/v1/usage", params={"key": key})
+    download = await client.get("/admin/v1/usage", params={"key": key, "format": "csv"})
+    assert download.status_code == page.status_code
+    if page.status_code != 200:
+        assert_envelope(download, page.status_code)
