@@ -50,6 +50,9 @@ class UsageEntry:
     cost_usd: float | None
     baseline_cost_usd: float | None
     curve_source: str | None = None  # measured / estimated; None when not priced
+    # 95% half-widths of cost_usd and baseline_cost_usd, from their curves' bands
+    cost_error_usd: float | None = None
+    baseline_error_usd: float | None = None
 
 
 ENTRY_FIELDS = tuple(f.name for f in fields(UsageEntry))
@@ -69,6 +72,8 @@ ROLLUP_VALUES = [
     "cost_usd",
     "baseline_cost_usd",
     "busy_s",
+    "cost_error_usd",
+    "baseline_error_usd",
 ]
 
 
@@ -99,7 +104,7 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
     """Increment the hourly rollup rows by these (newly inserted) records."""
     sums: dict[tuple[dt.datetime, str, str, str, int], list[float]] = {}
     for e in entries:
-        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0])
+        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0])
         total[0] += 1
         total[1] += e.status_code >= 400
         total[2] += e.prompt_tokens
@@ -107,6 +112,8 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
         total[4] += e.cost_usd or 0.0
         total[5] += e.baseline_cost_usd or 0.0
         total[6] += e.latency_ms / 1000
+        total[7] += e.cost_error_usd or 0.0
+        total[8] += e.baseline_error_usd or 0.0
     rows = [
         dict(zip(ROLLUP_KEY, key, strict=True)) | dict(zip(ROLLUP_VALUES, values, strict=True))
         for key, values in sums.items()
@@ -141,6 +148,8 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
             func.coalesce(func.sum(r.cost_usd), 0.0),
             func.coalesce(func.sum(r.baseline_cost_usd), 0.0),
             func.coalesce(func.sum(r.latency_ms), 0.0) / 1000,
+            func.coalesce(func.sum(r.cost_error_usd), 0.0),
+            func.coalesce(func.sum(r.baseline_error_usd), 0.0),
         )
         .where(r.created_at >= hour, r.created_at < end)
         .group_by(*dimensions)
@@ -159,11 +168,14 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
             "cost_usd": cost,
             "baseline_cost_usd": baseline,
             "busy_s": busy,
+            "cost_error_usd": cost_error,
+            "baseline_error_usd": baseline_error,
         }
-        for method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy in (
-            session.execute(groups)
-        )
-    ]
+        for (
+            method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy,
+            cost_error, baseline_error,
+        ) in session.execute(groups)
+    ]  # fmt: skip
     if rows:
         statement = upsert_insert(session, UsageHourly)
         statement = statement.on_conflict_do_update(

@@ -19,10 +19,12 @@ the shape. (`GET /admin/v1/plan` does fit, with its held-out error band.)
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from planner import calibration, catalog
 from planner.calibration import EngineCalibration
@@ -83,6 +85,20 @@ SHAPE_RATIO = 4.0
 OUTLIER_Z = 3.5
 OUTLIER_MIN_POINTS = 3
 Rejections = dict[tuple[CurveKey, int], dict[str, int]]  # (curve, K) -> reason -> points
+
+# How sure a curve is, as the relative 95% half-width of its throughput (to first order, of
+# its $/1M). A measured point: 1.96 x its windows' spread / sqrt(windows); a point of one
+# window, 1.96 x the spread one window shows on this curve. An estimate (the planner's shape
+# past the measured points): 2.45 x the planner's mean error (a normal error's 1.96 sigma is
+# 2.45 times its mean absolute value), that error checked on the curve's own measured points
+# where it has two, never below the planner's error on the figures it was calibrated
+# around; without two, its mean error on published sweeps it was not calibrated on. Past
+# the points of a model the planner has no spec for, the curve is only held flat: +-100%.
+Z_95 = 1.96
+MEAN_ERROR_TO_95 = 2.45
+CALIBRATED_ERROR = 0.07  # planner/ACCURACY.md: speedups over plain, held out
+OUT_OF_SAMPLE_ERROR = 0.20  # the planner on dense models, GPUs and engines it never saw
+UNPREDICTED = 1.0
 
 
 def pool(samples: Iterable[Sample]) -> tuple[list[Aggregate], Rejections]:
@@ -169,13 +185,39 @@ def _pooled(key: CurveKey, k: int, c: float, samples: list[Sample]) -> Aggregate
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Band:
+    """How sure one curve is: the relative 95% half-width of its throughput at each measured
+    concurrency (ascending), and everywhere else, where the curve is an estimate."""
+
+    measured: tuple[tuple[float, float], ...]
+    estimated: float
+
+    def source(self, concurrency: float) -> Literal["measured", "estimated"]:
+        """ "measured" within the measured points (interpolated between them)."""
+        c, m = max(concurrency, 1.0), self.measured
+        return "measured" if m and m[0][0] <= c <= m[-1][0] else "estimated"
+
+    def relative_95(self, concurrency: float) -> float:
+        """The half-width at a concurrency: interpolated between measured points."""
+        if self.source(concurrency) == "estimated":
+            return self.estimated
+        c = max(concurrency, 1.0)
+        for (c0, h0), (c1, h1) in itertools.pairwise(self.measured):
+            if c0 <= c <= c1:
+                return h0 + (h1 - h0) * (c - c0) / (c1 - c0)
+        return self.measured[0][1]  # a single measured point, at c
+
+
 @dataclass(frozen=True)
 class Curves:
-    """The lines that price requests, and the measured points each rests on (at its K)."""
+    """The lines that price requests, the measured points each rests on (at its K), and how
+    sure each line is."""
 
     lines: dict[CurveKey, ThroughputCurve]
     measured: dict[CurveKey, tuple[Aggregate, ...]]
     k: dict[CurveKey, int]
+    bands: dict[CurveKey, Band]
 
 
 def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curves:
@@ -186,22 +228,26 @@ def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curve
     wanted = {(s.model, s.method, s.gpu_type): s.k for s in served}
     for key, rows in by_key.items():
         wanted.setdefault(key, max(r.k for r in rows))  # not served: its highest K measured
-    curves = Curves({}, {}, {})
+    curves = Curves({}, {}, {}, {})
     for key, k in wanted.items():
-        rows = [r for r in by_key.get(key, []) if r.k == k]  # another K's points never mix in
-        curve = _curve(key, k, rows, by_key)
-        if curve is not None:
-            curves.lines[key], curves.k[key] = curve, k
-            curves.measured[key] = tuple(sorted(rows, key=lambda r: r.concurrency))
+        rows = sorted(  # another K's points never mix in
+            (r for r in by_key.get(key, []) if r.k == k), key=lambda r: r.concurrency
+        )
+        built = _curve(key, k, rows, by_key)
+        if built is not None:
+            curves.lines[key], curves.bands[key] = built
+            curves.k[key], curves.measured[key] = k, tuple(rows)
     return curves
 
 
 def _curve(
     key: CurveKey, k: int, rows: list[Aggregate], by_key: Mapping[CurveKey, list[Aggregate]]
-) -> ThroughputCurve | None:
+) -> tuple[ThroughputCurve, Band] | None:
     hardware = _hardware(key[0], key[2])
     if hardware is None:
-        return ThroughputCurve.from_points(_pairs(rows)) if rows else None
+        if not rows:
+            return None
+        return ThroughputCurve.from_points(_pairs(rows)), _band(rows, UNPREDICTED)
     cal = calibration.engine_calibration()
     al = _mean_acceptance(rows)
     scale = 1.0  # with rows of its own, `extend` anchors the prediction to them
@@ -212,7 +258,55 @@ def _curve(
         c: scale * predict_point(hardware, cal, MeasuredPoint(key[1], k, c, 0.0, al))
         for c in CONCURRENCY
     }
-    return ThroughputCurve.from_points(extend(_pairs(rows), predicted))
+    error = _shape_error(hardware, cal, key[1], k, al, rows)
+    estimated = MEAN_ERROR_TO_95 * (
+        OUT_OF_SAMPLE_ERROR if error is None else max(error, CALIBRATED_ERROR)
+    )
+    return ThroughputCurve.from_points(extend(_pairs(rows), predicted)), _band(rows, estimated)
+
+
+def relative_95(point: Aggregate) -> float | None:
+    """A pooled point's 95% half-width from its own windows (None from one window)."""
+    return Z_95 * point.spread / math.sqrt(point.points) if point.points > 1 else None
+
+
+def _band(rows: list[Aggregate], estimated: float) -> Band:
+    """Each measured point's half-width; one window's from the curve's spread (pure)."""
+    several = [(r.requests, r.spread) for r in rows if r.points > 1]
+    one_window = (
+        Z_95 * sum(n * s for n, s in several) / sum(n for n, _ in several) if several else estimated
+    )
+    measured = [(r.concurrency, relative_95(r)) for r in rows if r.concurrency > 0]
+    return Band(tuple((c, one_window if h is None else h) for c, h in measured), estimated)
+
+
+def _shape_error(
+    hw: Hardware,
+    cal: EngineCalibration,
+    method: str,
+    k: int,
+    al: float | None,
+    rows: list[Aggregate],
+) -> float | None:
+    """The planner's mean error on this curve's measured points, each predicted from the
+    prediction anchored at its nearest other point, as the curve's estimates are (None
+    with fewer than two points)."""
+    rows = [r for r in rows if r.concurrency > 0]
+    if len(rows) < 2:
+        return None
+    shape = {
+        r.concurrency: predict_point(hw, cal, MeasuredPoint(method, k, r.concurrency, 0.0, al))
+        for r in rows
+    }
+    errors = []
+    for r in rows:
+        anchor = min(
+            (o for o in rows if o is not r),
+            key=lambda o: abs(math.log(o.concurrency / r.concurrency)),
+        )
+        guess = shape[r.concurrency] * anchor.output_tokens_per_s / shape[anchor.concurrency]
+        errors.append(abs(guess / r.output_tokens_per_s - 1))
+    return sum(errors) / len(errors)
 
 
 def extend(

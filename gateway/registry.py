@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.curves import Aggregate, CurveKey, Rejections, Served, build_curves
+from gateway.curves import Aggregate, Band, CurveKey, Rejections, Served, build_curves
 from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from gateway.reports import FleetNow
@@ -120,6 +120,7 @@ class Snapshot:
     curves: Mapping[CurveKey, ThroughputCurve] = field(default_factory=dict)
     measured: Mapping[CurveKey, tuple[Aggregate, ...]] = field(default_factory=dict)
     curve_k: Mapping[CurveKey, int] = field(default_factory=dict)
+    bands: Mapping[CurveKey, Band] = field(default_factory=dict)
     rejected: Rejections = field(default_factory=dict)
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
 
@@ -135,12 +136,13 @@ class Snapshot:
     def curve_source(self, model: str, method: str, gpu_type: str, c: float) -> str | None:
         """ "measured" when c lies within the measured points of the curve, else "estimated"
         (None without a curve)."""
-        key = (model, method, gpu_type)
-        if key not in self.curves:
-            return None
-        points = self.measured.get(key, ())
-        within = bool(points) and points[0].concurrency <= max(c, 1.0) <= points[-1].concurrency
-        return "measured" if within else "estimated"
+        band = self.bands.get((model, method, gpu_type))
+        return None if band is None else band.source(c)
+
+    def relative_95(self, model: str, method: str, gpu_type: str, c: float) -> float | None:
+        """The relative 95% half-width of the curve's throughput, and so of its $/1M, at c."""
+        band = self.bands.get((model, method, gpu_type))
+        return None if band is None else band.relative_95(c)
 
     def itl_ms(self, model: str, method: str, backend: BackendView, c: float) -> float | None:
         """Mean time per output token a request sees at concurrency c (c over tokens/s)."""
@@ -209,6 +211,7 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
         curves=curves.lines,
         measured=curves.measured,
         curve_k=curves.k,
+        bands=curves.bands,
         rejected=rejected,
         key_spend_usd=_key_spend(session, keys.values()),
     )

@@ -157,6 +157,11 @@ class SavingsRow(Report):
     cost_usd: float
     baseline_cost_usd: float
     savings_usd: float
+    # 95% intervals: the sums of each record's half-widths (the errors of one curve move
+    # together, so half-widths add), from the bands of the curves that priced them.
+    cost_usd_95: tuple[float, float]
+    baseline_cost_usd_95: tuple[float, float]
+    savings_usd_95: tuple[float, float]
 
 
 class SavingsReport(Report):
@@ -210,10 +215,14 @@ class FleetMethod(Report):
     itl_ms: float  # at that concurrency
     meets_objective: bool  # False: not even one stream meets it (sized at one stream)
     source: Literal["measured", "estimated"]  # the operating point within measured points?
+    relative_95: float  # the curve's 95% half-width there (GET /admin/v1/curves' band)
     peak_replicas: int
     gpu_hours: float
     usd_per_gpu_hour: float | None
     bill_usd: float | None  # the right-sized bill; None without a price
+    # The bill sized with the replica at the fast and the slow end of that interval; None
+    # without a price, or when the slow end has no throughput (an estimate of +-100%)
+    bill_usd_95: tuple[float, float] | None
 
 
 class FleetAuto(Report):
@@ -221,6 +230,7 @@ class FleetAuto(Report):
 
     gpu_hours: float
     bill_usd: float
+    bill_usd_95: tuple[float, float] | None  # every pool at the fast, then the slow end
     hours_by_method: dict[str, int]
 
 
@@ -260,8 +270,11 @@ class FleetReport(Report):
     best: str | None  # the method with the lowest right-sized bill that meets the objective
     auto: FleetAuto | None
     achievable_savings_usd: float | None  # plain's right-sized bill - best's
+    achievable_savings_usd_95: tuple[float, float] | None  # the ends of the two bills
     served_bill_usd: float | None  # right-sized bill of the methods as they were served
+    served_bill_usd_95: tuple[float, float] | None
     over_provisioning_usd: float | None  # actual spend - served_bill_usd
+    over_provisioning_usd_95: tuple[float, float] | None  # actual spend is a bill: exact
     latency: list[FleetLatency]  # the latency gain at the fleet one has, per served method
     now: FleetNow | None
 
@@ -289,9 +302,10 @@ class CurveLinePoint(Report):
     concurrency: float
     output_tokens_per_s: float  # per GPU
     usd_per_mtok: float | None  # capacity cost at this load, at the on-demand price
-    # 95% interval of usd_per_mtok from the pooled point's spread (measured points with two
-    # or more measurements); None where the data cannot say (one measurement, estimated).
-    usd_per_mtok_95: tuple[float, float] | None = None
+    # Relative 95% half-width of the throughput, and to first order of the $/1M, from the
+    # curve's band: a measured point's windows, or the planner's error for an estimate.
+    relative_95: float
+    usd_per_mtok_95: tuple[float, float] | None  # usd_per_mtok x (1 -+ relative_95)
     source: Literal["measured", "estimated"]
 
 
@@ -305,6 +319,8 @@ class Curve(Report):
     usd_per_gpu_hour: float | None  # the on-demand price applied; None when unpriced
     measured: list[CurvePoint]
     line: list[CurveLinePoint]
+    # The relative 95% half-width wherever the line is an estimate (past the measured points)
+    estimated_relative_95: float
     rejected: dict[str, int]  # measurements kept out of it: shape, outlier
 
 
@@ -340,6 +356,9 @@ class UsageRow(Report):
     cost_usd: float | None
     baseline_cost_usd: float | None
     curve_source: str | None  # measured / estimated
+    # 95% half-widths of the two costs, from their curves' bands at that load
+    cost_error_usd: float | None
+    baseline_error_usd: float | None
 
 
 class UsagePage(Report):

@@ -136,6 +136,9 @@ class UsageRecord(Base):
     # Where the $/1M that priced it came from: "measured" when its concurrency lies within
     # the measured points of its curve, else "estimated"; NULL when it was not priced.
     curve_source: Mapped[str | None] = mapped_column(String(16))
+    # 95% half-widths of the two costs, from the bands of the curves that priced them.
+    cost_error_usd: Mapped[float | None]
+    baseline_error_usd: Mapped[float | None]
 
 
 class UsageHourly(Base):
@@ -159,6 +162,10 @@ class UsageHourly(Base):
     # Request-seconds in flight (the sum of latencies): over 3600 s, the hour's mean
     # concurrency by Little's law.
     busy_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    # Sums of the records' cost half-widths: errors of one curve move together, so the
+    # interval of a sum is the sum of the half-widths.
+    cost_error_usd: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    baseline_error_usd: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
 
 class Measurement(Base):

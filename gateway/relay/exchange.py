@@ -71,7 +71,8 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
     usage = x.usage or {}
     prompt = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or 0)
-    cost, baseline = _costs(x, x.snapshot, completion)
+    costs = _costs(x, x.snapshot, completion)
+    cost, baseline = costs.cost, costs.baseline
     latency = time.perf_counter() - x.started
     ttft = None if x.first_byte is None else x.first_byte - x.started
     method = x.method or "none"
@@ -93,7 +94,9 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             concurrency=x.concurrency,
             cost_usd=cost,
             baseline_cost_usd=baseline,
-            curve_source=_curve_source(x, x.snapshot) if cost is not None else None,
+            curve_source=costs.source,
+            cost_error_usd=costs.cost_error,
+            baseline_error_usd=costs.baseline_error,
         )
     )
     if x.key is not None:
@@ -101,21 +104,37 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
     _observe(x.snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
 
 
-def _costs(x: Exchange, snapshot: Snapshot, completion: int) -> tuple[float | None, float | None]:
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """A request's capacity cost and plain decoding's at the same load, each with its 95%
+    half-width from its curve's band; the source of the cost's curve at that load."""
+
+    cost: float | None = None
+    baseline: float | None = None
+    cost_error: float | None = None
+    baseline_error: float | None = None
+    source: str | None = None
+
+
+def _costs(x: Exchange, snapshot: Snapshot, completion: int) -> Costs:
     if x.backend is None or x.method is None or x.model is None or not completion:
-        return None, None
-    c = x.concurrency or 1.0
+        return Costs()
+    c, gpu = x.concurrency or 1.0, x.backend.gpu_type
     per_mtok = snapshot.usd_per_mtok(x.model, x.method, x.backend, c)
     plain = snapshot.usd_per_mtok(x.model, "plain", x.backend, c)
     cost = None if per_mtok is None else completion * per_mtok / 1e6
     baseline = None if plain is None else completion * plain / 1e6
-    return cost, baseline
+    return Costs(
+        cost,
+        baseline,
+        _error(cost, snapshot.relative_95(x.model, x.method, gpu, c)),
+        _error(baseline, snapshot.relative_95(x.model, "plain", gpu, c)),
+        None if cost is None else snapshot.curve_source(x.model, x.method, gpu, c),
+    )
 
 
-def _curve_source(x: Exchange, snapshot: Snapshot) -> str | None:
-    if x.backend is None or x.method is None or x.model is None:
-        return None
-    return snapshot.curve_source(x.model, x.method, x.backend.gpu_type, x.concurrency or 1.0)
+def _error(cost: float | None, relative: float | None) -> float | None:
+    return None if cost is None or relative is None else cost * relative
 
 
 def _observe(

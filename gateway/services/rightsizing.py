@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gateway.accounting import hour_of
-from gateway.curves import CurveKey
 from gateway.db import queries
 from gateway.db.tables import UsageHourly
 from gateway.errors import NotFound
@@ -219,22 +218,18 @@ def _held_within(window: Span, held: Sequence[Span]) -> float:
     return sum((_overlap(window, span) for span in held), dt.timedelta(0)).total_seconds()
 
 
-def _source(
-    capacity: ReplicaCapacity, span: tuple[float, float] | None
-) -> Literal["measured", "estimated"]:
-    """Measured when the replica's operating point lies within the measured concurrencies."""
-    if span is not None and span[0] <= capacity.concurrency <= span[1]:
-        return "measured"
-    return "estimated"
-
-
-def _measured_spans(snapshot: Snapshot, model: str) -> dict[CurveKey, tuple[float, float]]:
-    """The measured concurrencies each of the model's curves rests on (its own K's)."""
-    return {
-        key: (points[0].concurrency, points[-1].concurrency)
-        for key, points in snapshot.measured.items()
-        if key[0] == model and points
-    }
+def _sized(
+    session: Session,
+    snapshot: Snapshot,
+    model: str,
+    pool: Pool,
+    objective: float | None,
+    price_kind: str,
+) -> Sized:
+    capacity = replica_capacity(pool.curve, pool.gpu_count, objective)
+    band = snapshot.bands[(model, pool.method, pool.gpu_type)]
+    price = _price(session, pool.gpu_type, price_kind)
+    return Sized(pool, capacity, price, band.relative_95(capacity.concurrency))
 
 
 def _price(session: Session, gpu_type: str, kind: str) -> float | None:
@@ -249,6 +244,18 @@ class Sized:
     pool: Pool
     capacity: ReplicaCapacity
     usd_per_gpu_hour: float | None
+    relative_95: float = 0.0  # the curve's band at the operating point
+
+    def scaled(self, factor: float) -> Sized:
+        """This pool were its replica `factor` times as fast (an end of its interval)."""
+        fast = self.capacity.output_tokens_per_s * factor
+        return replace(self, capacity=replace(self.capacity, output_tokens_per_s=fast))
+
+    def ends(self) -> tuple[Sized, Sized] | None:
+        """The pool at the fast and the slow end of its 95% interval (None: the slow end
+        has no throughput, the estimate is too loose to bound a bill)."""
+        h = self.relative_95
+        return None if h >= 1 else (self.scaled(1 + h), self.scaled(1 - h))
 
     def gpu_hours(self, demand_tokens_per_s: float, hours: float, sizing: Sizing) -> float:
         """GPU-hours this pool needs to serve `demand_tokens_per_s` for `hours`."""
@@ -262,7 +269,7 @@ class Sized:
         return one.gpu_hours
 
     def report(
-        self, hours: Sequence[TrafficHour], sizing: Sizing, span: tuple[float, float] | None
+        self, hours: Sequence[TrafficHour], sizing: Sizing, source: Literal["measured", "estimated"]
     ) -> FleetMethod:
         """The pool's right-sized fleet over the hours."""
         sized = size_hours(
@@ -273,6 +280,11 @@ class Sized:
             min_replicas=sizing.min_replicas,
         )
         gpu_hours, price = sum(s.gpu_hours for s in sized), self.usd_per_gpu_hour
+        ends = self.ends()
+        bill_95 = None
+        if price is not None and ends is not None:
+            low, high = (e.bill([Hour(h.demand(), h.weight) for h in hours], sizing) for e in ends)
+            bill_95 = (low, high)
         return FleetMethod(
             method=self.pool.method,
             k=self.pool.k,
@@ -282,12 +294,25 @@ class Sized:
             output_tokens_per_s_per_replica=self.capacity.output_tokens_per_s,
             itl_ms=self.capacity.itl_ms,
             meets_objective=self.capacity.meets_objective,
-            source=_source(self.capacity, span),
+            source=source,
+            relative_95=self.relative_95,
             peak_replicas=max((s.replicas for s in sized), default=0),
             gpu_hours=gpu_hours,
             usd_per_gpu_hour=price,
             bill_usd=None if price is None else gpu_hours * price,
+            bill_usd_95=bill_95,
         )
+
+    def bill(self, hours: Sequence[Hour], sizing: Sizing) -> float:
+        """The right-sized bill over the hours (0 without a price)."""
+        sized = size_hours(
+            hours,
+            self.capacity,
+            self.pool.gpu_count,
+            headroom=sizing.headroom,
+            min_replicas=sizing.min_replicas,
+        )
+        return sum(s.gpu_hours for s in sized) * (self.usd_per_gpu_hour or 0.0)
 
 
 def _served_bill(
@@ -305,21 +330,55 @@ def _served_bill(
 
 
 def _auto(
-    candidates: Sequence[Sized], hours: Sequence[TrafficHour], sizing: Sizing
+    candidates: Mapping[str, Sized], hours: Sequence[TrafficHour], sizing: Sizing
 ) -> FleetAuto | None:
     """Each hour on the method cheapest for it: what the `auto` policy aims for."""
     if not candidates or not hours:
         return None
+    bill, gpu_hours, chosen = _auto_bill(candidates, hours, sizing)
+    return FleetAuto(
+        gpu_hours=gpu_hours,
+        bill_usd=bill,
+        bill_usd_95=_ends(lambda end: _auto_bill(end, hours, sizing)[0], candidates),
+        hours_by_method=dict(chosen),
+    )
+
+
+def _auto_bill(
+    candidates: Mapping[str, Sized], hours: Sequence[TrafficHour], sizing: Sizing
+) -> tuple[float, float, Counter[str]]:
     bill, gpu_hours, chosen = 0.0, 0.0, Counter[str]()
     for h in hours:
         options = []
-        for c in candidates:
+        for c in candidates.values():
             used = c.gpu_hours(h.demand(), h.weight, sizing)
             options.append((used * (c.usd_per_gpu_hour or 0.0), used, c.pool.method))
         cost, used, method = min(options)
         bill, gpu_hours = bill + cost, gpu_hours + used
         chosen[method] += 1
-    return FleetAuto(gpu_hours=gpu_hours, bill_usd=bill, hours_by_method=dict(chosen))
+    return bill, gpu_hours, chosen
+
+
+def _ends(
+    bill: Callable[[Mapping[str, Sized]], float | None], sized: Mapping[str, Sized]
+) -> tuple[float, float] | None:
+    """A bill's 95% interval: with every pool at the fast end of its band, and at the slow
+    end (the errors of the curves taken to move together: a bound, not a sum of squares)."""
+    ends = {method: s.ends() for method, s in sized.items()}
+    if any(e is None for e in ends.values()):
+        return None
+    low = bill({m: e[0] for m, e in ends.items() if e is not None})
+    high = bill({m: e[1] for m, e in ends.items() if e is not None})
+    return None if low is None or high is None else (low, high)
+
+
+def _difference_95(plain: FleetMethod, best: FleetMethod) -> tuple[float, float] | None:
+    """The interval of plain's bill minus the best's (exactly 0 when plain is the best)."""
+    if best.method == plain.method:
+        return 0.0, 0.0
+    if plain.bill_usd_95 is None or best.bill_usd_95 is None:
+        return None
+    return plain.bill_usd_95[0] - best.bill_usd_95[1], plain.bill_usd_95[1] - best.bill_usd_95[0]
 
 
 def _latency(
@@ -413,19 +472,13 @@ def fleet_report(
     policy = snapshot.policies.get(model)
     objective = policy.itl_objective_ms if policy is not None else None
     served = {m for h in hours for m in h.completion_by_method}
-    spans = _measured_spans(snapshot, model)
-    sized = {
-        p.method: Sized(
-            p,
-            replica_capacity(p.curve, p.gpu_count, objective),
-            _price(session, p.gpu_type, price_kind),
-        )
-        for p in pools(snapshot, model, served)
-    }
+    sized = {p.method: _sized(session, snapshot, model, p, objective, price_kind)
+             for p in pools(snapshot, model, served)}  # fmt: skip
     methods = [
-        s.report(hours, sizing, spans.get((model, method, s.pool.gpu_type)))
-        for method, s in sized.items()
-    ]
+        s.report(hours, sizing, snapshot.bands[(model, m, s.pool.gpu_type)].source(
+            s.capacity.concurrency))
+        for m, s in sized.items()
+    ]  # fmt: skip
     candidates = [m for m in methods if m.bill_usd is not None and m.meets_objective]
     # On equal bills (every method at the floor, say) the one with most room per replica.
     best = min(
@@ -434,14 +487,19 @@ def fleet_report(
         default=None,
     )
     plain = next((m for m in methods if m.method == "plain"), None)
-    achievable = None
+    achievable = achievable_95 = None
     if best is not None and plain is not None and plain.bill_usd is not None:
         achievable = plain.bill_usd - (best.bill_usd or 0.0)
+        achievable_95 = _difference_95(plain, best)
     actual = spend(session, start, end, price_kind, model=model)
     served_bill = _served_bill(sized, hours, sizing)
-    over = None
+    served_95 = _ends(lambda end: _served_bill(end, hours, sizing), sized)
+    over = over_95 = None
     if actual.total_usd is not None and served_bill is not None:
         over = actual.total_usd - served_bill
+        if served_95 is not None:
+            over_95 = (actual.total_usd - served_95[1], actual.total_usd - served_95[0])
+    chosen = {m.method: sized[m.method] for m in candidates}
     return FleetReport(
         model=model,
         start=start.isoformat(),
@@ -460,10 +518,13 @@ def fleet_report(
         actual=FleetActual(gpu_hours=actual.gpu_hours, spend_usd=actual.total_usd),
         methods=methods,
         best=None if best is None else best.method,
-        auto=_auto([sized[m.method] for m in candidates], hours, sizing),
+        auto=_auto(chosen, hours, sizing),
         achievable_savings_usd=achievable,
+        achievable_savings_usd_95=achievable_95,
         served_bill_usd=served_bill,
+        served_bill_usd_95=served_95,
         over_provisioning_usd=over,
+        over_provisioning_usd_95=over_95,
         latency=_latency(sized, hours, Counter(b.method for b in snapshot.backends.get(model, ()))),
         now=now_sizing,
     )

@@ -23,6 +23,15 @@ from gateway.reports import SavingsReport, SavingsRow
 GROUPS = ("model", "method", "key", "backend")
 DEFAULT_PERIOD = dt.timedelta(days=30)
 HOUR = dt.timedelta(hours=1)
+# Summed per group, in records and rollups alike, after the served and refused counts.
+SUMMED = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "baseline_cost_usd",
+    "cost_error_usd",
+    "baseline_error_usd",
+)
 
 
 def _groups(group_by: str) -> list[str]:
@@ -44,7 +53,7 @@ def _rollup_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         [dims[n] for n in names],
         func.sum(case((served, h.requests), else_=0)),
         func.sum(case((served, 0), else_=h.requests)),
-        (h.prompt_tokens, h.completion_tokens, h.cost_usd, h.baseline_cost_usd),
+        [getattr(h, name) for name in SUMMED],
     ).where(h.hour >= start, h.hour < end)
 
 
@@ -63,7 +72,7 @@ def _record_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         [dims[n] for n in names],
         func.sum(case((served, 1), else_=0)),
         func.sum(case((served, 0), else_=1)),
-        (r.prompt_tokens, r.completion_tokens, r.cost_usd, r.baseline_cost_usd),
+        [getattr(r, name) for name in SUMMED],
     ).where(r.created_at >= start, r.created_at < end)
 
 
@@ -71,9 +80,30 @@ def _sums(
     dims: list[Any],
     requests: ColumnElement[Any],
     refused: ColumnElement[Any],
-    columns: tuple[Any, ...],
+    columns: list[Any],
 ) -> Any:
     return select(*dims, requests, refused, *(func.sum(c) for c in columns)).group_by(*dims)
+
+
+def _row(names: Sequence[str], group: tuple[Any, ...], sums: list[float]) -> SavingsRow:
+    requests, refused, prompt, completion, cost, baseline, cost_error, baseline_error = sums
+    return SavingsRow(
+        **dict(zip(names, group, strict=True)),
+        requests=int(requests),
+        refused=int(refused),
+        prompt_tokens=int(prompt),
+        completion_tokens=int(completion),
+        cost_usd=cost,
+        baseline_cost_usd=baseline,
+        savings_usd=baseline - cost,
+        cost_usd_95=_interval(cost, cost_error),
+        baseline_cost_usd_95=_interval(baseline, baseline_error),
+        savings_usd_95=_interval(baseline - cost, cost_error + baseline_error),
+    )
+
+
+def _interval(value: float, half_width: float) -> tuple[float, float]:
+    return value - half_width, value + half_width
 
 
 def savings(
@@ -96,22 +126,8 @@ def savings(
     for query in queries:
         for row in session.execute(query):
             group = tuple(row[: len(names)])
-            sums = totals.setdefault(group, [0.0] * 6)
+            sums = totals.setdefault(group, [0.0] * (2 + len(SUMMED)))
             for i, value in enumerate(row[len(names) :]):
                 sums[i] += float(value or 0)
-    rows = [
-        SavingsRow(
-            **dict(zip(names, group, strict=True)),
-            requests=int(requests),
-            refused=int(refused),
-            prompt_tokens=int(prompt),
-            completion_tokens=int(completion),
-            cost_usd=cost,
-            baseline_cost_usd=baseline,
-            savings_usd=baseline - cost,
-        )
-        for group, (requests, refused, prompt, completion, cost, baseline) in sorted(
-            totals.items(), key=lambda item: item[0]
-        )
-    ]
+    rows = [_row(names, group, sums) for group, sums in sorted(totals.items())]
     return SavingsReport(start=start.isoformat(), end=end.isoformat(), group_by=names, data=rows)

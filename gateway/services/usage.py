@@ -96,6 +96,8 @@ def row_of(r: UsageRecord) -> UsageRow:
         cost_usd=cost,
         baseline_cost_usd=base,
         curve_source=r.curve_source,
+        cost_error_usd=r.cost_error_usd,
+        baseline_error_usd=r.baseline_error_usd,
     )
 
 

@@ -68,12 +68,23 @@ async def test_the_curves_are_the_ones_that_price_requests(
         )
     assert eagle3["usd_per_gpu_hour"] == 6.0
     assert line[4.0]["usd_per_mtok"] == pytest.approx(6.0 / (1001.5 * 3600) * 1e6)
-    low_usd, high_usd = line[4.0]["usd_per_mtok_95"]  # the throughput interval, as $/1M
-    assert low_usd < line[4.0]["usd_per_mtok"] < high_usd
+    # Every line point carries the curve's band: a measured point's own windows, a point of
+    # one window the spread one window shows on this curve, an estimate the planner's error
+    # (checked on the curve's two measured points, never below its calibration error).
     half = low["relative_interval_95"]
-    assert high_usd == pytest.approx(6.0 / (1001.5 * (1 - half) * 3600) * 1e6)
-    assert line[16.0]["usd_per_mtok_95"] is None  # one measurement says nothing of its noise
-    assert {str(p["usd_per_mtok_95"]) for c, p in line.items() if c not in (4.0, 16.0)} == {"None"}
+    assert line[4.0]["relative_95"] == pytest.approx(half)
+    usd = line[4.0]["usd_per_mtok"]
+    assert line[4.0]["usd_per_mtok_95"] == pytest.approx([usd * (1 - half), usd * (1 + half)])
+    assert line[16.0]["relative_95"] == pytest.approx(1.96 * low["relative_spread"])
+    estimated = eagle3["estimated_relative_95"]
+    assert estimated >= 2.45 * 0.07
+    for c, point in line.items():
+        assert point["relative_95"] == pytest.approx(
+            snapshot.relative_95(CATALOG_MODEL, "eagle3", GPU, c)
+        )
+        if c not in (4.0, 16.0):
+            assert point["relative_95"] == estimated
+    assert by_method["plain"]["estimated_relative_95"] == pytest.approx(2.45 * 0.20)  # unmeasured
 
     only_h100 = await client.get("/admin/v1/curves", params={"gpu": "H100"})
     assert only_h100.json()["curves"] == []

@@ -26,8 +26,9 @@ BACKENDS = [
 ]  # fmt: skip
 
 
-def _measured(method: str, c: float, tps: float) -> Measurement:
+def _measured(method: str, c: float, tps: float, requests: int | None = None) -> Measurement:
     return Measurement(
+        requests=requests,
         model=MODEL,
         method=method,
         k=3 if method == "eagle3" else 0,
@@ -39,7 +40,9 @@ def _measured(method: str, c: float, tps: float) -> Measurement:
     )
 
 
-async def _fleet(client: httpx.AsyncClient, app: FastAPI) -> None:
+async def _fleet(client: httpx.AsyncClient, app: FastAPI, spread: float = 0.0) -> None:
+    """The fleet, its traffic and its curves: one window per point, or, with a spread, two
+    windows of 10 requests each `spread` above and below every point."""
     for backend in BACKENDS:
         created = await client.post("/admin/v1/backends", json={**backend, "gpu_type": "H100"})
         assert created.status_code == 201, created.text
@@ -51,7 +54,11 @@ async def _fleet(client: httpx.AsyncClient, app: FastAPI) -> None:
     with transaction(services.sessions) as session:
         for method, curve in (("plain", PLAIN), ("eagle3", SPEC)):
             for c, tps in zip(curve.concurrency, curve.output_tokens_per_s, strict=True):
-                session.add(_measured(method, c, tps))
+                if spread:
+                    session.add(_measured(method, c, tps * (1 + spread), requests=10))
+                    session.add(_measured(method, c, tps * (1 - spread), requests=10))
+                else:
+                    session.add(_measured(method, c, tps))
         # An older backend of 16 GPUs held for the two hours: the bill.
         for at, action, after in (
             (HOUR, "create", {"model": MODEL, "method": "plain", "gpu_type": "H100",
@@ -123,6 +130,33 @@ async def test_right_sized_bills_savings_and_over_provisioning_by_hand(
     assert e3["speedup_vs_plain"] == pytest.approx(e3["plain_itl_ms"] / e3["itl_ms"])
     assert latency["plain"]["speedup_vs_plain"] == 1
     assert body["now"] is None or set(body["now"]["desired_replicas"]) <= {"plain", "eagle3"}
+    # One window per point, of a model the planner has no spec for: nothing bounds the
+    # replica's throughput, so no bill claims an interval.
+    assert plain["bill_usd_95"] is None
+    assert body["achievable_savings_usd_95"] is None
+
+
+async def test_bills_carry_the_interval_of_the_curves_they_rest_on(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await _fleet(client, app, spread=0.02)
+    params = {"model": MODEL, "from": HOUR.isoformat(), "to": (HOUR + HOURS_2).isoformat()}
+    body = (await client.get("/admin/v1/fleet", params=params)).json()
+    methods = {m["method"]: m for m in body["methods"]}
+    plain, eagle3 = methods["plain"], methods["eagle3"]
+    # Two windows 2% either side of each point: +-1.96 x 0.02 / sqrt(2) = 2.77% of throughput.
+    half = 1.96 * 0.02 / math.sqrt(2)
+    assert [plain["relative_95"], eagle3["relative_95"]] == pytest.approx([half, half])
+    # Plain's replica serves 320 x (1 -+ 2.77%) tokens/s: hour 1's 3600 (with headroom) needs
+    # ceil(3600 / 328.9) = 11 or ceil(3600 / 311.1) = 12 replicas, plus hour 0's one: $36 to
+    # $39. EAGLE-3's 1333 x (1 -+ 2.77%) needs 3 either way: $12.
+    assert (plain["bill_usd"], plain["bill_usd_95"]) == (39, [36, 39])
+    assert (eagle3["bill_usd"], eagle3["bill_usd_95"]) == (12, [12, 12])
+    assert body["achievable_savings_usd_95"] == [24, 27]
+    low, high = body["served_bill_usd_95"]
+    assert low <= body["served_bill_usd"] <= high
+    assert body["over_provisioning_usd_95"] == pytest.approx([96 - high, 96 - low])
+    assert body["auto"]["bill_usd_95"] == [12, 12]
 
 
 async def test_without_an_objective_plain_wins_and_the_objective_that_would_pay_is_named(

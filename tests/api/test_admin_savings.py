@@ -99,3 +99,35 @@ async def test_refused_requests_are_counted_apart(client: httpx.AsyncClient, app
     partial = params | {"from": (HOUR + dt.timedelta(minutes=1)).isoformat(), "group_by": "model"}
     body = (await client.get("/admin/v1/savings", params=partial)).json()
     assert [(r["requests"], r["refused"]) for r in body["data"]] == [(3, 2)]
+
+
+async def test_intervals_are_the_sums_of_each_records_half_widths(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    # Half-widths of one curve move together, so a sum's interval is the sum of half-widths:
+    # the same from the rollups (the whole hour 11:00) as from the records (the edges).
+    minutes = [6, 70, 80, 130]
+    records = [
+        entry(n, minute=m, cost_usd=0.001, baseline_cost_usd=0.003,
+              cost_error_usd=0.0001 * (n + 1), baseline_error_usd=0.0002)
+        for n, m in enumerate(minutes)
+    ]  # fmt: skip
+    write_batch(app.state.services.sessions, records)
+    params = {
+        "from": (HOUR + dt.timedelta(minutes=5)).isoformat(),
+        "to": (HOUR + dt.timedelta(minutes=135)).isoformat(),
+        "group_by": "model",
+    }
+    [row] = (await client.get("/admin/v1/savings", params=params)).json()["data"]
+    cost_error, baseline_error = 0.0001 * (1 + 2 + 3 + 4), 4 * 0.0002
+    assert row["cost_usd_95"] == pytest.approx([0.004 - cost_error, 0.004 + cost_error])
+    assert row["baseline_cost_usd_95"] == pytest.approx(
+        [0.012 - baseline_error, 0.012 + baseline_error]
+    )
+    half = cost_error + baseline_error
+    assert row["savings_usd_95"] == pytest.approx([0.008 - half, 0.008 + half])
+
+    usage = (await client.get("/admin/v1/usage", params={"limit": 10})).json()["data"]
+    assert [r["cost_error_usd"] for r in usage] == pytest.approx(
+        [0.0001 * (n + 1) for n in range(4)]
+    )

@@ -9,10 +9,12 @@ curves that price requests stays where the steady traffic put it.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
@@ -184,11 +186,30 @@ def test_every_request_is_priced_from_the_curves_the_api_shows(stack: tuple[Serv
         )
         for c in curves
     }
+    by_method = {c["method"]: c for c in curves}
     for r in rows:
-        # Recomputed from outside: the curve of its method at its concurrency, at $6/GPU-hour.
-        tps = lines[str(r["method"])].at(float(r["concurrency"]))  # type: ignore[arg-type]
+        # Recomputed from outside: the curve of its method at its concurrency, at $6/GPU-hour,
+        # and the half-width of its cost from that curve's band at that concurrency.
+        c = float(r["concurrency"])  # type: ignore[arg-type]
+        tps = lines[str(r["method"])].at(c)
         assert r["usd_per_mtok"] == pytest.approx(6.0 / (tps * 3600) * 1e6, rel=1e-6), r
         assert r["curve_source"] in ("measured", "estimated")
+        half = _band_at(by_method[str(r["method"])], c, str(r["curve_source"]))
+        assert r["cost_error_usd"] == pytest.approx(float(r["cost_usd"]) * half, rel=1e-6), r  # type: ignore[arg-type]
+
+
+def _band_at(curve: dict[str, Any], c: float, source: str) -> float:
+    """A curve's relative 95% half-width at c, from its line as the API shows it."""
+    if source == "estimated":
+        return float(curve["estimated_relative_95"])
+    measured = [
+        (p["concurrency"], p["relative_95"]) for p in curve["line"] if p["source"] == "measured"
+    ]
+    c = max(c, 1.0)
+    for (c0, h0), (c1, h1) in itertools.pairwise(measured):
+        if c0 <= c <= c1:
+            return float(h0 + (h1 - h0) * (c - c0) / (c1 - c0))
+    return float(measured[0][1])
 
 
 def _request_id(http: httpx.Client) -> str:
