@@ -33,6 +33,7 @@ class PlanPoint(Report):
     output_tokens_per_s: float
     itl_ms: float
     usd_per_mtok: float
+    usd_per_mtok_95: tuple[float, float]  # usd_per_mtok x (1 -+ the fit's relative_95)
     measured_output_tokens_per_s: float | None  # all GPUs of the plan, when measured
     source: Literal["measured", "estimated"]
 
@@ -61,6 +62,8 @@ class MethodCapacity(Report):
     replicas: int
     gpus: int
     usd_per_month: float
+    # Sized with the replica at the fast and the slow end of the fit's interval
+    usd_per_month_95: tuple[float, float] | None  # None: the slow end has no throughput
 
 
 class CapacityPlan(Report):
@@ -70,6 +73,7 @@ class CapacityPlan(Report):
     itl_objective_ms: float
     methods: list[MethodCapacity]
     savings_usd_per_month: dict[str, dict[str, float]]  # vs_plain, vs_eagle3: by method
+    savings_usd_per_month_95: dict[str, dict[str, tuple[float, float] | None]]
 
 
 class PlanFit(Report):
@@ -77,6 +81,10 @@ class PlanFit(Report):
 
     measurements: int
     error_band: float | None  # mean |prediction / measurement - 1| on held-out points
+    # The relative 95% half-width of every predicted throughput and $ figure: 2.45 x the
+    # error band, never below the planner's calibration error; without a band (fewer than
+    # two measurements), 2.45 x its mean error on sweeps it was not calibrated on
+    relative_95: float
 
 
 class PlanReport(Report):

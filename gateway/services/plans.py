@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+
 from sqlalchemy.orm import Session
 
+from gateway.curves import CALIBRATED_ERROR, MEAN_ERROR_TO_95, OUT_OF_SAMPLE_ERROR
 from gateway.db import measurements, queries
 from gateway.errors import NotFound, ValidationFailed
 from gateway.reports import (
@@ -19,7 +24,7 @@ from gateway.reports import (
     PlanReport,
 )
 from planner import calibration, catalog
-from planner.capacity import plan_capacity, savings
+from planner.capacity import HOURS_PER_MONTH, Capacity, plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry
 from planner.fit_measurements import (
     FittedModel,
@@ -77,7 +82,14 @@ def _by_config(points: list[MeasuredPoint]) -> Measured:
     return {key: sum(v) / len(v) for key, v in sums.items()}
 
 
-def _point(p: Point, measured: Measured, gpu_count: int) -> PlanPoint:
+def relative_95(fitted: FittedModel) -> float:
+    """The plan's relative 95% half-width, from its fit's held-out error."""
+    if fitted.error_band is None:
+        return MEAN_ERROR_TO_95 * OUT_OF_SAMPLE_ERROR
+    return MEAN_ERROR_TO_95 * max(fitted.error_band, CALIBRATED_ERROR)
+
+
+def _point(p: Point, measured: Measured, gpu_count: int, half: float) -> PlanPoint:
     seen = measured.get((p.method, p.k, float(p.concurrency)))
     return PlanPoint(
         method=p.method,
@@ -86,6 +98,7 @@ def _point(p: Point, measured: Measured, gpu_count: int) -> PlanPoint:
         output_tokens_per_s=p.output_tokens_per_s,
         itl_ms=p.itl_ms,
         usd_per_mtok=p.usd_per_mtok,
+        usd_per_mtok_95=(p.usd_per_mtok * max(1 - half, 0.0), p.usd_per_mtok * (1 + half)),
         measured_output_tokens_per_s=None if seen is None else seen * gpu_count,
         source="measured" if seen is not None else "estimated",
     )
@@ -136,11 +149,12 @@ def build_plan(
     points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
     choices = best_per_concurrency(points, itl_objective_ms)
     methods = sorted({c.best.method for c in choices} - {"plain"})
+    half = relative_95(fitted)
     capacity = None
     if output_tokens_per_s is not None:
-        capacity = _capacity(points, output_tokens_per_s, itl_objective_ms, gpu_count, usd)
+        capacity = _capacity(points, output_tokens_per_s, itl_objective_ms, gpu_count, usd, half)
     return PlanReport(
-        fit=PlanFit(measurements=fitted.points, error_band=fitted.error_band),
+        fit=PlanFit(measurements=fitted.points, error_band=fitted.error_band, relative_95=half),
         capacity=capacity,
         model=spec.name,
         gpu=hardware.name,
@@ -150,7 +164,7 @@ def build_plan(
         price=price,
         choices=[
             PlanChoice(
-                **_point(c.best, measured, gpu_count).model_dump(),
+                **_point(c.best, measured, gpu_count, half).model_dump(),
                 speedup_vs_plain=c.best.output_tokens_per_s / c.plain.output_tokens_per_s,
             )
             for c in choices
@@ -159,7 +173,7 @@ def build_plan(
             Crossover(concurrency=c, from_method=a, to_method=b) for c, a, b in crossovers(choices)
         ],
         methods={
-            m: [_point(p, measured, gpu_count) for p in curve]
+            m: [_point(p, measured, gpu_count, half) for p in curve]
             for m, curve in best_per_method(points, itl_objective_ms).items()
         },
         schedules={m: [list(s) for s in k_schedule(points, m)] for m in methods},
@@ -172,8 +186,10 @@ def _capacity(
     itl_objective_ms: float | None,
     gpu_count: int,
     usd_per_gpu_hour: float,
+    half: float,
 ) -> CapacityPlan:
-    """GPUs and $/month per method for a traffic, and savings against plain and EAGLE-3."""
+    """GPUs and $/month per method for a traffic, and savings against plain and EAGLE-3,
+    each with its interval: the replica at the fast and the slow end of the fit's band."""
     objective = itl_objective_ms or DEFAULT_ITL_OBJECTIVE_MS
     plans = plan_capacity(
         points,
@@ -182,15 +198,46 @@ def _capacity(
         gpu_count=gpu_count,
         price_usd_per_gpu_hour=usd_per_gpu_hour,
     )
+    per_replica = HOURS_PER_MONTH * gpu_count * usd_per_gpu_hour
+    ends = {c.method: _monthly_ends(c, output_tokens_per_s, per_replica, half) for c in plans}
     return CapacityPlan(
         output_tokens_per_s=output_tokens_per_s,
         itl_objective_ms=objective,
-        methods=[MethodCapacity.model_validate(c, from_attributes=True) for c in plans],
+        methods=[
+            MethodCapacity.model_validate({**asdict(c), "usd_per_month_95": ends[c.method]})
+            for c in plans
+        ],
         savings_usd_per_month={
             "vs_plain": savings(plans, "plain"),
             "vs_eagle3": savings(plans, "eagle3"),
         },
+        savings_usd_per_month_95={
+            name: {m: _difference(ends, base, m) for m in ends}
+            for name, base in (("vs_plain", "plain"), ("vs_eagle3", "eagle3"))
+            if base in ends
+        },
     )
+
+
+Ends = tuple[float, float] | None
+
+
+def _monthly_ends(c: Capacity, demand: float, per_replica: float, half: float) -> Ends:
+    """The monthly bill with the replica at the fast and at the slow end of the band (None:
+    the slow end has no throughput)."""
+    if half >= 1:
+        return None
+    tps = c.output_tokens_per_s_per_replica
+    fast, slow = (math.ceil(demand / (tps * f)) * per_replica for f in (1 + half, 1 - half))
+    return fast, slow
+
+
+def _difference(ends: Mapping[str, Ends], base: str, method: str) -> Ends:
+    """The interval of base's bill minus the method's (exactly 0 against itself)."""
+    if method == base:
+        return 0.0, 0.0
+    b, m = ends[base], ends[method]
+    return None if b is None or m is None else (b[0] - m[1], b[1] - m[0])
 
 
 def accuracy(session: Session, workload: str) -> AccuracyReport:

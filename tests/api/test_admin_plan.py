@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import httpx
+import pytest
 from fastapi import FastAPI
 
 from gateway.db.session import transaction
@@ -76,9 +79,16 @@ async def test_plan_uses_database_prices_and_marks_measured_points(
     }
     first = plan["choices"][0]
     assert (first["source"], first["measured_output_tokens_per_s"]) == ("measured", 900.0)
-    assert plan["fit"] == {"measurements": 1, "error_band": None}  # a band needs 3 points
+    # An error band needs 3 points; without one, every figure carries the planner's mean
+    # error on sweeps it was not calibrated on (20%) as 2.45 x that: +-49%.
+    assert plan["fit"] == {
+        "measurements": 1,
+        "error_band": None,
+        "relative_95": pytest.approx(0.49),
+    }
     expected = 3.6 / 3600 / first["output_tokens_per_s"] * 1e6
     assert abs(first["usd_per_mtok"] - expected) < 1e-9
+    assert first["usd_per_mtok_95"] == pytest.approx([expected * 0.51, expected * 1.49])
 
 
 async def test_plan_errors(client: httpx.AsyncClient) -> None:
@@ -100,6 +110,17 @@ async def test_plan_sizes_a_traffic_and_its_savings(client: httpx.AsyncClient) -
     assert cheapest["replicas"] * cheapest["output_tokens_per_s_per_replica"] >= 50_000
     saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
     assert saved == plain["usd_per_month"] - cheapest["usd_per_month"]
+    # The interval: each method's replica at the fast and the slow end of the fit's band.
+    half = (await client.get(PLAN, params=params)).json()["fit"]["relative_95"]
+    monthly = cheapest["usd_per_month"] / cheapest["replicas"]  # one replica's month
+    fast, slow = (
+        math.ceil(50_000 / (cheapest["output_tokens_per_s_per_replica"] * f)) * monthly
+        for f in (1 + half, 1 - half)
+    )
+    assert cheapest["usd_per_month_95"] == pytest.approx([fast, slow])
+    low, high = capacity["savings_usd_per_month_95"]["vs_plain"][cheapest["method"]]
+    assert low <= saved <= high
+    assert capacity["savings_usd_per_month_95"]["vs_plain"]["plain"] == [0, 0]
 
 
 async def test_accuracy_predicts_each_measurement_from_the_others(
