@@ -7,7 +7,7 @@ from typing import Any
 
 import altair as alt
 
-from dashboard.schemas import AccuracyPoint, PlanPoint, UsageRow
+from dashboard.schemas import AccuracyPoint, Curve, PlanPoint, UsageRow
 
 Rows = list[dict[str, Any]]
 CAPACITY, BELOW_PLAIN = "capacity cost", "capacity cost below plain"  # never money saved
@@ -65,6 +65,46 @@ def throughput_vs_concurrency(
         )
     )
     layered: alt.LayerChart = alt.LayerChart(layer=[curves, marks] if measured else [curves])
+    return layered
+
+
+def live_curves(curves: list[Curve]) -> alt.LayerChart:
+    """The curves that price requests: each method's line with its 95% band, its points
+    filled where measured and hollow where estimated, and the pooled measured points."""
+    rows = [
+        {
+            "concurrency": p.concurrency,
+            "tokens_per_s": p.output_tokens_per_s,
+            "low": p.output_tokens_per_s * max(1 - p.relative_95, 0.0),
+            "high": p.output_tokens_per_s * (1 + p.relative_95),
+            "series": f"{c.method} K={c.k}",
+            "source": p.source,
+            "band": f"±{p.relative_95:.0%}",
+            "usd_per_mtok": p.usd_per_mtok,
+        }
+        for c in curves
+        for p in c.line
+    ]
+    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
+    y = alt.Y("tokens_per_s:Q", title="output tokens/s per GPU")
+    color = alt.Color("series:N", legend=alt.Legend(title="method", labelLimit=0))
+    band = _chart(rows).mark_area(opacity=0.15).encode(x=x, y="low:Q", y2="high:Q", color=color)
+    line = _chart(rows).mark_line().encode(x=x, y=y, color=color)
+    points = (
+        _chart(rows)
+        .mark_point(size=50)
+        .encode(
+            x=x,
+            y=y,
+            color=color,
+            fill=alt.condition(
+                alt.datum.source == "measured", alt.Color("series:N"), alt.value("white")
+            ),
+            tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q", "source:N", "band:N",
+                     "usd_per_mtok:Q"],
+        )
+    )  # fmt: skip
+    layered: alt.LayerChart = alt.LayerChart(layer=[band, line, points])
     return layered
 
 

@@ -25,6 +25,7 @@ from dashboard.schemas import (
     Backend,
     Benchmark,
     CreatedKey,
+    Curves,
     DecodingMethod,
     Fleet,
     Gpu,
@@ -61,14 +62,20 @@ def _error_message(response: httpx.Response) -> str:
     return f"the admin API answered {response.status_code}: {detail}"
 
 
-def _call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
-    """One admin API call; its JSON body (None when empty), or AdminApiError."""
+def _send(http: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """One admin API call; its response, or AdminApiError."""
     try:
         response = http.request(method, f"/admin/v1{path}", **kwargs)
     except httpx.TransportError as exc:
         raise AdminApiError(f"cannot reach the gateway at {http.base_url}: {exc}") from None
     if response.status_code >= 400:
         raise AdminApiError(_error_message(response), response.status_code)
+    return response
+
+
+def _call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    """One admin API call; its JSON body (None when empty), or AdminApiError."""
+    response = _send(http, method, path, **kwargs)
     return response.json() if response.content else None
 
 
@@ -165,6 +172,19 @@ class AdminClient:
         period = {"from": start.isoformat(), "to": end.isoformat() if end else None}
         return _parse(Usage, self._get("/savings", group_by=group_by, **period))
 
+    def usage_csv(self, start: dt.datetime, key: int | None = None) -> bytes:
+        """Every usage record since `start` (of one key), as the API's CSV."""
+        params = {"from": start.isoformat(), "format": "csv"}
+        if key is not None:
+            params["key"] = str(key)
+        headers = {"Authorization": f"Bearer {self._token}"}
+        with httpx.Client(base_url=self.base_url, headers=headers, timeout=self._timeout_s) as http:
+            return _send(http, "GET", "/usage", params=params).content
+
+    def curves(self, model: str) -> Curves:
+        """The curves that price the model's requests now, with their bands."""
+        return _parse(Curves, self._get("/curves", model=model))
+
     def spend(self, start: dt.datetime, price_kind: str = "on-demand") -> Spend:
         """GPU-hours each backend was held since `start`, priced at `price_kind`."""
         body = self._get("/spend", price_kind=price_kind, **{"from": start.isoformat()})
@@ -235,7 +255,8 @@ class AdminClient:
 
     def create_key(self, name: str, budget_usd: float | None) -> CreatedKey:
         return _parse(
-            CreatedKey, self._write("POST", "/keys", {"name": name, "budget_usd": budget_usd})
+            CreatedKey,
+            self._write("POST", "/keys", {"name": name, "budget_usd": budget_usd}),
         )
 
     def revoke_key(self, key_id: int) -> None:

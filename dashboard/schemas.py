@@ -142,6 +142,8 @@ class UsageRow(Record):
     cost_usd: float
     baseline_cost_usd: float
     savings_usd: float
+    cost_usd_95: tuple[float, float] = (0.0, 0.0)
+    savings_usd_95: tuple[float, float] = (0.0, 0.0)
 
 
 class Usage(Record):
@@ -217,6 +219,7 @@ class MethodCapacity(Record):
     replicas: int
     gpus: int
     usd_per_month: float
+    usd_per_month_95: tuple[float, float] | None = None
 
 
 class Capacity(Record):
@@ -224,11 +227,13 @@ class Capacity(Record):
     itl_objective_ms: float
     methods: list[MethodCapacity]
     savings_usd_per_month: dict[str, dict[str, float]]  # vs_plain, vs_eagle3: by method
+    savings_usd_per_month_95: dict[str, dict[str, tuple[float, float] | None]] = {}
 
 
 class Fit(Record):
     measurements: int
     error_band: float | None
+    relative_95: float = 0.0
 
 
 class Plan(Record):
@@ -320,9 +325,11 @@ class FleetMethod(Record):
     itl_ms: float
     meets_objective: bool
     source: Literal["measured", "estimated"]
+    relative_95: float
     peak_replicas: int
     gpu_hours: float
     bill_usd: float | None
+    bill_usd_95: tuple[float, float] | None
 
 
 class FleetActual(Record):
@@ -363,7 +370,48 @@ class Fleet(Record):
     methods: list[FleetMethod]
     best: str | None
     achievable_savings_usd: float | None
+    achievable_savings_usd_95: tuple[float, float] | None
     served_bill_usd: float | None
     over_provisioning_usd: float | None
+    over_provisioning_usd_95: tuple[float, float] | None
     latency: list[FleetLatency]
     now: FleetNow | None
+
+
+class CurvePoint(Record):
+    """A pooled measured point of a live curve."""
+
+    concurrency: float
+    output_tokens_per_s: float  # per GPU
+    requests: int
+    points: int
+
+
+class CurveLinePoint(Record):
+    """A point of the line that prices requests, with its 95% band."""
+
+    concurrency: float
+    output_tokens_per_s: float  # per GPU
+    usd_per_mtok: float | None
+    relative_95: float
+    usd_per_mtok_95: tuple[float, float] | None
+    source: Literal["measured", "estimated"]
+
+
+class Curve(Record):
+    """One (model, method, GPU type) curve as the gateway prices requests with it now."""
+
+    model: str
+    method: str
+    k: int
+    gpu_type: str
+    usd_per_gpu_hour: float | None
+    measured: list[CurvePoint]
+    line: list[CurveLinePoint]
+    estimated_relative_95: float
+    rejected: dict[str, int]
+
+
+class Curves(Record):
+    price_kind: str
+    curves: list[Curve]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard.app_pages.downloads import usage_csv_button
 from dashboard.app_pages.periods import period_start
 from dashboard.client import AdminClient, admin_client, shows_api_errors
 from dashboard.schemas import ApiKey, UsageRow
@@ -54,6 +55,16 @@ def _keyless(row: UsageRow | None) -> None:
     )
 
 
+def _download(api: AdminClient, keys: list[ApiKey]) -> None:
+    """Every usage record of the last 30 days, of all keys or one."""
+    st.subheader("Usage records")
+    labels: dict[str, int | None] = {"all keys": None} | {
+        f"{k.id}: {k.name} ({k.key_prefix}…)": k.id for k in keys
+    }
+    chosen = st.selectbox("Records of", list(labels), key="usage-csv-of")
+    usage_csv_button(api, period_start("30 days"), "30 days", labels[chosen], "keys-usage-csv")
+
+
 def _create_form(api: AdminClient) -> None:
     with st.form("create-key", clear_on_submit=True):
         st.subheader("Create a key")
@@ -90,5 +101,6 @@ def render() -> None:
     else:
         st.info("No API keys yet. Create one below; clients send it as a bearer token.")
     _keyless(usage.get(KEYLESS))
+    _download(api, keys)
     _revoke_form(api, keys)
     _create_form(api)

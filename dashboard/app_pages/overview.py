@@ -13,6 +13,7 @@ import datetime as dt
 import streamlit as st
 
 from dashboard import charts
+from dashboard.app_pages.downloads import usage_csv_button
 from dashboard.app_pages.live import live_panel
 from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
 from dashboard.client import AdminClient, admin_client, shows_api_errors
@@ -21,6 +22,14 @@ from dashboard.schemas import Backend, Fleet, FleetObjective, PriceKind, Spend, 
 
 def _money(usd: float | None) -> str:
     return "no price" if usd is None else f"${usd:,.2f}"
+
+
+def _interval(usd: tuple[float, float] | None, digits: int = 2) -> str:
+    """A 95% interval of dollars, or why there is none."""
+    if usd is None:
+        return "95%: too little data to bound"
+    low, high = (f"{'-' if x < 0 else ''}${abs(x):,.{digits}f}" for x in usd)
+    return f"95%: {low} to {high}"
 
 
 def _pays(objective: FleetObjective) -> str:
@@ -44,11 +53,21 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
     cols[1].metric(
         "Right-sized bill (best method)",
         _money(best.bill_usd) if best else "no method meets the objective",
-        f"{best.method}, {best.source}" if best else None,
+        f"{best.method}, {best.source}; {_interval(best.bill_usd_95)}" if best else None,
         delta_arrow="off",
     )
-    cols[2].metric("Achievable savings vs plain", _money(fleet.achievable_savings_usd))
-    cols[3].metric("Over-provisioning", _money(fleet.over_provisioning_usd))
+    cols[2].metric(
+        "Achievable savings vs plain",
+        _money(fleet.achievable_savings_usd),
+        _interval(fleet.achievable_savings_usd_95),
+        delta_arrow="off",
+    )
+    cols[3].metric(
+        "Over-provisioning",
+        _money(fleet.over_provisioning_usd),
+        _interval(fleet.over_provisioning_usd_95),
+        delta_arrow="off",
+    )
     objective = fleet.objective
     sized = (
         f"within {objective.itl_ms:g} ms per token"
@@ -60,7 +79,8 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
         f"Right-sized: whole replicas hour by hour {sized}, {fleet.headroom:.0%} headroom over "
         f"each hour's mean, at the {fleet.price_kind} price. Achievable savings are money only "
         "once the fleet is sized to its traffic; over-provisioning is the bill minus the "
-        "right-sized bill of the methods as served."
+        "right-sized bill of the methods as served. Intervals: each replica sized at both ends "
+        "of its curve's 95% band (GET /admin/v1/curves); the bill itself is exact."
     )
     st.dataframe(
         [
@@ -74,7 +94,8 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
                 "peak replicas": m.peak_replicas,
                 "GPU-hours": f"{m.gpu_hours:,.3f}",
                 "right-sized bill": _money(m.bill_usd),
-                "curve": m.source,
+                "95% interval": _interval(m.bill_usd_95).removeprefix("95%: "),
+                "curve": f"{m.source}, ±{m.relative_95:.0%}",
             }
             for m in fleet.methods
         ],
@@ -161,6 +182,11 @@ def _totals(usage: Usage) -> UsageRow:
         cost_usd=sum(r.cost_usd for r in rows),
         baseline_cost_usd=sum(r.baseline_cost_usd for r in rows),
         savings_usd=sum(r.savings_usd for r in rows),
+        cost_usd_95=(sum(r.cost_usd_95[0] for r in rows), sum(r.cost_usd_95[1] for r in rows)),
+        savings_usd_95=(
+            sum(r.savings_usd_95[0] for r in rows),
+            sum(r.savings_usd_95[1] for r in rows),
+        ),
     )
 
 
@@ -174,12 +200,18 @@ def _ledger(usage: Usage, label: str) -> None:
     cols = st.columns(4)
     cols[0].metric(f"Requests ({label})", f"{total.requests:,}")
     cols[1].metric("Output tokens", f"{total.completion_tokens:,}")
-    cols[2].metric("Capacity cost", f"${total.cost_usd:,.4f}")
+    cols[2].metric(
+        "Capacity cost",
+        f"${total.cost_usd:,.4f}",
+        _interval(total.cost_usd_95, 4),
+        delta_arrow="off",
+    )
     less = total.savings_usd / total.baseline_cost_usd if total.baseline_cost_usd else 0.0
     cols[3].metric(
         "Capacity cost vs plain",
         f"${total.savings_usd:,.4f} less",
-        f"{less:.0%} below plain at the same load (not money saved)",
+        f"{less:.0%} below plain at the same load (not money saved); "
+        f"{_interval(total.savings_usd_95, 4)}",
         delta_arrow="off",
     )
     st.dataframe(
@@ -193,6 +225,7 @@ def _ledger(usage: Usage, label: str) -> None:
                 "capacity cost (USD)": r.cost_usd,
                 "plain's capacity cost (USD)": r.baseline_cost_usd,
                 "difference (USD)": r.savings_usd,
+                "difference, 95% (USD)": _interval(r.savings_usd_95, 6).removeprefix("95%: "),
                 "USD per 1M output tokens": _usd_per_mtok(r),
             }
             for r in usage.data
@@ -274,6 +307,7 @@ def render() -> None:
     label, start = choose_period("overview-period")
     kind = choose_price_kind("overview-price")
     live_panel(lambda: _totals_panel(label, start, kind), "overview-live")
+    usage_csv_button(api, start, label, widget="overview-usage-csv")
     if label != "today":
         st.subheader("Day by day")
         _trend(api, start)

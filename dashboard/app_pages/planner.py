@@ -14,6 +14,7 @@ WORKLOADS = ("chat", "code", "math", "mixed")
 
 def _capacity_table(capacity: Capacity) -> None:
     vs_plain = capacity.savings_usd_per_month.get("vs_plain", {})
+    vs_plain_95 = capacity.savings_usd_per_month_95.get("vs_plain", {})
     st.dataframe(
         [
             {
@@ -23,12 +24,18 @@ def _capacity_table(capacity: Capacity) -> None:
                 "GPUs": c.gpus,
                 "streams per replica": c.concurrency_per_replica,
                 "USD per month": round(c.usd_per_month, 2),
+                "USD per month, 95%": _interval(c.usd_per_month_95),
                 "saves vs plain (USD/month)": round(vs_plain.get(c.method, 0.0), 2),
+                "saves vs plain, 95%": _interval(vs_plain_95.get(c.method)),
             }
             for c in sorted(capacity.methods, key=lambda c: c.usd_per_month)
         ],
         hide_index=True,
     )
+
+
+def _interval(usd: tuple[float, float] | None) -> str:
+    return "too little data" if usd is None else f"${usd[0]:,.0f} to ${usd[1]:,.0f}"
 
 
 def _drafter(method: DecodingMethod, backends: list[Backend]) -> str | None:

@@ -201,7 +201,7 @@ def test_overview_keeps_capacity_cost_and_gpu_spend_apart(dashboard_env: Stack) 
     assert metrics["Capacity cost"].value == f"${cost:,.4f}"
     assert metrics["Capacity cost vs plain"].value == f"${saved:,.4f} less"
     below = f"{saved / baseline:.0%} below plain at the same load (not money saved)"
-    assert metrics["Capacity cost vs plain"].delta == below
+    assert metrics["Capacity cost vs plain"].delta.startswith(below + "; 95%: ")
     spent = float(metrics["Actual GPU spend (7 days, on-demand)"].value.lstrip("$"))
     assert round(spend_before, 2) <= spent <= round(spend_after, 2)
     assert any("capacity cost (USD)" in d.value.columns for d in at.dataframe)
@@ -233,4 +233,9 @@ def test_overview_leads_with_the_bill_right_sized_bills_and_gpus_to_release(
         assert shown == f"${fleet['achievable_savings_usd']:,.2f}"
     sized = next(d.value for d in at.dataframe if "right-sized bill" in d.value.columns)
     assert set(sized["method"]) == {m["method"] for m in fleet["methods"]}
-    assert set(sized["curve"]) <= {"measured", "estimated"}
+    # "measured, ±3%": the source and the band of the curve at the operating point (read
+    # apart from the page: a window stored in between may move the band, not the form).
+    for curve in sized["curve"]:
+        source, band = curve.split(", ±")
+        assert source in {"measured", "estimated"}
+        assert band.endswith("%") and float(band.removesuffix("%")) >= 0

@@ -25,19 +25,44 @@ def test_methods_shows_costs_on_b200_and_h100_and_the_recommendation(
     assert not at.error, [e.value for e in at.error]
     assert at.selectbox(key="methods-model").value == MODEL
     assert "Recommendation on B200" in at.success[0].value
-    table = at.dataframe[0].value
+    table = next(d.value for d in at.dataframe if "H100 best" in d.value.columns)
     first = plan["choices"][0]
     assert table["H100 best"].iloc[0] == f"{first['method']} K={first['k']}"
-    assert abs(table["$/1M H100 best"].iloc[0] - first["usd_per_mtok"]) < 1e-3
+    usd, band = table["$/1M H100 best"].iloc[0].split()  # "0.0123 ±17%": the fit's interval
+    assert abs(float(usd) - first["usd_per_mtok"]) < 1e-3
+    assert band == f"±{plan['fit']['relative_95']:.0%}"
     plain = first["usd_per_mtok"] * first["speedup_vs_plain"]
     assert abs(table["$/1M H100 plain"].iloc[0] - plain) < 1e-3
     assert "$/1M B200 plain" in table.columns
     assert "H100 $" in " ".join(c.value for c in at.caption)
     charts = at.get("vega_lite_chart") or at.get("arrow_vega_lite_chart")
     assert charts
-    spec = charts[0].proto.spec  # the throughput chart: a line for every method
+    # The planner's throughput chart: a line for every method
+    [spec] = [c.proto.spec for c in charts if "planner point" in c.proto.spec]
     assert all(f'"{m}"' in spec for m in ("plain", "eagle3", "p-eagle", "dflash", "dspark"))
     assert "a line per method" in " ".join(c.value for c in at.caption)
+
+
+def test_methods_draws_the_curves_that_price_requests_with_their_bands(
+    dashboard_env: Stack,
+) -> None:
+    with dashboard_env.admin() as admin:
+        curves = admin.get("/admin/v1/curves", params={"model": MODEL}).json()["curves"]
+    at = AppTest.from_function(_methods, default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert "The curves that price requests now" in [h.value for h in at.subheader]
+    table = next(d.value for d in at.dataframe if "95% interval" in d.value.columns)
+    expected = [(c["method"], p["concurrency"], p) for c in curves for p in c["line"]]
+    assert len(table) == len(expected)
+    for (_, row), (method, concurrency, point) in zip(table.iterrows(), expected, strict=True):
+        assert (row["method"], row["concurrency"], row["source"]) == (
+            method, concurrency, point["source"],
+        )  # fmt: skip
+        if point["usd_per_mtok_95"] is not None:
+            low, high = point["usd_per_mtok_95"]
+            assert row["95% interval"] == f"${low:,.4f} to ${high:,.4f}"
+    bands = [c.proto.spec for c in at.get("vega_lite_chart") if '"area"' in c.proto.spec]
+    assert len(bands) == len({c["gpu_type"] for c in curves})  # a chart with its band per GPU
 
 
 def test_methods_shows_measured_acceptance_from_the_sweeps(dashboard_env: Stack) -> None:

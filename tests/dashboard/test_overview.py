@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
+import io
 import json
 from typing import Any
 
@@ -39,6 +42,27 @@ def test_overview_shows_requests_tokens_cost_and_savings(dashboard_env: Stack) -
     captions = " ".join(c.value for c in at.caption)
     assert "B200 $" in captions
     assert "/GPU-h on-demand" in captions
+    # Every $ figure with its interval: the capacity cost's is the sum of the rows'.
+    cost = next(m for m in at.metric if m.label == "Capacity cost")
+    low = sum(r["cost_usd_95"][0] for r in rows)
+    high = sum(r["cost_usd_95"][1] for r in rows)
+    assert cost.delta == f"95%: ${low:,.4f} to ${high:,.4f}"  # costs are never negative
+    assert "95%" in next(m for m in at.metric if m.label == "Achievable savings vs plain").delta
+    [button] = at.get("download_button")
+    assert "usage records" in button.proto.label
+
+
+def test_the_usage_download_is_the_apis_csv(dashboard_env: Stack) -> None:
+    from dashboard.client import AdminClient
+    from tests.e2e.conftest import ADMIN_TOKEN
+
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(days=7)
+    api = AdminClient(dashboard_env.gateway.base_url, ADMIN_TOKEN)
+    rows = list(csv.DictReader(io.StringIO(api.usage_csv(start).decode())))
+    with dashboard_env.admin() as admin:
+        records = admin.get("/admin/v1/usage", params={"limit": 1000}).json()["data"]
+    assert [r["request_id"] for r in rows] == [r["request_id"] for r in records]
+    assert len(rows) >= dashboard_env.requests
 
 
 def _chart_values(at: AppTest, x_field: str) -> list[dict[str, Any]]:

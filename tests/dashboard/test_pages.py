@@ -141,6 +141,7 @@ def test_keys_creates_a_key_shown_once_and_revokes_it(dashboard_env: Stack) -> N
 
     at = _run(_keys)
     assert not at.code  # shown only once
+    assert "dash-key" in " ".join(at.selectbox(key="usage-csv-of").options)  # its records
     table = at.dataframe[0].value.set_index("name")
     assert table.loc["dash-key", "budget (USD)"] == 5.0
     label = next(o for o in at.selectbox(key="revoke-key").options if "dash-key" in o)
