@@ -238,4 +238,5 @@ def test_overview_leads_with_the_bill_right_sized_bills_and_gpus_to_release(
     for curve in sized["curve"]:
         source, band = curve.split(", ±")
         assert source in {"measured", "estimated"}
-        assert band.endswith("%") and float(band.removesuffix("%")) >= 0
+        assert band.endswith("%")
+        assert float(band.removesuffix("%")) >= 0
