@@ -29,6 +29,10 @@ import orjson
 from backends.vllm_metrics import VllmSnapshot, difference, parse_metrics
 from backends.workloads import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, BenchWorkload
 
+# Neither a count nor a duration given: 50 requests per level and at least 8 per client
+# (c=64 runs 512 requests, at 64 in flight but for the last few).
+DEFAULT_REQUESTS_PER_LEVEL, DEFAULT_REQUESTS_PER_CLIENT = 50, 8
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -39,6 +43,9 @@ class BenchConfig:
     concurrency: tuple[int, ...]  # closed loop: clients; open loop: the cap on requests in flight
     requests_per_level: int | None = None
     duration_s: float | None = None  # closed loop: sending stops then; open loop: arrivals do
+    # With a request count: at least this many requests per client at each level, so a level
+    # of c clients runs at c in flight for most of it, not mostly ramping down.
+    requests_per_client: int | None = None
     input_len: int = DEFAULT_INPUT_LEN  # mean prompt tokens (exact for `synthetic`)
     output_len: int = DEFAULT_OUTPUT_LEN  # mean output tokens (exact for `synthetic`)
     api_key: str | None = None
@@ -50,6 +57,13 @@ class BenchConfig:
     # Sampling temperature; None leaves it to the server (the model's generation config).
     # Acceptance depends on it: at 0 a drafter only has to match the target's argmax.
     temperature: float | None = None
+
+    def at_level(self, c: int) -> BenchConfig:
+        """The sweep as the level of `c` clients runs it."""
+        if self.requests_per_client is None or self.requests_per_level is None:
+            return self
+        count = max(self.requests_per_level, self.requests_per_client * c)
+        return dataclasses.replace(self, requests_per_level=count)
 
     def bench_workload(self) -> BenchWorkload:
         """The workload: each request of a level by its index."""
@@ -350,6 +364,7 @@ async def run_sweep(config: BenchConfig, report: Callable[[str], None]) -> list[
     results = []
     async with httpx.AsyncClient(base_url=config.url, limits=limits, timeout=timeout) as client:
         for c in config.concurrency:
-            progress = Progress(c, config.requests_per_level, report)
-            results.append(await run_level(client, config, c, progress))
+            level = config.at_level(c)
+            progress = Progress(c, level.requests_per_level, report)
+            results.append(await run_level(client, level, c, progress))
     return results

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
-from backends.bench import BenchConfig
+from backends.bench import DEFAULT_REQUESTS_PER_CLIENT, DEFAULT_REQUESTS_PER_LEVEL, BenchConfig
 from backends.workloads import WorkloadName, resolve_lengths
 from gateway.db import queries
 from gateway.db.session import transaction
@@ -34,6 +34,9 @@ class BenchmarkCreate(Strict):
     backend: str
     concurrency: list[Level] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
     requests_per_level: int | None = Field(default=None, ge=1, le=100_000)
+    # At least this many requests per client at each level (with neither count nor duration
+    # given: 50 per level and 8 per client, so c=64 runs 512 requests at 64 in flight)
+    requests_per_client: int | None = Field(default=None, ge=1, le=10_000)
     duration_s: float | None = Field(default=None, gt=0, le=3600)
     rate_per_s: float | None = Field(default=None, gt=0, le=10_000)
     poisson: bool = False
@@ -47,7 +50,14 @@ class BenchmarkCreate(Strict):
     @model_validator(mode="after")
     def _one_budget(self) -> BenchmarkCreate:
         if self.requests_per_level is None and self.duration_s is None:
-            self.requests_per_level = 50
+            self.requests_per_level = DEFAULT_REQUESTS_PER_LEVEL
+            if self.requests_per_client is None:
+                self.requests_per_client = DEFAULT_REQUESTS_PER_CLIENT
+        if self.requests_per_client is not None and self.requests_per_level is None:
+            raise InvalidBenchmark(
+                "requests_per_client raises a request count: give requests_per_level",
+                "requests_per_client",
+            )
         return self
 
     @model_validator(mode="after")
@@ -79,6 +89,7 @@ class BenchmarkCreate(Strict):
             model=model,
             concurrency=tuple(self.concurrency),
             requests_per_level=self.requests_per_level,
+            requests_per_client=self.requests_per_client,
             duration_s=seconds,
             input_len=input_len,
             output_len=output_len,

@@ -10,7 +10,6 @@ import typer
 
 from gateway.cli.common import fail, session
 
-DEFAULT_BENCH_REQUESTS = 50  # per level, when neither --requests nor --duration is given
 import_app = typer.Typer(help="Benchmark results from other tools, as measurements.")
 
 
@@ -20,7 +19,10 @@ def bench(
     concurrency: Annotated[
         str, typer.Option(help="Comma-separated levels (with --rate: caps on requests in flight).")
     ] = "1,4,16,64",
-    requests: Annotated[int | None, typer.Option(min=1, help="Requests per level.")] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option(min=1, help="Requests per level (default: 50, and at least 8 per client)."),
+    ] = None,
     duration: Annotated[float | None, typer.Option(min=0.1, help="Seconds per level.")] = None,
     rate: Annotated[
         float | None, typer.Option(min=0.001, help="Open loop: requests/s per level.")
@@ -51,7 +53,12 @@ def bench(
     acceptance."""
     import asyncio
 
-    from backends.bench import BenchConfig, run_sweep
+    from backends.bench import (
+        DEFAULT_REQUESTS_PER_CLIENT,
+        DEFAULT_REQUESTS_PER_LEVEL,
+        BenchConfig,
+        run_sweep,
+    )
     from backends.workloads import WORKLOAD_NAMES, resolve_lengths
 
     try:
@@ -63,8 +70,9 @@ def bench(
     if workload not in WORKLOAD_NAMES:
         fail(f"unknown --workload {workload!r}; known: {', '.join(WORKLOAD_NAMES)}")
     _check_arrivals(rate, poisson, burstiness)
-    if requests is None and duration is None:
-        requests = DEFAULT_BENCH_REQUESTS
+    per_client = None
+    if requests is None and duration is None:  # 50 per level, at least 8 per client
+        requests, per_client = DEFAULT_REQUESTS_PER_LEVEL, DEFAULT_REQUESTS_PER_CLIENT
     seconds = duration if requests is None else None
     prompt_len, answer_len = resolve_lengths(workload, input_len, output_len)
     config = BenchConfig(
@@ -73,6 +81,7 @@ def bench(
         levels,
         requests,
         seconds,
+        requests_per_client=per_client,
         api_key=api_key,
         input_len=prompt_len,
         output_len=answer_len,

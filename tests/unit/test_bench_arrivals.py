@@ -129,3 +129,10 @@ def test_open_loop_levels_report_the_achieved_rate_and_load_at_their_real_concur
     opened = level(request_rate_per_s=10.0, achieved_request_rate_per_s=9.6)
     assert opened.load_concurrency == 1.5  # the cap of 8 was never reached
     assert vllm_bench_json(config(), opened)["achieved_request_rate"] == 9.6
+
+
+def test_a_level_runs_at_least_its_requests_per_client() -> None:
+    config = BenchConfig("http://x", "m", (1, 4, 64), requests_per_level=50, requests_per_client=8)
+    assert [config.at_level(c).requests_per_level for c in (1, 4, 64)] == [50, 50, 512]
+    exact = BenchConfig("http://x", "m", (64,), requests_per_level=50)
+    assert exact.at_level(64).requests_per_level == 50  # a count given alone is exact
