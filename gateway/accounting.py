@@ -53,6 +53,8 @@ class UsageEntry:
     # 95% half-widths of cost_usd and baseline_cost_usd, from their curves' bands
     cost_error_usd: float | None = None
     baseline_error_usd: float | None = None
+    # The $/1M prompt tokens both costs include (None: prompts unpriced)
+    prompt_usd_per_mtok: float | None = None
 
 
 ENTRY_FIELDS = tuple(f.name for f in fields(UsageEntry))

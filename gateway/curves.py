@@ -30,7 +30,13 @@ from planner import calibration, catalog
 from planner.calibration import EngineCalibration
 from planner.catalog import UnknownCatalogEntry
 from planner.cost import ThroughputCurve
-from planner.fit_measurements import Hardware, MeasuredPoint, concurrency_bin, predict_point
+from planner.fit_measurements import (
+    Hardware,
+    MeasuredPoint,
+    concurrency_bin,
+    predict_point,
+    prefill_s_per_token,
+)
 from planner.recommend import CONCURRENCY
 
 WORKLOAD = "chat"  # the traffic the planner assumes for live requests
@@ -59,6 +65,7 @@ class Sample:
     requests: int | None = None  # None: the source did not say (weighs as one request)
     mean_output_tokens: float | None = None
     source: str = "scrape"
+    mean_prompt_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,9 @@ class Aggregate:
     points: int = 1  # measurements pooled
     spread: float = 0.0  # request-weighted standard deviation of tokens/s, relative to the mean
     sources: tuple[str, ...] = ("scrape",)
+    # Request-weighted mean lengths of the measurements that said (None: none did)
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
 
 
 # Points of one curve whose mean answer length is more than this factor from the curve's
@@ -169,7 +179,8 @@ def _pooled(key: CurveKey, k: int, c: float, samples: list[Sample]) -> Aggregate
     variance = sum(
         w * (s.output_tokens_per_s - mean) ** 2 for w, s in zip(weights, samples, strict=True)
     )
-    seen = [(w, s.acceptance_length) for w, s in zip(weights, samples, strict=True)]
+    seen_samples = list(zip(weights, samples, strict=True))
+    seen = [(w, s.acceptance_length) for w, s in seen_samples]
     known = [(w, al) for w, al in seen if al is not None]
     al = sum(w * a for w, a in known) / sum(w for w, _ in known) if known else None
     return Aggregate(
@@ -182,7 +193,15 @@ def _pooled(key: CurveKey, k: int, c: float, samples: list[Sample]) -> Aggregate
         points=len(samples),
         spread=math.sqrt(variance / total) / mean,
         sources=tuple(sorted({s.source for s in samples})),
+        mean_prompt_tokens=_weighted_mean([(w, s.mean_prompt_tokens) for w, s in seen_samples]),
+        mean_output_tokens=_weighted_mean([(w, s.mean_output_tokens) for w, s in seen_samples]),
     )
+
+
+def _weighted_mean(values: list[tuple[int, float | None]]) -> float | None:
+    known = [(w, v) for w, v in values if v is not None]
+    total = sum(w for w, _ in known)
+    return sum(w * v for w, v in known) / total if total else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,15 +228,32 @@ class Band:
         return self.measured[0][1]  # a single measured point, at c
 
 
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """What prompt tokens cost on a curve's GPUs, and how many of them its throughput
+    already paid for.
+
+    A curve's tokens/s include the time its traffic spent prefilling: `prompt_per_output`
+    prompt tokens per output token (the measurements' mean lengths, else the planner's
+    workload). Pricing output at the curve alone charges every request as if its prompt
+    were that long; with this, a request pays its output at the curve with that prefill
+    taken out, and its own prompt at `s_per_token` (the planner's prefill model: the same
+    for every method, so it never changes a saving)."""
+
+    s_per_token: float  # GPU-seconds per prompt token
+    prompt_per_output: float
+
+
 @dataclass(frozen=True)
 class Curves:
-    """The lines that price requests, the measured points each rests on (at its K), and how
-    sure each line is."""
+    """The lines that price requests, the measured points each rests on (at its K), how
+    sure each line is, and what prompts cost on it (models the planner knows)."""
 
     lines: dict[CurveKey, ThroughputCurve]
     measured: dict[CurveKey, tuple[Aggregate, ...]]
     k: dict[CurveKey, int]
     bands: dict[CurveKey, Band]
+    prefill: dict[CurveKey, Prefill]
 
 
 def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curves:
@@ -228,7 +264,7 @@ def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curve
     wanted = {(s.model, s.method, s.gpu_type): s.k for s in served}
     for key, rows in by_key.items():
         wanted.setdefault(key, max(r.k for r in rows))  # not served: its highest K measured
-    curves = Curves({}, {}, {}, {})
+    curves = Curves({}, {}, {}, {}, {})
     for key, k in wanted.items():
         rows = sorted(  # another K's points never mix in
             (r for r in by_key.get(key, []) if r.k == k), key=lambda r: r.concurrency
@@ -237,7 +273,28 @@ def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curve
         if built is not None:
             curves.lines[key], curves.bands[key] = built
             curves.k[key], curves.measured[key] = k, tuple(rows)
+            prefill = _prefill(key, rows)
+            if prefill is not None:
+                curves.prefill[key] = prefill
     return curves
+
+
+def _prefill(key: CurveKey, rows: list[Aggregate]) -> Prefill | None:
+    """The curve's prefill cost and the prompt share its throughput includes (None for a
+    model or GPU the planner has no spec for: its prompts stay unpriced)."""
+    hardware = _hardware(key[0], key[2])
+    if hardware is None:
+        return None
+    workload = hardware.workload
+    s_per_token = prefill_s_per_token(hardware, calibration.engine_calibration(),
+                                      workload.prompt_tokens)  # fmt: skip
+    known = [(r.requests, r.mean_prompt_tokens, r.mean_output_tokens) for r in rows]
+    lengths = [(n, p, o) for n, p, o in known if p is not None and o]
+    if lengths:
+        prompt = sum(n * p for n, p, _ in lengths)
+        output = sum(n * o for n, _, o in lengths if o is not None)
+        return Prefill(s_per_token, prompt / output)
+    return Prefill(s_per_token, workload.prompt_tokens / workload.output_tokens)
 
 
 def _curve(

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.curves import Aggregate, Band, CurveKey, Rejections, Served, build_curves
+from gateway.curves import Aggregate, Band, CurveKey, Prefill, Rejections, Served, build_curves
 from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from gateway.reports import FleetNow
@@ -121,6 +121,7 @@ class Snapshot:
     measured: Mapping[CurveKey, tuple[Aggregate, ...]] = field(default_factory=dict)
     curve_k: Mapping[CurveKey, int] = field(default_factory=dict)
     bands: Mapping[CurveKey, Band] = field(default_factory=dict)
+    prefill: Mapping[CurveKey, Prefill] = field(default_factory=dict)
     rejected: Rejections = field(default_factory=dict)
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
 
@@ -132,6 +133,26 @@ class Snapshot:
             return None
         tps = curve.at(c) * backend.gpu_count  # curves are per GPU
         return usd_per_mtok(price, backend.gpu_count, tps)
+
+    def prompt_usd_per_mtok(self, model: str, method: str, gpu_type: str) -> float | None:
+        """What 1M prompt tokens cost to prefill on this GPU type (None: unpriced)."""
+        prefill, price = self.prefill.get((model, method, gpu_type)), self.prices.get(gpu_type)
+        if prefill is None or price is None:
+            return None
+        return prefill.s_per_token * price / 3600 * 1e6
+
+    def output_usd_per_mtok(
+        self, model: str, method: str, backend: BackendView, c: float
+    ) -> float | None:
+        """The $/1M output tokens at c with the curve's own prefill taken out (the prompt
+        tokens its traffic had per output token, priced at the prefill cost): the output
+        price when prompts are priced apart. Without a prefill model, the curve's price."""
+        usd = self.usd_per_mtok(model, method, backend, c)
+        prompt = self.prompt_usd_per_mtok(model, method, backend.gpu_type)
+        prefill = self.prefill.get((model, method, backend.gpu_type))
+        if usd is None or prompt is None or prefill is None:
+            return usd
+        return max(usd - prefill.prompt_per_output * prompt, 0.0)
 
     def curve_source(self, model: str, method: str, gpu_type: str, c: float) -> str | None:
         """ "measured" when c lies within the measured points of the curve, else "estimated"
@@ -212,6 +233,7 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
         measured=curves.measured,
         curve_k=curves.k,
         bands=curves.bands,
+        prefill=curves.prefill,
         rejected=rejected,
         key_spend_usd=_key_spend(session, keys.values()),
     )

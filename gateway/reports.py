@@ -310,6 +310,9 @@ class CurveLinePoint(Report):
     concurrency: float
     output_tokens_per_s: float  # per GPU
     usd_per_mtok: float | None  # capacity cost at this load, at the on-demand price
+    # The same with the curve's prefill taken out: what a request pays per output token,
+    # its prompt priced apart (equal to usd_per_mtok where prompts are unpriced)
+    output_usd_per_mtok: float | None
     # Relative 95% half-width of the throughput, and to first order of the $/1M, from the
     # curve's band: a measured point's windows, or the planner's error for an estimate.
     relative_95: float
@@ -329,6 +332,11 @@ class Curve(Report):
     line: list[CurveLinePoint]
     # The relative 95% half-width wherever the line is an estimate (past the measured points)
     estimated_relative_95: float
+    # Prompts: the $/1M prompt tokens cost to prefill (the planner's prefill model; None for
+    # a model it has no spec for, whose prompts are unpriced), and the prompt tokens per
+    # output token of the traffic the line was measured (else predicted) at
+    prompt_usd_per_mtok: float | None
+    prompt_tokens_per_output_token: float | None
     rejected: dict[str, int]  # measurements kept out of it: shape, outlier
 
 
@@ -340,9 +348,10 @@ class CurvesReport(Report):
 
 
 class UsageRow(Report):
-    """One request as the ledger recorded it, with the price applied to it: cost_usd is
-    completion_tokens x usd_per_mtok / 1e6, the $/1M of its method's curve at its
-    concurrency on its backend's GPU type (GET /admin/v1/curves shows that curve)."""
+    """One request as the ledger recorded it, with the prices applied to it: cost_usd is
+    (completion_tokens x usd_per_mtok + prompt_tokens x prompt_usd_per_mtok) / 1e6, where
+    usd_per_mtok is its method's curve at its concurrency on its backend's GPU type with the
+    curve's own prefill taken out (`output_usd_per_mtok` of GET /admin/v1/curves' line)."""
 
     id: int
     request_id: str
@@ -359,8 +368,9 @@ class UsageRow(Report):
     latency_ms: float
     ttft_ms: float | None
     concurrency: float | None  # the load its backend was under, which priced it
-    usd_per_mtok: float | None  # applied; None when not priced (no curve, no price, no tokens)
+    usd_per_mtok: float | None  # per output token, applied; None when not priced
     baseline_usd_per_mtok: float | None  # plain decoding's, at the same load
+    prompt_usd_per_mtok: float | None  # per prompt token, in both costs; None: unpriced
     cost_usd: float | None
     baseline_cost_usd: float | None
     curve_source: str | None  # measured / estimated

@@ -67,6 +67,12 @@ def predict_point(hw: Hardware, cal: EngineCalibration, p: MeasuredPoint) -> flo
     return output_tokens_per_s(step, max(round(p.concurrency), 1), _acceptance(hw, p), hw.workload)
 
 
+def prefill_s_per_token(hw: Hardware, cal: EngineCalibration, prompt_tokens: int) -> float:
+    """GPU-seconds per prompt token on the hardware's GPUs (the same for every method)."""
+    step = StepTimeModel(hw.model, hw.gpu, hw.gpu_count, cal)
+    return step.prefill_s_per_token(max(prompt_tokens, 1)) * hw.gpu_count
+
+
 def _acceptance(hw: Hardware, p: MeasuredPoint) -> float:
     if not p.k:
         return 1.0

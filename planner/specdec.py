@@ -72,6 +72,15 @@ class StepTimeModel:
         )
         return overhead_s + max(memory_s, compute_s)
 
+    def prefill_s_per_token(self, prompt_tokens: int) -> float:
+        """Engine seconds each prompt token adds to the steps that prefill it: its matmul
+        and causal-attention FLOPs at the engine's compute efficiency, plus the per-token
+        overhead. The weights are not counted: a chunked prefill rides along decode steps
+        that stream them anyway."""
+        shape = StepShape(0, 0, 0, prompt_tokens, 0)
+        flops = prompt_tokens * self.model.flops_per_token() + self._attention_flops(shape)
+        return flops / self._flops_per_s / prompt_tokens + self.calibration.per_token_overhead_s
+
     def _weight_bytes_read(self, shape: StepShape) -> float:
         """Dense weights always; routed experts as far as the step's tokens touch them."""
         experts = self.model.expert_weight_bytes()

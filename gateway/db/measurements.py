@@ -74,12 +74,15 @@ def pooled(
         m.requests,
         m.mean_output_tokens,
         m.source,
+        m.mean_prompt_tokens,
     ).where(m.concurrency > 0, m.output_tokens_per_s > 0)
     if scrape_since is not None:
         query = query.where(or_(m.source != "scrape", m.measured_at >= scrape_since))
     samples = [
-        Sample((model, method, gpu), k, c, tps, al, requests, output, source)
-        for model, method, gpu, k, c, tps, al, requests, output, source in session.execute(query)
+        Sample((model, method, gpu), k, c, tps, al, requests, output, source, prompt)
+        for model, method, gpu, k, c, tps, al, requests, output, source, prompt in (
+            session.execute(query)
+        )
     ]
     return pool(samples)
 

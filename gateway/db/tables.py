@@ -139,6 +139,8 @@ class UsageRecord(Base):
     # 95% half-widths of the two costs, from the bands of the curves that priced them.
     cost_error_usd: Mapped[float | None]
     baseline_error_usd: Mapped[float | None]
+    # The prefill price both costs include for the prompt (NULL: prompts unpriced).
+    prompt_usd_per_mtok: Mapped[float | None]
 
 
 class UsageHourly(Base):

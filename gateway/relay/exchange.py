@@ -71,7 +71,7 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
     usage = x.usage or {}
     prompt = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or 0)
-    costs = _costs(x, x.snapshot, completion)
+    costs = _costs(x, x.snapshot, prompt, completion)
     cost, baseline = costs.cost, costs.baseline
     latency = time.perf_counter() - x.started
     ttft = None if x.first_byte is None else x.first_byte - x.started
@@ -97,6 +97,7 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             curve_source=costs.source,
             cost_error_usd=costs.cost_error,
             baseline_error_usd=costs.baseline_error,
+            prompt_usd_per_mtok=costs.prompt_usd_per_mtok,
         )
     )
     if x.key is not None:
@@ -107,29 +108,38 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
 @dataclass(frozen=True, slots=True)
 class Costs:
     """A request's capacity cost and plain decoding's at the same load, each with its 95%
-    half-width from its curve's band; the source of the cost's curve at that load."""
+    half-width from its curve's band; the prompt price applied to both; the source of the
+    cost's curve at that load."""
 
     cost: float | None = None
     baseline: float | None = None
     cost_error: float | None = None
     baseline_error: float | None = None
     source: str | None = None
+    prompt_usd_per_mtok: float | None = None
 
 
-def _costs(x: Exchange, snapshot: Snapshot, completion: int) -> Costs:
-    if x.backend is None or x.method is None or x.model is None or not completion:
+def _costs(x: Exchange, snapshot: Snapshot, prompt: int, completion: int) -> Costs:
+    """Output tokens at the curve's $/1M with its own prefill taken out, prompt tokens at
+    the prefill price (the same for plain, so prompts never change a saving)."""
+    if x.backend is None or x.method is None or x.model is None:
         return Costs()
     c, gpu = x.concurrency or 1.0, x.backend.gpu_type
-    per_mtok = snapshot.usd_per_mtok(x.model, x.method, x.backend, c)
-    plain = snapshot.usd_per_mtok(x.model, "plain", x.backend, c)
-    cost = None if per_mtok is None else completion * per_mtok / 1e6
-    baseline = None if plain is None else completion * plain / 1e6
+    per_prompt = snapshot.prompt_usd_per_mtok(x.model, x.method, gpu)
+    if not completion and not (prompt and per_prompt):
+        return Costs()
+    prompt_usd = prompt * (per_prompt or 0.0) / 1e6
+    per_output = snapshot.output_usd_per_mtok(x.model, x.method, x.backend, c)
+    plain = snapshot.output_usd_per_mtok(x.model, "plain", x.backend, c)
+    cost = None if per_output is None else completion * per_output / 1e6 + prompt_usd
+    baseline = None if plain is None else completion * plain / 1e6 + prompt_usd
     return Costs(
         cost,
         baseline,
         _error(cost, snapshot.relative_95(x.model, x.method, gpu, c)),
         _error(baseline, snapshot.relative_95(x.model, "plain", gpu, c)),
         None if cost is None else snapshot.curve_source(x.model, x.method, gpu, c),
+        per_prompt if cost is not None else None,
     )
 
 

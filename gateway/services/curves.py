@@ -21,7 +21,9 @@ def curves_report(snapshot: Snapshot, model: str | None, gpu: str | None) -> Cur
 def _curve(snapshot: Snapshot, key: CurveKey) -> Curve:
     model, method, gpu = key
     line, band = snapshot.curves[key], snapshot.bands[key]
-    price = snapshot.prices.get(gpu)
+    price, prefill = snapshot.prices.get(gpu), snapshot.prefill.get(key)
+    prompt = snapshot.prompt_usd_per_mtok(model, method, gpu)
+    per_output = 0.0 if prefill is None or prompt is None else prefill.prompt_per_output * prompt
     return Curve(
         model=model,
         method=method,
@@ -30,20 +32,25 @@ def _curve(snapshot: Snapshot, key: CurveKey) -> Curve:
         usd_per_gpu_hour=price,
         measured=[_point(p) for p in snapshot.measured.get(key, ())],
         line=[
-            _line_point(c, tps, price, band)
+            _line_point(c, tps, price, band, per_output)
             for c, tps in zip(line.concurrency, line.output_tokens_per_s, strict=True)
         ],
         estimated_relative_95=band.estimated,
+        prompt_usd_per_mtok=prompt,
+        prompt_tokens_per_output_token=None if prefill is None else prefill.prompt_per_output,
         rejected=snapshot.rejected.get((key, snapshot.curve_k.get(key, 0)), {}),
     )
 
 
-def _line_point(c: float, tps: float, price: float | None, band: Band) -> CurveLinePoint:
+def _line_point(
+    c: float, tps: float, price: float | None, band: Band, prefill_per_output: float
+) -> CurveLinePoint:
     usd, half = None if price is None else usd_per_mtok(price, 1, tps), band.relative_95(c)
     return CurveLinePoint(
         concurrency=c,
         output_tokens_per_s=tps,
         usd_per_mtok=usd,
+        output_usd_per_mtok=None if usd is None else max(usd - prefill_per_output, 0.0),
         relative_95=half,
         usd_per_mtok_95=None if usd is None else (usd * max(1 - half, 0.0), usd * (1 + half)),
         source=band.source(c),

@@ -74,7 +74,9 @@ def page(session: Session, where: UsageFilter, cursor: str | None, limit: int) -
 
 
 def row_of(r: UsageRecord) -> UsageRow:
-    tokens, cost, base = r.completion_tokens, r.cost_usd, r.baseline_cost_usd
+    tokens, prompt = r.completion_tokens, r.prompt_tokens * (r.prompt_usd_per_mtok or 0.0) / 1e6
+    output = None if r.cost_usd is None else r.cost_usd - prompt  # the output tokens' share
+    output_base = None if r.baseline_cost_usd is None else r.baseline_cost_usd - prompt
     return UsageRow(
         id=r.id,
         request_id=r.request_id,
@@ -91,10 +93,13 @@ def row_of(r: UsageRecord) -> UsageRow:
         latency_ms=r.latency_ms,
         ttft_ms=r.ttft_ms,
         concurrency=r.concurrency,
-        usd_per_mtok=None if cost is None or not tokens else cost * 1e6 / tokens,
-        baseline_usd_per_mtok=None if base is None or not tokens else base * 1e6 / tokens,
-        cost_usd=cost,
-        baseline_cost_usd=base,
+        usd_per_mtok=None if output is None or not tokens else output * 1e6 / tokens,
+        baseline_usd_per_mtok=None
+        if output_base is None or not tokens
+        else output_base * 1e6 / tokens,
+        prompt_usd_per_mtok=r.prompt_usd_per_mtok,
+        cost_usd=r.cost_usd,
+        baseline_cost_usd=r.baseline_cost_usd,
         curve_source=r.curve_source,
         cost_error_usd=r.cost_error_usd,
         baseline_error_usd=r.baseline_error_usd,

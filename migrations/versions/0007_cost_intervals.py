@@ -1,4 +1,5 @@
-"""cost intervals: each record's and each rollup's 95% half-widths of cost and baseline
+"""cost intervals and prompt prices: each record's and each rollup's 95% half-widths of
+cost and baseline, and the $/1M prompt tokens a record's costs include
 
 Revision ID: 0007
 Revises: 0006
@@ -22,6 +23,7 @@ def upgrade() -> None:
     with op.batch_alter_table("usage_records") as batch:
         for name in COLUMNS:
             batch.add_column(sa.Column(name, sa.Double(), nullable=True))
+        batch.add_column(sa.Column("prompt_usd_per_mtok", sa.Double(), nullable=True))
     with op.batch_alter_table("usage_hourly") as batch:
         for name in COLUMNS:
             batch.add_column(sa.Column(name, sa.Double(), nullable=False, server_default="0"))
@@ -32,3 +34,5 @@ def downgrade() -> None:
         with op.batch_alter_table(table) as batch:
             for name in COLUMNS:
                 batch.drop_column(name)
+            if table == "usage_records":
+                batch.drop_column("prompt_usd_per_mtok")

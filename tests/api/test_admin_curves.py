@@ -9,6 +9,8 @@ from fastapi import FastAPI
 from gateway.db.session import transaction
 from gateway.db.tables import Measurement
 from gateway.registry import BackendView
+from planner import calibration, catalog
+from planner.fit_measurements import Hardware, prefill_s_per_token
 
 CATALOG_MODEL, GPU = "openai/gpt-oss-20b", "B200"
 BACKEND = {"name": "g-eagle3", "url": "http://127.0.0.1:9", "model": CATALOG_MODEL,
@@ -85,6 +87,18 @@ async def test_the_curves_are_the_ones_that_price_requests(
         if c not in (4.0, 16.0):
             assert point["relative_95"] == estimated
     assert by_method["plain"]["estimated_relative_95"] == pytest.approx(2.45 * 0.20)  # unmeasured
+
+    # Prompts: priced at the planner's prefill model, and taken out of the output price by
+    # the prompt tokens per output token the line's traffic had (these windows do not say:
+    # the planner's chat workload, 100 prompt tokens per 1200 output tokens).
+    hardware = Hardware(catalog.model(CATALOG_MODEL), catalog.gpu(GPU), 1,
+                        calibration.workloads()["chat"])  # fmt: skip
+    s_per_token = prefill_s_per_token(hardware, calibration.engine_calibration(), 100)
+    assert eagle3["prompt_usd_per_mtok"] == pytest.approx(s_per_token * 6.0 / 3600 * 1e6)
+    assert eagle3["prompt_tokens_per_output_token"] == pytest.approx(100 / 1200)
+    for point in eagle3["line"]:
+        taken = eagle3["prompt_tokens_per_output_token"] * eagle3["prompt_usd_per_mtok"]
+        assert point["output_usd_per_mtok"] == pytest.approx(point["usd_per_mtok"] - taken)
 
     only_h100 = await client.get("/admin/v1/curves", params={"gpu": "H100"})
     assert only_h100.json()["curves"] == []

@@ -190,9 +190,19 @@ def test_every_request_is_priced_from_the_curves_the_api_shows(stack: tuple[Serv
     for r in rows:
         # Recomputed from outside: the curve of its method at its concurrency, at $6/GPU-hour,
         # and the half-width of its cost from that curve's band at that concurrency.
+        # Output at the curve with its own prefill taken out, the prompt at its prefill price.
         c = float(r["concurrency"])  # type: ignore[arg-type]
+        curve = by_method[str(r["method"])]
         tps = lines[str(r["method"])].at(c)
-        assert r["usd_per_mtok"] == pytest.approx(6.0 / (tps * 3600) * 1e6, rel=1e-6), r
+        prompt_price = curve["prompt_usd_per_mtok"]
+        assert prompt_price is not None
+        assert r["prompt_usd_per_mtok"] == pytest.approx(prompt_price)
+        output_price = (
+            6.0 / (tps * 3600) * 1e6 - curve["prompt_tokens_per_output_token"] * prompt_price
+        )
+        assert r["usd_per_mtok"] == pytest.approx(output_price, rel=1e-6), r
+        tokens = r["completion_tokens"] * output_price + r["prompt_tokens"] * prompt_price  # type: ignore[operator]
+        assert r["cost_usd"] == pytest.approx(tokens / 1e6, rel=1e-6), r
         assert r["curve_source"] in ("measured", "estimated")
         half = _band_at(by_method[str(r["method"])], c, str(r["curve_source"]))
         assert r["cost_error_usd"] == pytest.approx(float(r["cost_usd"]) * half, rel=1e-6), r  # type: ignore[arg-type]
@@ -219,3 +229,48 @@ def _request_id(http: httpx.Client) -> str:
     response = http.post("/v1/chat/completions", json=body, headers={"x-request-id": rid})
     assert response.status_code == 200, response.text
     return rid
+
+
+def test_a_long_prompt_with_a_short_answer_pays_for_its_prefill(stack: tuple[Server, str]) -> None:
+    """Prompt tokens cost GPU time: a long prompt answered in 4 tokens costs more than a
+    short one answered alike, by its extra prompt tokens at the prefill price."""
+    server, _ = stack
+    price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
+    httpx.post(f"{server.base_url}/admin/v1/prices", json=price, headers=ADMIN)  # 409 if there
+    _until(lambda: _prices(server), "no priced curve")
+    ids: dict[str, str] = {}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        for name, words in (("short", 1), ("long", 3000)):
+            rid = uuid.uuid4().hex
+            message = {"role": "user", "content": " ".join(["word"] * words)}
+            body = {"model": SIM_MODEL, "max_tokens": 4, "ignore_eos": True,
+                    "messages": [message]}  # fmt: skip
+            response = http.post("/v1/chat/completions", json=body, headers={"x-request-id": rid})
+            assert response.status_code == 200, response.text
+            ids[name] = rid
+    rows: dict[str, dict[str, Any]] = {}
+
+    def recorded() -> bool:
+        usage = httpx.get(f"{server.base_url}/admin/v1/usage", params={"limit": 1000},
+                          headers=ADMIN).json()["data"]  # fmt: skip
+        found = {r["client_request_id"]: r for r in usage}
+        rows.update({name: found[rid] for name, rid in ids.items() if rid in found})
+        return len(rows) == len(ids)
+
+    _until(recorded, "the requests' usage records were not written")
+    short, long = rows["short"], rows["long"]
+    assert long["prompt_tokens"] > short["prompt_tokens"] + 2000
+    prompt_price = long["prompt_usd_per_mtok"]
+    assert prompt_price > 0
+    output = [r["completion_tokens"] * r["usd_per_mtok"] / 1e6 for r in (short, long)]
+    for row, out in zip((short, long), output, strict=True):
+        assert row["cost_usd"] == pytest.approx(out + row["prompt_tokens"] * prompt_price / 1e6)
+    extra = (long["prompt_tokens"] - short["prompt_tokens"]) * prompt_price / 1e6
+    assert long["cost_usd"] - output[1] == pytest.approx(short["cost_usd"] - output[0] + extra)
+    # Prefill is the same for plain: it is in both costs and never in the saving.
+    for row in (short, long):
+        saving = row["baseline_cost_usd"] - row["cost_usd"]
+        plain_output = row["completion_tokens"] * row["baseline_usd_per_mtok"] / 1e6
+        assert saving == pytest.approx(
+            plain_output - row["completion_tokens"] * row["usd_per_mtok"] / 1e6
+        )
