@@ -7,17 +7,10 @@ import datetime as dt
 import streamlit as st
 
 from dashboard import charts
+from dashboard.app_pages.curves import live_curves
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import AdminClient, admin_client, shows_api_errors
-from dashboard.schemas import (
-    Backend,
-    BenchmarkLevel,
-    Curve,
-    CurveLinePoint,
-    ModelInfo,
-    Plan,
-    Policy,
-)
+from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 
 GPUS = ("B200", "H100")
 TRAFFIC_WINDOW = dt.timedelta(hours=1)
@@ -85,37 +78,6 @@ def _curves(api: AdminClient, model: str, plan: Plan) -> None:
         f"(solid: at a measured point, dashed: estimated); diamonds are the "
         f"{len(measured)} measured point(s)."
     )
-
-
-def _live(api: AdminClient, model: str) -> None:
-    """The curves that price this model's requests, drive `auto` and size its fleet."""
-    st.subheader("The curves that price requests now")
-    curves = api.curves(model).curves
-    if not curves:
-        st.info("No curve yet: one appears once a backend of this model is registered.")
-        return
-    for gpu in sorted({c.gpu_type for c in curves}):
-        mine = [c for c in curves if c.gpu_type == gpu]
-        st.altair_chart(charts.live_curves(mine))
-        st.caption(
-            f"{gpu}: each method's line as the gateway prices requests with it (GET "
-            "/admin/v1/curves), filled points measured, hollow ones estimated by the planner; "
-            "the shaded band is the 95% interval."
-        )
-        st.dataframe([_line_row(c, p) for c in mine for p in c.line], hide_index=True)
-
-
-def _line_row(curve: Curve, point: CurveLinePoint) -> dict[str, object]:
-    usd, band = point.usd_per_mtok, point.usd_per_mtok_95
-    return {
-        "method": curve.method,
-        "K": curve.k,
-        "concurrency": point.concurrency,
-        "tokens/s per GPU": f"{point.output_tokens_per_s:,.0f}",
-        "$ per 1M output tokens": "no price" if usd is None else f"${usd:,.4f}",
-        "95% interval": "-" if band is None else f"${band[0]:,.4f} to ${band[1]:,.4f}",
-        "source": point.source,
-    }
 
 
 def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
@@ -289,7 +251,7 @@ def render() -> None:
     kind = choose_price_kind("methods-price")
     plans = {gpu: api.plan(model, gpu, price_kind=kind) for gpu in GPUS}
     st.caption(_price_caption(plans))
-    _live(api, model)
+    live_curves(api, model)
     st.subheader("The planner: best method and K per load (what-if)")
     _recommendation(plans["B200"])
     _curves(api, model, plans["B200"])

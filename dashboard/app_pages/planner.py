@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard.app_pages.curves import live_curves
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import AdminApiError, AdminClient, admin_client, shows_api_errors
 from dashboard.schemas import Backend, Capacity, DecodingMethod, MethodCapacity, Plan
@@ -116,3 +117,8 @@ def render() -> None:
         return
     _capacity_table(plan.capacity)
     _deploy(api, plan, min(plan.capacity.methods, key=lambda c: c.usd_per_month), backends)
+    live_curves(api, model, gpu)
+    st.caption(
+        "The what-if above is the planner fitted to this model's measurements; live requests "
+        "are priced, `auto` decides and the fleet report sizes from the curves just above."
+    )

@@ -71,6 +71,13 @@ def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_
     saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
     assert abs(table["saves vs plain (USD/month)"].iloc[0] - saved) < 0.01
     assert "50,000 output tokens/s" in at.caption[0].value
+    band = capacity["savings_usd_per_month_95"]["vs_plain"][cheapest["method"]]
+    # None: the fit's band is +-100% or wider on these few short test measurements
+    shown = "too little data" if band is None else f"${band[0]:,.0f} to ${band[1]:,.0f}"
+    assert table["saves vs plain, 95%"].iloc[0] == shown
+    # Beside the what-if, the curves the gateway prices with on that GPU.
+    assert "The curves that price requests now" in [h.value for h in at.subheader]
+    assert any("95% interval" in d.value.columns for d in at.dataframe)
 
 
 def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_env: Stack) -> None:
