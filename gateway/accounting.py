@@ -27,6 +27,10 @@ from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
 RETRY_BACKOFF_MAX_S = 5.0
+# A batch the database refuses for what is in it, not for being down: written row by row,
+# the rows it still refuses set aside (SQLite raises OverflowError for an integer past
+# 64 bits before the statement runs).
+REFUSED_FOR_DATA = (DataError, IntegrityError, OverflowError)
 
 
 @dataclass(slots=True)
@@ -252,6 +256,9 @@ class Ledger:
             except SQLAlchemyError as exc:
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
                 logger.warning("usage records not written yet (%d pending): %s", self.pending, exc)
+            except Exception:  # the writer's top: whatever a batch raises, it keeps writing
+                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+                logger.exception("usage records not written yet (%d pending)", self.pending)
 
     async def flush_once(self) -> None:
         """Write up to one batch; if the database is down the batch stays queued.
@@ -264,7 +271,7 @@ class Ledger:
             return
         try:
             await asyncio.to_thread(write_batch, self._sessions, batch)
-        except (DataError, IntegrityError):
+        except REFUSED_FOR_DATA:
             await asyncio.to_thread(self._write_one_by_one, batch)
         for _ in batch:
             self._pending.popleft()
@@ -274,7 +281,7 @@ class Ledger:
         for entry in batch:
             try:
                 write_batch(self._sessions, [entry])
-            except (DataError, IntegrityError) as exc:
+            except REFUSED_FOR_DATA as exc:
                 self._metrics.ledger_refused.inc()
                 logger.error("usage record %s refused by the database: %s", entry.request_id, exc)
 

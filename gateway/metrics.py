@@ -126,6 +126,12 @@ class GatewayMetrics:
             "Usage records dropped because the pending queue was full.",
             registry=r,
         )
+        self.usage_rejected = Counter(
+            "draftgate_usage_values_rejected",
+            "Token counts a backend reported that are not whole numbers in range (recorded as 0).",
+            ["field"],
+            registry=r,
+        )
         self.ledger_refused = Counter(
             "draftgate_ledger_refused",
             "Usage records the database refused for their data (logged, set aside).",

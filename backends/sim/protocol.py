@@ -55,6 +55,7 @@ class Generation:
     continuous_usage: bool
     ignore_eos: bool
     workload: str | None
+    responses: bool = False  # the Responses API: named events, input/output token usage
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -105,6 +106,41 @@ def parse_generation(
         continuous_usage=_flag(options, "continuous_usage_stats"),
         ignore_eos=_flag(body, "ignore_eos"),
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
+    )
+
+
+def parse_responses(body: dict[str, Any], *, served_model: str, max_model_len: int) -> Generation:
+    """Validate a Responses API request (`input`, `instructions`, `max_output_tokens`)."""
+    model = body.get("model")
+    if model != served_model:
+        raise ApiError(
+            404, f"The model `{model}` does not exist. Valid aliases: {served_model}.", "model"
+        )
+    given = body.get("input")
+    messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
+    if isinstance(body.get("instructions"), str):
+        messages = [{"role": "system", "content": body["instructions"]}, *(messages or [])]
+    text = _messages_text(messages)
+    if len(text) > max_model_len * MAX_CHARS_PER_TOKEN:
+        raise _too_long(max_model_len, len(text) // MAX_CHARS_PER_TOKEN, 0, True)
+    assert isinstance(messages, list)  # _messages_text refused anything else
+    prompt_tokens = count_tokens(text) + CHAT_TEMPLATE_TOKENS * len(messages) + CHAT_PROMPT_TOKENS
+    room = max_model_len - prompt_tokens
+    max_tokens = _integer(body, "max_output_tokens", room)
+    if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
+        raise _too_long(max_model_len, prompt_tokens, max_tokens, True)
+    return Generation(
+        chat=True,
+        model=served_model,
+        prompt_text=text,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=_flag(body, "stream"),
+        include_usage=True,
+        continuous_usage=False,
+        ignore_eos=_flag(body, "ignore_eos"),
+        workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
+        responses=True,
     )
 
 
@@ -202,7 +238,7 @@ _TRANSFER_EXTRAS = dict.fromkeys(["kv_transfer_params", "ec_transfer_params"])
 
 
 class ResponseWriter:
-    """Builds one request's response bodies and SSE chunks, with its id and timestamp."""
+    """Builds one completion's response bodies and SSE chunks, with its id and timestamp."""
 
     def __init__(self, generation: Generation) -> None:
         self.g = generation
@@ -214,6 +250,15 @@ class ResponseWriter:
             f'data: {{"id":"{self.id}","object":"{kind}","created":{self.created},'
             f'"model":{_json(generation.model)},"choices":['
         )
+
+    def opening(self) -> bytes:
+        """What a stream starts with: the role chunk of a chat, nothing for text."""
+        return self.role_chunk() if self.g.chat else b""
+
+    def closing(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
+        """What a finished stream ends with: the usage chunk if asked for, then [DONE]."""
+        usage = self.usage_chunk(completion_tokens, metrics) if self.g.include_usage else b""
+        return usage + DONE
 
     def role_chunk(self) -> bytes:
         """The first chat chunk, announcing the assistant role."""
@@ -278,3 +323,91 @@ class ResponseWriter:
 
 
 DONE = b"data: [DONE]\n\n"
+
+
+class ResponsesWriter:
+    """The Responses API's body and named SSE events for one request, as vLLM 0.32 sends
+    them: `response.created` ... `response.output_text.delta` ... `response.completed`, whose
+    response carries the usage (`input_tokens`, `output_tokens`)."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.g = generation
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.item_id = f"msg_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self._sequence = 0
+        self._parts: list[str] = []
+
+    def opening(self) -> bytes:
+        item = {"id": self.item_id, "type": "message", "role": "assistant",
+                "status": "in_progress", "content": []}  # fmt: skip
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return b"".join([
+            self._event("response.created", response=self._response("in_progress", None)),
+            self._event("response.in_progress", response=self._response("in_progress", None)),
+            self._event("response.output_item.added", output_index=0, item=item),
+            self._event("response.content_part.added", item_id=self.item_id, output_index=0,
+                        content_index=0, part=part),
+        ])  # fmt: skip
+
+    def text_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        self._parts.append(text)
+        return self._event("response.output_text.delta", item_id=self.item_id, output_index=0,
+                           content_index=0, delta=text, logprobs=[])  # fmt: skip
+
+    def closing(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
+        text = "".join(self._parts)
+        done = self._response("completed", completion_tokens, text)
+        [item] = done["output"]
+        return b"".join([
+            self._event("response.output_text.done", item_id=self.item_id, output_index=0,
+                        content_index=0, text=text, logprobs=[]),
+            self._event("response.content_part.done", item_id=self.item_id, output_index=0,
+                        content_index=0, part=item["content"][0]),
+            self._event("response.output_item.done", output_index=0, item=item),
+            self._event("response.completed", response=done),
+        ])  # fmt: skip
+
+    def full_response(
+        self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
+    ) -> bytes:
+        return _json(self._response("completed", completion_tokens, text)).encode()
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return f"event: {kind}\ndata: {_json(body)}\n\n".encode()
+
+    def _response(
+        self, status: str, completion_tokens: int | None, text: str = ""
+    ) -> dict[str, Any]:
+        output: list[dict[str, Any]] = []
+        if status == "completed":
+            content: dict[str, Any] = {
+                "type": "output_text",
+                "text": text,
+                "annotations": [],
+                "logprobs": None,
+            }
+            output = [{"id": self.item_id, "type": "message", "role": "assistant",
+                       "status": "completed", "content": [content]}]  # fmt: skip
+        usage = None
+        if completion_tokens is not None:
+            usage = {
+                "input_tokens": self.g.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.g.prompt_tokens + completion_tokens,
+            }
+        cut = completion_tokens is not None and completion_tokens >= self.g.max_tokens
+        return {
+            "id": self.id, "object": "response", "created_at": self.created,
+            "model": self.g.model, "status": "incomplete" if cut else status,
+            "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "instructions": None, "max_output_tokens": self.g.max_tokens, "metadata": None,
+            "parallel_tool_calls": True, "previous_response_id": None, "reasoning": None,
+            "service_tier": "auto", "temperature": None, "tool_choice": "auto", "tools": [],
+            "top_p": None, "truncation": "disabled", "background": False, "user": None,
+        }  # fmt: skip

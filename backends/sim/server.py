@@ -16,7 +16,14 @@ from backends.sim import config as sim_config
 from backends.sim.config import SimConfig
 from backends.sim.engine import SimRequest, natural_length
 from backends.sim.metrics import SimMetrics
-from backends.sim.protocol import DONE, ApiError, Generation, ResponseWriter, parse_body
+from backends.sim.protocol import (
+    ApiError,
+    Generation,
+    ResponsesWriter,
+    ResponseWriter,
+    parse_body,
+    parse_responses,
+)
 from backends.sim.protocol import parse_generation as parse
 from backends.sim.runner import EngineRunner, Stream
 from backends.sim.text import PseudoText, seed_of
@@ -82,7 +89,19 @@ class SimServer:
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
-            await self._completion(path.endswith("chat/completions"), receive, send)
+            body = parse_body(await _read_body(receive))
+            chat, name, room = (
+                path.endswith("chat/completions"),
+                self.config.name,
+                self.max_model_len,
+            )
+            generation = parse(body, chat=chat, served_model=name, max_model_len=room)
+            await self._generate(generation, receive, send)
+        elif method == "POST" and path == "/v1/responses":
+            body = parse_body(await _read_body(receive))
+            name, room = self.config.name, self.max_model_len
+            generation = parse_responses(body, served_model=name, max_model_len=room)
+            await self._generate(generation, receive, send)
         elif method == "GET" and path == "/health":
             await _respond(send, 200, b"")
         elif method == "GET" and path == "/version":
@@ -118,11 +137,7 @@ class SimServer:
             raise ApiError(400, str(exc)) from None
         await _respond(send, 200, json.dumps(self.faults.__dict__).encode())
 
-    async def _completion(self, chat: bool, receive: Receive, send: Send) -> None:
-        body = parse_body(await _read_body(receive))
-        generation = parse(
-            body, chat=chat, served_model=self.config.name, max_model_len=self.max_model_len
-        )
+    async def _generate(self, generation: Generation, receive: Receive, send: Send) -> None:
         if self._rng.random() < self.faults.error_rate:
             message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
             raise ApiError(500, message)
@@ -158,10 +173,11 @@ class SimServer:
         return request, self.runner.submit(request, PseudoText(seed))
 
     async def _stream(self, generation: Generation, stream: Stream, send: Send) -> None:
-        writer = ResponseWriter(generation)
+        writer = _writer(generation)
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        if generation.chat:
-            await _send_body(send, writer.role_chunk())
+        opening = writer.opening()
+        if opening:
+            await _send_body(send, opening)
         stall = self._rng.random() < self.faults.stall_rate
         drop = self._rng.random() < self.faults.drop_rate
         completion = 0
@@ -177,10 +193,9 @@ class SimServer:
             await _send_body(send, writer.text_chunk(text, finish, completion))
         if value == "abort":
             return
-        if generation.include_usage:
-            metrics = self._request_metrics(stream.request)
-            await _send_body(send, writer.usage_chunk(completion, metrics))
-        await send({"type": "http.response.body", "body": DONE, "more_body": False})
+        metrics = self._request_metrics(stream.request) if generation.include_usage else None
+        closing = writer.closing(completion, metrics)
+        await send({"type": "http.response.body", "body": closing, "more_body": False})
 
     def _finish_if_last(self, stream: Stream, completion: int) -> str | None:
         """The finish reason to put on the chunk that completes the request."""
@@ -199,7 +214,7 @@ class SimServer:
             pass
 
     async def _respond_whole(self, generation: Generation, stream: Stream, send: Send) -> None:
-        writer, parts, completion = ResponseWriter(generation), [], 0
+        writer, parts, completion = _writer(generation), [], 0
         if self._rng.random() < self.faults.stall_rate:
             await self._fault_mid_stream(stream, drop=False)
             return
@@ -231,6 +246,10 @@ class SimServer:
             "num_spec_tokens": self.runner.core.k,
         }
         return {"speculative_decoding": summary}
+
+
+def _writer(generation: Generation) -> ResponseWriter | ResponsesWriter:
+    return ResponsesWriter(generation) if generation.responses else ResponseWriter(generation)
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -16,6 +16,7 @@ from gateway.accounting import Ledger, UsageEntry
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView, Snapshot
+from gateway.relay.usage import tokens_of
 
 # A name no backend serves is the client's to choose: its refusals are recorded under this
 # one name (as /metrics labels them), never under theirs.
@@ -68,9 +69,10 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
     if x.model is None or x.snapshot is None:  # refused before the model was known
         metrics.rejections.labels("malformed").inc()
         return
-    usage = x.usage or {}
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
+    tokens = tokens_of(x.usage)
+    prompt, completion = tokens.prompt, tokens.completion
+    for name in tokens.rejected:  # set aside, counted: the record itself is kept
+        metrics.usage_rejected.labels(name).inc()
     costs = _costs(x, x.snapshot, prompt, completion)
     cost, baseline = costs.cost, costs.baseline
     latency = time.perf_counter() - x.started

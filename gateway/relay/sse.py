@@ -1,10 +1,15 @@
 """Reading usage out of an OpenAI SSE stream without parsing its chunks (pure).
 
-The gateway asks the backend for `include_usage` and `continuous_usage_stats`, so every
-chunk carries cumulative usage and the last one before `[DONE]` is a `"choices":[]` usage
-chunk. Bytes pass through untouched; only the usage-only chunk is cut out when the client did
-not ask for it (a client indexing `choices[0]` would fail on it). The last chunk forwarded is
-kept, and parsed once at the end, so even a stream cut short knows its exact token counts.
+Chat and text completions: the gateway asks the backend for `include_usage` and
+`continuous_usage_stats`, so every chunk carries cumulative usage and the last one before
+`[DONE]` is a `"choices":[]` usage chunk. Bytes pass through untouched; only the usage-only
+chunk is cut out when the client did not ask for it (a client indexing `choices[0]` would
+fail on it). The last chunk forwarded is kept, and parsed once at the end, so even a stream
+cut short knows its exact token counts.
+
+The Responses API streams named events (`event: response.output_text.delta` then its
+`data:` line) and ends with `response.completed`, whose `response.usage` holds the counts
+(`input_tokens`, `output_tokens`): the same last-event rule reads them.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class UsageTap:
                     continue
             else:
                 self.chunks += event.count(DATA)  # counted whole, however the bytes were cut
-                if event.startswith(DATA) and not event.startswith(DONE):
+                if not event.startswith(DONE) and _data_line(event) is not None:
                     self._last_event = event
             kept.append(event + EVENT_END)
         return b"".join(kept)
@@ -67,17 +72,35 @@ class UsageTap:
         return rest
 
 
+def _data_line(event: bytes) -> bytes | None:
+    """The `data: ...` line of one event (after an `event:` line, if named)."""
+    if event.startswith(DATA):
+        return event
+    at = event.find(b"\n" + DATA)
+    return None if at < 0 else event[at + 1 :]
+
+
 def _last_data(data: bytes) -> bytes:
-    """The last `data: {...}` event in a chunk (a chunk may hold several)."""
-    events = [e for e in data.split(EVENT_END) if e.startswith(DATA) and not e.startswith(DONE)]
-    return events[-1] if events else b""
+    """The last `data: {...}` line in a chunk (a chunk may hold several events)."""
+    lines = [_data_line(e) for e in data.split(EVENT_END)]
+    found = [line for line in lines if line is not None and not line.startswith(DONE)]
+    return found[-1] if found else b""
 
 
 def _usage(event: bytes) -> dict[str, Any] | None:
-    """The `usage` object of one `data: {...}` event, if it has one."""
+    """The `usage` object of one event, if it has one: at the top (completions), or in the
+    `response` of a Responses event (`response.completed`)."""
+    line = _data_line(event)
+    if line is None:
+        return None
     try:
-        body = orjson.loads(event[len(DATA) :].strip())
+        body = orjson.loads(line[len(DATA) :].strip())
     except orjson.JSONDecodeError:
         return None
-    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        return None
+    usage = body.get("usage")
+    response = body.get("response")
+    if usage is None and isinstance(response, dict):
+        usage = response.get("usage")
     return usage if isinstance(usage, dict) else None
