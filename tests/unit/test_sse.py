@@ -52,3 +52,24 @@ def test_without_any_usage_there_is_none() -> None:
     tap = UsageTap(strip_usage_chunk=False)
     relay(tap, [event('{"choices":[{"index":0,"text":"x"}]}'), DONE])
     assert tap.usage is None
+
+
+def named(kind: str, body: str) -> bytes:
+    return f"event: {kind}\ndata: {body}\n\n".encode()
+
+
+RESPONSES = [
+    named("response.created", '{"type":"response.created","response":{"usage":null}}'),
+    named("response.output_text.delta", '{"type":"response.output_text.delta","delta":" a"}'),
+    named("response.completed", '{"type":"response.completed","response":{"status":"completed",'
+          '"usage":{"input_tokens":5,"output_tokens":3,"total_tokens":8}}}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cut", [0, 3, 40])
+def test_responses_usage_is_read_from_response_completed(cut: int) -> None:
+    whole = b"".join(RESPONSES)
+    chunks = [whole] if not cut else [whole[:cut], whole[cut:]]
+    tap = UsageTap(strip_usage_chunk=True)
+    assert relay(tap, chunks) == whole  # nothing of the Responses stream is cut out
+    assert tap.usage == {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}
