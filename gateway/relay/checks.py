@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -55,9 +56,24 @@ def check_completion(path: str, payload: dict[str, Any]) -> None:
         raise InvalidRequest("you must provide a prompt", param="prompt")
 
 
-def wants_usage(payload: dict[str, Any]) -> bool:
+@dataclass(frozen=True, slots=True)
+class UsageAsked:
+    """The usage a client asked of a stream; what the gateway added beyond it is cut out."""
+
+    final: bool  # include_usage: the closing usage-only chunk
+    every_chunk: bool  # continuous_usage_stats: cumulative usage on each content chunk
+
+
+def usage_asked(path: str, payload: dict[str, Any]) -> UsageAsked:
+    """What usage the client asked for (other streams than completions get all they send)."""
+    if path not in COMPLETION_PATHS:
+        return UsageAsked(final=True, every_chunk=True)
     options = payload.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
+    options = options if isinstance(options, dict) else {}
+    return UsageAsked(
+        final=options.get("include_usage") is True,
+        every_chunk=options.get("continuous_usage_stats") is True,
+    )
 
 
 def with_usage_options(payload: dict[str, Any]) -> bytes:

@@ -39,9 +39,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry, Snapshot
 from gateway.relay.checks import (
     COMPLETION_PATHS,
+    UsageAsked,
     check_completion,
     parse_body,
-    wants_usage,
+    usage_asked,
     with_usage_options,
 )
 from gateway.relay.exchange import Exchange, check_limits, count_admitted, settle
@@ -124,11 +125,11 @@ class Relay:
         if path in COMPLETION_PATHS:
             check_completion(path, payload)
         stream = payload.get("stream") is True
-        wants = wants_usage(payload)
+        asked = usage_asked(path, payload)
         if stream and path in COMPLETION_PATHS:
             body = with_usage_options(payload)
         count_admitted(x, self.limiter)
-        await self._forward(path, body, backends, x, stream, wants, receive, send)
+        await self._forward(path, body, backends, x, stream, asked, receive, send)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         content_type = headers.get(b"content-type", b"application/json")
@@ -175,7 +176,7 @@ class Relay:
         backends: tuple[BackendView, ...],
         x: Exchange,
         stream: bool,
-        wants_usage: bool,
+        asked: UsageAsked,
         receive: Receive,
         send: Send,
     ) -> None:
@@ -195,7 +196,7 @@ class Relay:
                 self.metrics.retries.labels(x.model).inc()
             try:
                 await self._attempt(
-                    path, body, backend, plan.fallback, x, stream, wants_usage, receive, send
+                    path, body, backend, plan.fallback, x, stream, asked, receive, send
                 )
                 return
             except _Retryable as retryable:
@@ -214,7 +215,7 @@ class Relay:
         fallback: str | None,
         x: Exchange,
         stream: bool,
-        wants_usage: bool,
+        asked: UsageAsked,
         receive: Receive,
         send: Send,
     ) -> None:
@@ -231,7 +232,7 @@ class Relay:
             try:
                 headers = _response_headers(response, backend, fallback, x.request_id)
                 if stream and response.status_code < 400:
-                    await self._relay_stream(response, headers, x, wants_usage, send)
+                    await self._relay_stream(response, headers, x, asked, send)
                 else:
                     await self._relay_whole(response, headers, x, send)
             finally:
@@ -283,12 +284,12 @@ class Relay:
         response: httpx.Response,
         headers: list[tuple[bytes, bytes]],
         x: Exchange,
-        wants_usage: bool,
+        asked: UsageAsked,
         send: Send,
     ) -> None:
         x.status = response.status_code
         await send({"type": "http.response.start", "status": x.status, "headers": headers})
-        tap = UsageTap(strip_usage_chunk=not wants_usage)
+        tap = UsageTap(strip_usage_chunk=not asked.final, strip_chunk_usage=not asked.every_chunk)
         try:
             async for chunk in response.aiter_raw():
                 now = time.perf_counter()

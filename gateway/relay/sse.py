@@ -4,8 +4,9 @@ Chat and text completions: the gateway asks the backend for `include_usage` and
 `continuous_usage_stats`, so every chunk carries cumulative usage and the last one before
 `[DONE]` is a `"choices":[]` usage chunk. Bytes pass through untouched; only the usage-only
 chunk is cut out when the client did not ask for it (a client indexing `choices[0]` would
-fail on it). The last chunk forwarded is kept, and parsed once at the end, so even a stream
-cut short knows its exact token counts.
+fail on it), and so is each content chunk's `usage` when it did not ask for continuous
+usage (a client adding up per-chunk usage would over-count). The last chunk is kept as it
+came, and parsed once at the end, so even a stream cut short knows its exact token counts.
 
 The Responses API streams named events (`event: response.output_text.delta` then its
 `data:` line) and ends with `response.completed`, whose `response.usage` holds the counts
@@ -19,6 +20,7 @@ from typing import Any
 import orjson
 
 USAGE_ONLY = b'"choices":[]'
+CHUNK_USAGE = b',"usage":{'
 EVENT_END = b"\n\n"
 DATA = b"data: "
 DONE = b"data: [DONE]"
@@ -27,10 +29,11 @@ DONE = b"data: [DONE]"
 class UsageTap:
     """Watches a relayed SSE byte stream for usage."""
 
-    __slots__ = ("_carry", "_last_event", "_strip", "chunks", "usage")
+    __slots__ = ("_carry", "_last_event", "_strip", "_strip_chunk_usage", "chunks", "usage")
 
-    def __init__(self, strip_usage_chunk: bool) -> None:
+    def __init__(self, strip_usage_chunk: bool, strip_chunk_usage: bool = False) -> None:
         self._strip = strip_usage_chunk
+        self._strip_chunk_usage = strip_chunk_usage
         self._carry = b""
         self._last_event = b""
         self.chunks = 0  # events with content forwarded
@@ -43,6 +46,8 @@ class UsageTap:
             self.chunks += events
             if events > data.count(DONE):  # not only `[DONE]` or a comment
                 self._last_event = data  # the common case: whole events, no usage chunk
+            if self._strip_chunk_usage and CHUNK_USAGE in data:
+                return without_usage(data)
             return data
         return self._split(self._carry + data)
 
@@ -60,6 +65,8 @@ class UsageTap:
                 self.chunks += event.count(DATA)  # counted whole, however the bytes were cut
                 if not event.startswith(DONE) and _data_line(event) is not None:
                     self._last_event = event
+                if self._strip_chunk_usage and CHUNK_USAGE in event:
+                    event = without_usage(event)
             kept.append(event + EVENT_END)
         return b"".join(kept)
 
@@ -70,6 +77,34 @@ class UsageTap:
         if self.usage is None:
             self.usage = _usage(_last_data(self._last_event))
         return rest
+
+
+def without_usage(data: bytes) -> bytes:
+    """`data` with every `,"usage":{...}` member cut out (a usage object holds no strings,
+    so its braces are its own); a member cut off unclosed is left as it is."""
+    at = data.find(CHUNK_USAGE)
+    while at >= 0:
+        end = _object_end(data, at + len(CHUNK_USAGE) - 1)
+        if end is None:
+            return data
+        data = data[:at] + data[end:]
+        at = data.find(CHUNK_USAGE, at)
+    return data
+
+
+def _object_end(data: bytes, start: int) -> int | None:
+    """The index just past the object opening at `start` (None: it is not closed)."""
+    depth, at = 0, start
+    while True:
+        opening, closing = data.find(b"{", at), data.find(b"}", at)
+        if closing < 0:
+            return None
+        if 0 <= opening < closing:
+            depth, at = depth + 1, opening + 1
+            continue
+        depth, at = depth - 1, closing + 1
+        if depth == 0:
+            return at
 
 
 def _data_line(event: bytes) -> bytes | None:

@@ -105,6 +105,40 @@ def test_responses_api_traffic_is_counted_with_exact_tokens_and_cost(stack: Serv
     assert row["cost_usd"] >= sum(r["cost_usd"] for r in records.values()) * (1 - 1e-9)
 
 
+@pytest.mark.parametrize(
+    ("options", "every_chunk", "final"),
+    [
+        (None, False, False),
+        ({"include_usage": True}, False, True),
+        ({"include_usage": True, "continuous_usage_stats": True}, True, True),
+    ],
+)
+def test_streams_carry_the_usage_the_client_asked_for(
+    stack: Server, options: dict[str, bool] | None, every_chunk: bool, final: bool
+) -> None:
+    """The gateway asks the backend for usage on every chunk (to count a stream cut short);
+    the client sees only what it asked for, and the ledger the exact count either way."""
+    client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0)
+    rid = uuid.uuid4().hex
+    extra = {"ignore_eos": True} | ({"stream_options": options} if options else {})
+    chunks = list(
+        client.chat.completions.create(
+            model=SIM_MODEL, messages=[{"role": "user", "content": "count"}], max_tokens=16,
+            stream=True, extra_body=extra, extra_headers={"x-request-id": rid},
+        )
+    )  # fmt: skip
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert content
+    assert all((c.usage is not None) is every_chunk for c in content)
+    usage_only = [c for c in chunks if not c.choices]
+    assert len(usage_only) == int(final)
+    record = _records(stack, {rid})[rid]
+    assert record["completion_tokens"] == 16
+    if final:
+        assert usage_only[0].usage is not None
+        assert usage_only[0].usage.completion_tokens == 16
+
+
 # --- a backend answering whatever usage a test sets -------------------------------------
 
 BAD_VALUES: list[Any] = [1e30, 2**70, -5, 1.5, "12", None, True, float("nan"), [3], {"n": 1}]

@@ -73,3 +73,30 @@ def test_responses_usage_is_read_from_response_completed(cut: int) -> None:
     tap = UsageTap(strip_usage_chunk=True)
     assert relay(tap, chunks) == whole  # nothing of the Responses stream is cut out
     assert tap.usage == {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}
+
+
+CONTINUOUS = [
+    event('{"choices":[{"index":0,"delta":{"content":" a"}}],"usage":{"prompt_tokens":5,'
+          '"total_tokens":6,"completion_tokens":1}}'),
+    event('{"choices":[{"index":0,"delta":{"content":" b"}}],"usage":{"prompt_tokens":5,'
+          '"total_tokens":8,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cut", [0, 30, 90])
+def test_chunk_usage_is_cut_out_unless_asked_and_still_counted(cut: int) -> None:
+    """Usage the gateway asked for on every chunk never reaches a client that did not ask
+    for it, and a stream cut before its usage chunk still knows its counts."""
+    whole = b"".join(CONTINUOUS)
+    chunks = [whole] if not cut else [whole[:cut], whole[cut:]]
+    tap = UsageTap(strip_usage_chunk=True, strip_chunk_usage=True)
+    out = relay(tap, chunks)
+    assert b"usage" not in out
+    assert out == (
+        event('{"choices":[{"index":0,"delta":{"content":" a"}}]}')
+        + event('{"choices":[{"index":0,"delta":{"content":" b"}}]}')
+    )
+    assert tap.usage is not None
+    assert tap.usage["completion_tokens"] == 3  # from the last chunk, as it came
+    kept = UsageTap(strip_usage_chunk=False, strip_chunk_usage=False)
+    assert relay(kept, chunks) == whole
