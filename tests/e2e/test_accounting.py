@@ -69,8 +69,30 @@ def stack(
     return gateway
 
 
+def _client(gateway: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0)
+
+
 def test_responses_api_traffic_is_counted_with_exact_tokens_and_cost(stack: Server) -> None:
-    client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0)
+    with _client(stack) as client:
+        seen = _responses(client)
+    records = _records(stack, set(seen))
+    for rid, (prompt, completion) in seen.items():
+        r = records[rid]
+        assert (r["prompt_tokens"], r["completion_tokens"]) == (prompt, completion), r
+        assert completion > 0
+        assert r["cost_usd"] > 0
+        assert r["baseline_cost_usd"] == pytest.approx(r["cost_usd"])  # plain: its own baseline
+    savings = httpx.get(
+        f"{stack.base_url}/admin/v1/savings", params={"group_by": "model"}, headers=ADMIN
+    ).json()["data"]
+    [row] = [s for s in savings if s["model"] == SIM_MODEL]
+    assert row["completion_tokens"] >= sum(c for _, c in seen.values())
+    assert row["cost_usd"] >= sum(r["cost_usd"] for r in records.values()) * (1 - 1e-9)
+
+
+def _responses(client: openai.OpenAI) -> dict[str, tuple[int, int]]:
+    """One plain and one streamed Responses request: their ids and the usage each saw."""
     seen: dict[str, tuple[int, int]] = {}
     plain_id = uuid.uuid4().hex
     response = client.responses.create(
@@ -89,20 +111,7 @@ def test_responses_api_traffic_is_counted_with_exact_tokens_and_cost(stack: Serv
     assert deltas > 0
     assert final.usage is not None
     seen[streamed_id] = (final.usage.input_tokens, final.usage.output_tokens)
-
-    records = _records(stack, set(seen))
-    for rid, (prompt, completion) in seen.items():
-        r = records[rid]
-        assert (r["prompt_tokens"], r["completion_tokens"]) == (prompt, completion), r
-        assert completion > 0
-        assert r["cost_usd"] > 0
-        assert r["baseline_cost_usd"] == pytest.approx(r["cost_usd"])  # plain: its own baseline
-    savings = httpx.get(
-        f"{stack.base_url}/admin/v1/savings", params={"group_by": "model"}, headers=ADMIN
-    ).json()["data"]
-    [row] = [s for s in savings if s["model"] == SIM_MODEL]
-    assert row["completion_tokens"] >= sum(c for _, c in seen.values())
-    assert row["cost_usd"] >= sum(r["cost_usd"] for r in records.values()) * (1 - 1e-9)
+    return seen
 
 
 @pytest.mark.parametrize(
@@ -118,15 +127,15 @@ def test_streams_carry_the_usage_the_client_asked_for(
 ) -> None:
     """The gateway asks the backend for usage on every chunk (to count a stream cut short);
     the client sees only what it asked for, and the ledger the exact count either way."""
-    client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0)
     rid = uuid.uuid4().hex
     extra = {"ignore_eos": True} | ({"stream_options": options} if options else {})
-    chunks = list(
-        client.chat.completions.create(
-            model=SIM_MODEL, messages=[{"role": "user", "content": "count"}], max_tokens=16,
-            stream=True, extra_body=extra, extra_headers={"x-request-id": rid},
-        )
-    )  # fmt: skip
+    with _client(stack) as client:
+        chunks = list(
+            client.chat.completions.create(
+                model=SIM_MODEL, messages=[{"role": "user", "content": "count"}], max_tokens=16,
+                stream=True, extra_body=extra, extra_headers={"x-request-id": rid},
+            )
+        )  # fmt: skip
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert content
     assert all((c.usage is not None) is every_chunk for c in content)
