@@ -8,28 +8,53 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Response
 
 from gateway.apikeys import hash_key
-from gateway.deps import ServicesDep
-from gateway.errors import AuthenticationFailed
+from gateway.deps import Services, ServicesDep
+from gateway.errors import AuthenticationFailed, ModelNotFound
 
 router = APIRouter(tags=["openai"])
 STARTED = int(time.time())
+
+
+def _allowed(services: Services, authorization: str | None) -> frozenset[str] | None:
+    """The models the caller's key may use (None: every model); 401 when a key is required
+    and none valid is given."""
+    snapshot = services.registry.snapshot  # one read: a refresh may replace it meanwhile
+    scheme, _, secret = (authorization or "").partition(" ")
+    key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
+    if key is None and services.settings.require_api_key:
+        raise AuthenticationFailed("Incorrect API key provided")
+    return None if key is None else key.allowed_models
+
+
+def _card(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": STARTED, "owned_by": "draftgate"}
 
 
 @router.get("/v1/models")
 def list_models(
     services: ServicesDep, authorization: Annotated[str | None, Header()] = None
 ) -> dict[str, Any]:
-    """Models with at least one enabled backend, in OpenAI's list shape."""
-    snapshot = services.registry.snapshot  # one read: a refresh may replace it meanwhile
-    if services.settings.require_api_key:
-        scheme, _, secret = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or hash_key(secret.strip()) not in snapshot.keys:
-            raise AuthenticationFailed("Incorrect API key provided")
-    models = sorted(snapshot.backends)
-    cards = [
-        {"id": m, "object": "model", "created": STARTED, "owned_by": "draftgate"} for m in models
+    """Models with at least one enabled backend that the caller's key may use, in OpenAI's
+    list shape."""
+    allowed = _allowed(services, authorization)
+    models = [
+        m for m in sorted(services.registry.snapshot.backends) if allowed is None or m in allowed
     ]
-    return {"object": "list", "data": cards}
+    return {"object": "list", "data": [_card(m) for m in models]}
+
+
+@router.get("/v1/models/{model:path}")
+def retrieve_model(
+    model: str, services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+) -> dict[str, Any]:
+    """One model, as the OpenAI SDK's `models.retrieve()` reads it (404 when it has no
+    enabled backend or the key may not use it)."""
+    allowed = _allowed(services, authorization)
+    if model not in services.registry.snapshot.backends or (
+        allowed is not None and model not in allowed
+    ):
+        raise ModelNotFound(f"The model `{model}` does not exist", param="model")
+    return _card(model)
 
 
 @router.get("/metrics", include_in_schema=False)

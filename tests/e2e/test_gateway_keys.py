@@ -124,6 +124,28 @@ def test_listing_models_needs_a_key(keyed: Keyed) -> None:
         assert [m.id for m in client.models.list().data] == [SIM_MODEL]
 
 
+def test_a_key_sees_and_retrieves_only_the_models_it_may_use(keyed: Keyed) -> None:
+    _, other = create_key(keyed.gateway, allowed_models=["other/model"])
+    _, mine = create_key(keyed.gateway, allowed_models=[SIM_MODEL])
+    for secret in (other, mine):  # until the registry knows both keys
+        with keyed.gateway.client(secret) as http:
+            deadline = time.monotonic() + KEY_APPLIES_S
+            while http.get("/v1/models").status_code == 401:
+                assert time.monotonic() < deadline, "the new key was never accepted"
+                time.sleep(0.05)
+    with keyed.openai(other) as client:
+        assert client.models.list().data == []
+        with pytest.raises(openai.NotFoundError) as raised:
+            client.models.retrieve(SIM_MODEL)
+        assert isinstance(raised.value.body, dict)
+        assert raised.value.body["code"] == "model_not_found"
+    with keyed.openai(mine) as client:
+        assert [m.id for m in client.models.list().data] == [SIM_MODEL]
+        assert client.models.retrieve(SIM_MODEL).id == SIM_MODEL
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("no/such-model")
+
+
 def test_a_created_key_works_at_once_and_a_revoked_one_stops(keyed: Keyed) -> None:
     key_id, secret = create_key(keyed.gateway)
     with keyed.gateway.client(secret) as http:

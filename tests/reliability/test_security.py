@@ -42,6 +42,7 @@ PUBLIC = {
     "/ready",
     "/metrics",
     "/v1/models",
+    "/v1/models/{model:path}",  # as /v1/models: a key when keys are required
 }
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
