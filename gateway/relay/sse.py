@@ -10,7 +10,9 @@ came, and parsed once at the end, so even a stream cut short knows its exact tok
 
 The Responses API streams named events (`event: response.output_text.delta` then its
 `data:` line) and ends with `response.completed`, whose `response.usage` holds the counts
-(`input_tokens`, `output_tokens`): the same last-event rule reads them.
+(`input_tokens`, `output_tokens`). Anthropic-style `/v1/messages` streams put theirs in
+`message_delta`, before `message_stop`. So the tap keeps the last event that carries a
+usage object, and reads it once at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import orjson
 
 USAGE_ONLY = b'"choices":[]'
 CHUNK_USAGE = b',"usage":{'
+USAGE = b'"usage":{'  # a usage object, not `"usage":null`
 EVENT_END = b"\n\n"
 DATA = b"data: "
 DONE = b"data: [DONE]"
@@ -29,23 +32,22 @@ DONE = b"data: [DONE]"
 class UsageTap:
     """Watches a relayed SSE byte stream for usage."""
 
-    __slots__ = ("_carry", "_last_event", "_strip", "_strip_chunk_usage", "chunks", "usage")
+    __slots__ = ("_carry", "_last_usage", "_strip", "_strip_chunk_usage", "chunks", "usage")
 
     def __init__(self, strip_usage_chunk: bool, strip_chunk_usage: bool = False) -> None:
         self._strip = strip_usage_chunk
         self._strip_chunk_usage = strip_chunk_usage
         self._carry = b""
-        self._last_event = b""
+        self._last_usage = b""  # the last chunk (or event) with a usage object, as it came
         self.chunks = 0  # events with content forwarded
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Return the bytes to forward for this upstream chunk."""
         if not self._carry and data.endswith(EVENT_END) and USAGE_ONLY not in data:
-            events = data.count(DATA)
-            self.chunks += events
-            if events > data.count(DONE):  # not only `[DONE]` or a comment
-                self._last_event = data  # the common case: whole events, no usage chunk
+            self.chunks += data.count(DATA)
+            if USAGE in data:
+                self._last_usage = data  # the common case: whole events, no usage chunk
             if self._strip_chunk_usage and CHUNK_USAGE in data:
                 return without_usage(data)
             return data
@@ -63,8 +65,8 @@ class UsageTap:
                     continue
             else:
                 self.chunks += event.count(DATA)  # counted whole, however the bytes were cut
-                if not event.startswith(DONE) and _data_line(event) is not None:
-                    self._last_event = event
+                if USAGE in event:
+                    self._last_usage = event
                 if self._strip_chunk_usage and CHUNK_USAGE in event:
                     event = without_usage(event)
             kept.append(event + EVENT_END)
@@ -75,7 +77,7 @@ class UsageTap:
         rest, self._carry = self._carry, b""
         self.chunks += rest.count(DATA)
         if self.usage is None:
-            self.usage = _usage(_last_data(self._last_event))
+            self.usage = _usage(_last_data(self._last_usage))
         return rest
 
 
@@ -116,15 +118,17 @@ def _data_line(event: bytes) -> bytes | None:
 
 
 def _last_data(data: bytes) -> bytes:
-    """The last `data: {...}` line in a chunk (a chunk may hold several events)."""
-    lines = [_data_line(e) for e in data.split(EVENT_END)]
-    found = [line for line in lines if line is not None and not line.startswith(DONE)]
+    """The last `data: {...}` line with a usage object in a chunk (a chunk may hold several
+    events)."""
+    lines = [_data_line(e) for e in data.split(EVENT_END) if USAGE in e]
+    found = [line for line in lines if line is not None]
     return found[-1] if found else b""
 
 
 def _usage(event: bytes) -> dict[str, Any] | None:
-    """The `usage` object of one event, if it has one: at the top (completions), or in the
-    `response` of a Responses event (`response.completed`)."""
+    """The `usage` object of one event, if it has one: at the top (completions,
+    `message_delta`), or in the `response` (`response.completed`) or `message`
+    (`message_start`) it carries."""
     line = _data_line(event)
     if line is None:
         return None
@@ -135,7 +139,8 @@ def _usage(event: bytes) -> dict[str, Any] | None:
     if not isinstance(body, dict):
         return None
     usage = body.get("usage")
-    response = body.get("response")
-    if usage is None and isinstance(response, dict):
-        usage = response.get("usage")
+    for holder in ("response", "message"):  # response.completed; message_start
+        inner = body.get(holder)
+        if usage is None and isinstance(inner, dict):
+            usage = inner.get("usage")
     return usage if isinstance(usage, dict) else None

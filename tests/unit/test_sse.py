@@ -100,3 +100,22 @@ def test_chunk_usage_is_cut_out_unless_asked_and_still_counted(cut: int) -> None
     assert tap.usage["completion_tokens"] == 3  # from the last chunk, as it came
     kept = UsageTap(strip_usage_chunk=False, strip_chunk_usage=False)
     assert relay(kept, chunks) == whole
+
+
+MESSAGES = [
+    named("message_start", '{"type":"message_start","message":{"usage":{"input_tokens":5,'
+          '"output_tokens":0}}}'),
+    named("content_block_delta", '{"type":"content_block_delta","delta":{"text":" a"}}'),
+    named("message_delta", '{"type":"message_delta","usage":{"input_tokens":5,'
+          '"output_tokens":3}}'),
+    named("message_stop", '{"type":"message_stop"}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_messages_usage_is_read_from_message_delta(split: bool) -> None:
+    """Anthropic-style streams end with `message_stop`; their usage is in `message_delta`."""
+    chunks = MESSAGES if split else [b"".join(MESSAGES)]
+    tap = UsageTap(strip_usage_chunk=True)
+    assert relay(tap, chunks) == b"".join(MESSAGES)
+    assert tap.usage == {"input_tokens": 5, "output_tokens": 3}
