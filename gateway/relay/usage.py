@@ -15,6 +15,9 @@ from typing import Any
 MAX_TOKENS = 10**9  # far above any context window; the ledger's columns hold it
 PROMPT_KEYS = ("prompt_tokens", "input_tokens")
 COMPLETION_KEYS = ("completion_tokens", "output_tokens")
+# Anthropic-style usage counts prompt tokens read from or written to the prefix cache apart
+# from `input_tokens` (vLLM: input = prompt - cache_read - cache_creation): all are prompt.
+CACHED_PROMPT_KEYS = (("cache_read_input_tokens",), ("cache_creation_input_tokens",))
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,8 @@ def tokens_of(usage: dict[str, Any] | None) -> Tokens:
         return Tokens()
     rejected: list[str] = []
     prompt = _count(usage, PROMPT_KEYS, rejected)
+    if "input_tokens" in usage:
+        prompt += sum(_count(usage, keys, rejected) for keys in CACHED_PROMPT_KEYS)
     completion = _count(usage, COMPLETION_KEYS, rejected)
     return Tokens(prompt, completion, tuple(rejected))
 

@@ -14,6 +14,7 @@ from gateway.relay.usage import MAX_TOKENS, Tokens, tokens_of
     [
         ({"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}, Tokens(5, 3)),
         ({"input_tokens": 5, "output_tokens": 3}, Tokens(5, 3)),  # Responses, messages
+        ({"input_tokens": 2, "cache_read_input_tokens": 3, "output_tokens": 1}, Tokens(5, 1)),
         ({"prompt_tokens": 9, "total_tokens": 9}, Tokens(9, 0)),  # embeddings
         ({"prompt_tokens": 4.0, "completion_tokens": None}, Tokens(4, 0)),
         (None, Tokens()),
