@@ -111,6 +111,7 @@ class StreamingLoad:
     max_tokens: int = 16
     api_key: str | None = None
     pause_s: float = 0.0  # between one client's requests
+    stagger_s: float = 0.0  # the clients' first requests spread over this, as real ones are
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -128,6 +129,8 @@ class StreamingLoad:
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
         with httpx.Client(timeout=timeout) as http:
             n = index
+            if self.stagger_s:
+                self._stop.wait(index * self.stagger_s / self.clients)
             while not self._stop.is_set():
                 url = self.base_urls[n % len(self.base_urls)]
                 outcome = stream_once(http, url, self.model, self.max_tokens, self.api_key)
