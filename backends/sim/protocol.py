@@ -69,15 +69,20 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_generation(
-    body: dict[str, Any], *, chat: bool, served_model: str, max_model_len: int
-) -> Generation:
-    """Validate a chat or text completion request the way vLLM does."""
+def _check_model(body: dict[str, Any], served_model: str) -> None:
+    """404 for any model but the one served, as vLLM answers."""
     model = body.get("model")
     if model != served_model:
         raise ApiError(
             404, f"The model `{model}` does not exist. Valid aliases: {served_model}.", "model"
         )
+
+
+def parse_generation(
+    body: dict[str, Any], *, chat: bool, served_model: str, max_model_len: int
+) -> Generation:
+    """Validate a chat or text completion request the way vLLM does."""
+    _check_model(body, served_model)
     text = _messages_text(body.get("messages")) if chat else _prompt_text(body.get("prompt"))
     if len(text) > max_model_len * MAX_CHARS_PER_TOKEN:
         raise _too_long(max_model_len, len(text) // MAX_CHARS_PER_TOKEN, 0, chat)
@@ -111,11 +116,7 @@ def parse_generation(
 
 def parse_responses(body: dict[str, Any], *, served_model: str, max_model_len: int) -> Generation:
     """Validate a Responses API request (`input`, `instructions`, `max_output_tokens`)."""
-    model = body.get("model")
-    if model != served_model:
-        raise ApiError(
-            404, f"The model `{model}` does not exist. Valid aliases: {served_model}.", "model"
-        )
+    _check_model(body, served_model)
     given = body.get("input")
     messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
     if isinstance(body.get("instructions"), str):
