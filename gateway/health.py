@@ -32,11 +32,7 @@ def ready(services: ServicesDep) -> dict[str, Any]:
         raise ServiceUnavailable(f"database unreachable: {type(exc).__name__}") from exc
     registry, now = services.registry, time.monotonic()
     backends = [b for group in registry.snapshot.backends.values() for b in group]
-    healthy = [
-        b.name
-        for b in backends
-        if registry.states[b.name].healthy and registry.states[b.name].open_until <= now
-    ]
+    healthy = [b.name for b in backends if registry.states[b.name].available(now)]
     if not healthy:
         raise ServiceUnavailable(f"no healthy backend ({len(backends)} enabled)")
     return {"status": "ready", "database": "ok", "backends_healthy": len(healthy)}

@@ -65,6 +65,10 @@ class BackendState:
     # interval), smoothed over the last few scrapes; None before the second scrape.
     scraped_running: float | None = None
 
+    def available(self, now: float) -> bool:
+        """Healthy and not held out by an open circuit breaker (`now` is monotonic)."""
+        return self.healthy and self.open_until <= now
+
     def scraped(self, running: float) -> None:
         """The backend's requests in flight over the scrape interval that just ended."""
         if self.scraped_running is None:

@@ -30,7 +30,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.session import transaction
 from gateway.registry import BackendView, Registry, Snapshot
-from gateway.relay.routing import available
 from gateway.reports import FleetNow
 from gateway.services.models import record_method_switch
 from gateway.services.rightsizing import Sizing, pools
@@ -209,7 +208,7 @@ class Selector:
         When no method meets the ITL objective at this load, the fastest one is the only
         candidate: it is the closest the fleet can get.
         """
-        healthy = [b for b in backends if available(b, self.registry.states[b.name], now)]
+        healthy = [b for b in backends if self.registry.states[b.name].available(now)]
         replicas = Counter(b.method for b in healthy)  # a method's load is split over these
         costs: dict[str, float] = {}
         itls: dict[str, float] = {}

@@ -31,11 +31,6 @@ class Route:
     panic: bool = False  # no backend looked healthy: all are tried
 
 
-def available(backend: BackendView, state: BackendState, now: float) -> bool:
-    """Healthy and not held out by an open circuit breaker."""
-    return state.healthy and state.open_until <= now
-
-
 def load(state: BackendState) -> float:
     """How busy a backend looks from here."""
     return state.in_flight + WAITING_WEIGHT * state.waiting + KV_WEIGHT * state.kv_usage
@@ -76,7 +71,7 @@ def route(
 ) -> Route:
     """Decide which backends serve one request of a model, in order of preference: the
     policy's method (at the pinned K first), then the model's other methods."""
-    healthy = [b for b in backends if available(b, states[b.name], now)]
+    healthy = [b for b in backends if states[b.name].available(now)]
     panic = not healthy
     if panic:
         healthy = list(backends)

@@ -98,6 +98,14 @@ WALLS = {
         ("gateway.services", "gateway.control"),
         (*WEB, "gateway.admin", "gateway.cli"),
     ),
+    "the control loops steer through services, never through the hot path": (
+        ("gateway.control",),
+        ("gateway.relay",),
+    ),
+    "services are reads and audited changes: no loop, no hot path": (
+        ("gateway.services",),
+        ("gateway.relay", "gateway.control"),
+    ),
     "the planner is pure": (
         ("planner",),
         ("gateway", "backends", "dashboard", "sqlalchemy", "fastapi", "httpx"),
