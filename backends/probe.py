@@ -1,4 +1,4 @@
-"""Probing vLLM servers: `GET /health` only, never a paid completion."""
+"""Probing vLLM servers: `GET /health` and `GET /v1/models`, never a paid completion."""
 
 from __future__ import annotations
 
@@ -24,3 +24,23 @@ async def probe_health(client: httpx.AsyncClient, base_url: str, timeout_s: floa
     except httpx.HTTPError:
         return Probe.DOWN
     return Probe.HEALTHY if response.status_code == 200 else Probe.DOWN
+
+
+async def probe_max_model_len(
+    client: httpx.AsyncClient, base_url: str, model: str, timeout_s: float
+) -> int | None:
+    """The context length the server reports for `model` in `/v1/models` (vLLM's
+    `max_model_len` on each model card): 0 when it answers without one, None when it does
+    not answer (ask again later)."""
+    try:
+        response = await client.get(f"{base_url}/v1/models", timeout=timeout_s)
+        cards = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if response.status_code != 200:
+        return None
+    for card in cards if isinstance(cards, list) else []:
+        length = card.get("max_model_len") if isinstance(card, dict) else None
+        if card.get("id") == model and isinstance(length, int) and length > 0:
+            return length
+    return 0

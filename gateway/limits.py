@@ -1,11 +1,20 @@
 """Per-key limits: requests and tokens per minute, and a USD budget, across replicas.
 
-Checks read memory only. Each replica counts its own requests and tokens per key and minute,
+Checks read memory only. A request is admitted with a *reservation*: its worst-case tokens
+(the prompt's estimate plus every completion token it may ask for) and cost, counted at once,
+then settled to the actual when it ends (or released, when it fails). Checks on one replica
+therefore see every request it has in flight at its worst case: concurrent requests cannot
+overshoot a limit together, and a single request larger than what remains is refused.
+
+Each replica counts its own requests and tokens per key and minute (reservations included),
 and every `limits_sync_s` adds its new counts to the shared `rate_windows` table and reads
-back the totals of all replicas. A limit therefore holds across replicas to within one sync
-interval of the other replicas' traffic. Budgets compare the key's spend in its period (from
-the registry's snapshot of the ledger) plus what this replica served that the snapshot does
-not include yet: records the ledger had not written when the snapshot was read, and later ones.
+back the totals of all replicas. A token or request limit therefore holds across replicas to
+within one sync interval of the other replicas' admissions. Budgets compare the key's spend
+in its period (from the registry's snapshot of the ledger), plus what this replica served
+that the snapshot does not include yet, plus its reservations in flight; other replicas'
+reservations are not shared, so across N replicas a budget can be overshot by what the
+others admit before their spend is written and read back (one ledger flush plus one
+`registry_refresh_s`), at most N - 1 times the budget that remained.
 """
 
 from __future__ import annotations
@@ -51,6 +60,16 @@ class _Counts:
         return self.shared_tokens + self.unsynced_tokens + self.pushing_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What an admitted request holds against its key until it is settled."""
+
+    key_id: int
+    window: int  # the minute it was admitted in: its tokens count there
+    tokens: int
+    usd: float
+
+
 def current_window(now_s: float) -> int:
     """The unix minute a moment falls in."""
     return int(now_s // WINDOW_S)
@@ -64,40 +83,74 @@ class Limiter:
         self._sync_s = sync_s
         self._counts: dict[tuple[int, int], _Counts] = defaultdict(_Counts)
         self._spend_since_snapshot: dict[int, float] = defaultdict(float)
+        self._reserved_usd: dict[int, float] = {}  # budget held by requests in flight
         self._unwritten_at_start: dict[int, float] = {}  # as of the registry read under way
         self._spend_at_start: dict[int, float] | None = None
 
-    def check(
-        self, key: KeyView, spent_usd: float, now_s: float | None = None
-    ) -> RateLimited | QuotaExceeded | None:
-        """The error refusing a request over the key's rate limits or budget, if it is."""
+    def admit(
+        self, key: KeyView, spent_usd: float, tokens: int, usd: float, now_s: float | None = None
+    ) -> Reservation:
+        """Reserve `tokens` and `usd` for one request, or raise the refusal over the key's
+        rate limits or budget (`spent_usd`: the key's spend as of the registry's snapshot)."""
         now_s = time.time() if now_s is None else now_s
-        counts = self._counts.get((key.id, current_window(now_s)), _Counts())
+        window = current_window(now_s)
+        counts = self._counts.get((key.id, window), _Counts())
         retry = WINDOW_S - int(now_s % WINDOW_S)
         if key.requests_per_minute is not None and counts.requests >= key.requests_per_minute:
             message = f"Rate limit reached: {key.requests_per_minute} requests per minute"
-            return RateLimited(message, retry_after_s=retry)
-        if key.tokens_per_minute is not None and counts.tokens >= key.tokens_per_minute:
-            message = f"Rate limit reached: {key.tokens_per_minute} tokens per minute"
-            return RateLimited(message, retry_after_s=retry)
-        spent = spent_usd + self._spend_since_snapshot.get(key.id, 0.0)
-        if key.budget_usd is not None and spent >= key.budget_usd:
+            raise RateLimited(message, retry_after_s=retry)
+        tpm = key.tokens_per_minute
+        if tpm is not None and tokens > tpm:
             message = (
-                f"Budget exhausted: ${spent:.4f} of ${key.budget_usd:.2f} ({key.budget_period})"
+                f"Request too large: up to {tokens} tokens (prompt estimate plus max tokens), "
+                f"over the key's limit of {tpm} tokens per minute; lower max_tokens"
             )
-            return QuotaExceeded(message)
-        return None
+            raise RateLimited(message, param="max_tokens")
+        if tpm is not None and counts.tokens + tokens > tpm:
+            message = (
+                f"Rate limit reached: {tpm} tokens per minute "
+                f"({counts.tokens} used or reserved, this request up to {tokens})"
+            )
+            raise RateLimited(message, retry_after_s=retry)
+        budget = key.budget_usd
+        if budget is not None:
+            spent = spent_usd + self._spend_since_snapshot.get(key.id, 0.0)
+            held = self._reserved_usd.get(key.id, 0.0)
+            if spent >= budget or spent + held + usd > budget:
+                message = (
+                    f"Budget exhausted: ${spent:.4f} spent and ${held:.4f} held by requests "
+                    f"in flight of ${budget:.2f} ({key.budget_period}); this request may "
+                    f"cost up to ${usd:.4f}"
+                )
+                raise QuotaExceeded(message)
+            self._reserved_usd[key.id] = held + usd
+        counted = self._counts[(key.id, window)]
+        counted.unsynced_requests += 1
+        counted.unsynced_tokens += tokens
+        return Reservation(key.id, window, tokens, usd if budget is not None else 0.0)
 
-    def count_request(self, key_id: int, now_s: float | None = None) -> None:
-        """Count one admitted request."""
-        now_s = time.time() if now_s is None else now_s
-        self._counts[(key_id, current_window(now_s))].unsynced_requests += 1
-
-    def count_usage(self, key_id: int, tokens: int, cost_usd: float | None) -> None:
-        """Count a finished request's tokens and cost."""
-        self._counts[(key_id, current_window(time.time()))].unsynced_tokens += tokens
+    def settle(self, held: Reservation, tokens: int, cost_usd: float | None) -> None:
+        """A request ended: its actual tokens and cost replace its reservation."""
+        if held.usd:
+            left = self._reserved_usd.get(held.key_id, 0.0) - held.usd
+            if left > 1e-12:
+                self._reserved_usd[held.key_id] = left
+            else:
+                self._reserved_usd.pop(held.key_id, None)
+        if tokens != held.tokens and held.window >= current_window(time.time()) - 1:
+            self._counts[(held.key_id, held.window)].unsynced_tokens += tokens - held.tokens
         if cost_usd:
-            self._spend_since_snapshot[key_id] += cost_usd
+            self._spend_since_snapshot[held.key_id] += cost_usd
+
+    def remaining(self, key: KeyView, now_s: float | None = None) -> tuple[int | None, int | None]:
+        """The key's requests and tokens left this minute (None: no such limit)."""
+        counts = self._counts.get((key.id, current_window(time.time() if now_s is None else now_s)))
+        counts = counts or _Counts()
+        rpm, tpm = key.requests_per_minute, key.tokens_per_minute
+        return (
+            None if rpm is None else max(rpm - counts.requests, 0),
+            None if tpm is None else max(tpm - counts.tokens, 0),
+        )
 
     def snapshot_starting(self, unwritten_usd: Mapping[int, float]) -> None:
         """A registry read begins; `unwritten_usd` is the spend of records not yet written.

@@ -132,6 +132,13 @@ class GatewayMetrics:
             ["field"],
             registry=r,
         )
+        self.unpriced = Counter(
+            "draftgate_unpriced_requests",
+            "Requests with no throughput curve to price them: `gpu_time` when charged at their "
+            "share of the backend's GPU time instead, `no_price` when the GPU has no price.",
+            ["model", "reason"],
+            registry=r,
+        )
         self.ledger_refused = Counter(
             "draftgate_ledger_refused",
             "Usage records the database refused for their data (logged, set aside).",

@@ -57,6 +57,8 @@ class BackendState:
     waiting: float = 0.0  # scraped `num_requests_waiting`, when known
     kv_usage: float = 0.0  # scraped KV-cache usage, when known
     mismatch: str | None = None  # the scraped counters contradict the declared method
+    # The context length its `/v1/models` reports: 0 when it reports none, None before asked.
+    max_model_len: int | None = None
     # Mean acceptance length and per-position acceptance of the last scrape interval in
     # which the backend drafted; None for plain or before it drafted.
     acceptance_length: float | None = None

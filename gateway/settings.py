@@ -301,6 +301,15 @@ class Settings(BaseSettings):
             "oldest are dropped and counted. Default 100000 (about 50 MB)."
         ),
     )
+    default_max_model_len: int = Field(
+        default=32768,
+        ge=16,
+        description=(
+            "Context length assumed for a model whose backends do not report `max_model_len` "
+            "(vLLM's `/v1/models` does): the most tokens a request without `max_tokens` may "
+            "use, reserved against a key's tokens per minute and budget. Default 32768."
+        ),
+    )
     limits_sync_s: float = Field(
         default=1.0,
         gt=0,

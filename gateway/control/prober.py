@@ -1,4 +1,5 @@
-"""The backend prober: every enabled backend's `/health` on an interval, into the registry."""
+"""The backend prober: every enabled backend's `/health` on an interval, into the registry,
+and once per backend the context length its `/v1/models` reports."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import httpx
 
-from backends.probe import Probe, probe_health
+from backends.probe import Probe, probe_health, probe_max_model_len
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, Registry
 
@@ -29,6 +30,15 @@ async def probe_forever(
             apply_probe(state, result)
             metrics.healthy.labels(backend.name).set(int(state.healthy and state.open_until <= now))
             metrics.in_flight.labels(backend.name).set(state.in_flight)
+        unknown = [
+            b for b in backends if registry.states[b.name].max_model_len is None
+            and registry.states[b.name].healthy
+        ]  # fmt: skip
+        lengths = await asyncio.gather(
+            *(probe_max_model_len(client, b.url, b.model, min(interval_s, 2.0)) for b in unknown)
+        )
+        for backend, length in zip(unknown, lengths, strict=True):
+            registry.states[backend.name].max_model_len = length
         await asyncio.sleep(interval_s)
 
 

@@ -10,6 +10,9 @@ import orjson
 from gateway.errors import InvalidRequest
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_PATHS = COMPLETION_PATHS | {"/v1/responses", "/v1/messages"}
+BYTES_PER_TOKEN = 4  # a prompt's token estimate from its body's size (JSON framing included)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's (and OpenAI's) default for /v1/completions
 # vLLM's own bounds (SamplingParams): a value outside is refused here, before any backend.
 SAMPLING_RANGES = {
     "temperature": (0.0, float("inf")),
@@ -83,3 +86,21 @@ def with_usage_options(payload: dict[str, Any]) -> bytes:
     options["include_usage"] = True
     options["continuous_usage_stats"] = True
     return orjson.dumps({**payload, "stream_options": options})
+
+
+def worst_case_tokens(path: str, payload: dict[str, Any], body_bytes: int, limit: int) -> int:
+    """The most tokens a request can use: its prompt's estimate from the body's size, plus
+    every completion token it may ask for (max tokens times n, or the model's limit `limit`
+    when it sets none), each at most `limit`. What it is reserved against a key's limits."""
+    prompt = min(body_bytes // BYTES_PER_TOKEN, limit)
+    if path not in GENERATION_PATHS:  # embeddings, pooling, scoring: prompt only
+        return prompt
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS if path == "/v1/completions" else limit
+    names = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+    asked = next((n for name in names if (n := _positive_int(payload.get(name)))), default)
+    return prompt + min(asked, limit) * (_positive_int(payload.get("n")) or 1)
+
+
+def _positive_int(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return value if ok else None

@@ -1,7 +1,8 @@
 """One request as the relay sees it: its key's limits, and settling it (ledger and metrics).
 
-Every call on the per-key limiter is made here: the check before a request is admitted, the
-count of an admitted request, and its tokens and cost once it is settled.
+Every call on the per-key limiter is made here: the admission, which reserves a request's
+worst-case tokens and cost against its key, and the settlement, which replaces the
+reservation with the actual tokens and cost once the request ends.
 """
 
 from __future__ import annotations
@@ -9,18 +10,26 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.accounting import Ledger, UsageEntry
-from gateway.limits import Limiter
+from gateway.errors import GatewayError
+from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendView, KeyView, Snapshot
+from gateway.registry import BackendState, BackendView, KeyView, Snapshot
+from gateway.relay.checks import worst_case_tokens
 from gateway.relay.usage import tokens_of
 
 # A name no backend serves is the client's to choose: its refusals are recorded under this
 # one name (as /metrics labels them), never under theirs.
 UNKNOWN_MODEL = "unknown"
+# A model with no throughput curve is charged its share of the backend's GPU time; before it
+# runs, its worst case assumes one stream alone on the GPUs at this many seconds per token
+# (20 tokens/s: slower than any interactive serving, so a reservation rarely falls short).
+UNPRICED_RESERVE_S_PER_TOKEN = 0.05
+GPU_TIME = "gpu_time"  # the curve source of a request charged by GPU time
 
 
 @dataclass
@@ -46,22 +55,64 @@ class Exchange:
     concurrency: float | None = None
     usage: dict[str, Any] | None = None
     responded: bool = False  # the whole response was handed to the server
+    reservation: Reservation | None = None  # held against the key until settled
+    costs: Costs | None = None  # priced once the usage is known
 
 
-def check_limits(
-    key: KeyView, snapshot: Snapshot, limiter: Limiter, metrics: GatewayMetrics
+def admit(
+    x: Exchange,
+    path: str,
+    payload: dict[str, Any],
+    body_bytes: int,
+    states: Mapping[str, BackendState],
+    default_limit: int,
+    limiter: Limiter,
+    metrics: GatewayMetrics,
 ) -> None:
-    """Refuse a key over its rate limits or budget (its spend as of `snapshot`)."""
-    refusal = limiter.check(key, snapshot.key_spend_usd.get(key.id, 0.0))
-    if refusal is not None:
+    """Reserve the request's worst-case tokens and cost against its key, or refuse it.
+
+    The worst case is worked out only for a key with a token limit or a budget: the
+    prompt's estimate plus every completion token it may ask for (`worst_case_tokens`, the
+    model's limit being the largest `max_model_len` its backends report, else
+    `default_limit`), all at the dearest output price among the model's backends at their
+    current load."""
+    key, snapshot, model = x.key, x.snapshot, x.model
+    if key is None or snapshot is None or model is None:
+        return
+    tokens, usd = 0, 0.0
+    if key.tokens_per_minute is not None or key.budget_usd is not None:
+        backends = snapshot.backends.get(model, ())
+        limits = [m for b in backends if (m := states[b.name].max_model_len)]
+        tokens = worst_case_tokens(path, payload, body_bytes, max(limits, default=default_limit))
+        if key.budget_usd is not None:
+            usd = max((_worst_usd(snapshot, model, b, states[b.name], tokens) for b in backends),
+                      default=0.0)  # fmt: skip
+    try:
+        x.reservation = limiter.admit(key, snapshot.key_spend_usd.get(key.id, 0.0), tokens, usd)
+    except GatewayError as refusal:
         metrics.rejections.labels(refusal.code).inc()
-        raise refusal
+        raise
 
 
-def count_admitted(x: Exchange, limiter: Limiter) -> None:
-    """Count a request that passed every check against its key's requests per minute."""
-    if x.key is not None:
-        limiter.count_request(x.key.id)
+def _worst_usd(
+    snapshot: Snapshot, model: str, backend: BackendView, state: BackendState, tokens: int
+) -> float:
+    """`tokens` all at this backend's output price at its load with this request added
+    (prompt tokens cost less); by GPU time at the slow floor where it has no curve."""
+    per_mtok = snapshot.output_usd_per_mtok(model, backend.method, backend, state.load() + 1)
+    if per_mtok is not None:
+        return tokens * per_mtok / 1e6
+    return _gpu_time_usd(snapshot, backend, tokens * UNPRICED_RESERVE_S_PER_TOKEN, 1.0) or 0.0
+
+
+def _gpu_time_usd(
+    snapshot: Snapshot, backend: BackendView, seconds: float, concurrency: float
+) -> float | None:
+    """A request's share of its backend's GPU time: `seconds` among `concurrency` others."""
+    price = snapshot.prices.get(backend.gpu_type)
+    if price is None:
+        return None
+    return price * backend.gpu_count * seconds / max(concurrency, 1.0) / 3600
 
 
 def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics) -> None:
@@ -73,9 +124,9 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
     prompt, completion = tokens.prompt, tokens.completion
     for name in tokens.rejected:  # set aside, counted: the record itself is kept
         metrics.usage_rejected.labels(name).inc()
-    costs = _costs(x, x.snapshot, prompt, completion)
-    cost, baseline = costs.cost, costs.baseline
     latency = time.perf_counter() - x.started
+    costs = x.costs or price(x, prompt, completion, latency, metrics)
+    cost, baseline = costs.cost, costs.baseline
     ttft = None if x.first_byte is None else x.first_byte - x.started
     method = x.method or "none"
     ledger.record(
@@ -102,8 +153,8 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             prompt_usd_per_mtok=costs.prompt_usd_per_mtok,
         )
     )
-    if x.key is not None:
-        limiter.count_usage(x.key.id, prompt + completion, cost)
+    if x.reservation is not None:
+        limiter.settle(x.reservation, prompt + completion, cost)
     _observe(x.snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
 
 
@@ -121,12 +172,27 @@ class Costs:
     prompt_usd_per_mtok: float | None = None
 
 
-def _costs(x: Exchange, snapshot: Snapshot, prompt: int, completion: int) -> Costs:
+def price(
+    x: Exchange, prompt: int, completion: int, latency_s: float, metrics: GatewayMetrics
+) -> Costs:
+    """The request's costs, kept on the exchange (a response header may show them first)."""
+    if x.costs is None:
+        x.costs = _costs(x, prompt, completion, latency_s, metrics)
+    return x.costs
+
+
+def _costs(
+    x: Exchange, prompt: int, completion: int, latency_s: float, metrics: GatewayMetrics
+) -> Costs:
     """Output tokens at the curve's $/1M with its own prefill taken out, prompt tokens at
-    the prefill price (the same for plain, so prompts never change a saving)."""
-    if x.backend is None or x.method is None or x.model is None:
+    the prefill price (the same for plain, so prompts never change a saving). Without a
+    curve, the request's share of the backend's GPU time: never free, never a saving."""
+    snapshot = x.snapshot
+    if x.backend is None or x.method is None or x.model is None or snapshot is None:
         return Costs()
     c, gpu = x.concurrency or 1.0, x.backend.gpu_type
+    if (x.model, x.method, gpu) not in snapshot.curves:
+        return _unpriced(x, snapshot, x.backend, prompt + completion, latency_s, metrics)
     per_prompt = snapshot.prompt_usd_per_mtok(x.model, x.method, gpu)
     if not completion and not (prompt and per_prompt):
         return Costs()
@@ -143,6 +209,25 @@ def _costs(x: Exchange, snapshot: Snapshot, prompt: int, completion: int) -> Cos
         None if cost is None else snapshot.curve_source(x.model, x.method, gpu, c),
         per_prompt if cost is not None else None,
     )
+
+
+def _unpriced(
+    x: Exchange,
+    snapshot: Snapshot,
+    backend: BackendView,
+    tokens: int,
+    latency_s: float,
+    metrics: GatewayMetrics,
+) -> Costs:
+    if not tokens:
+        return Costs()
+    model = x.model if x.model in snapshot.backends else UNKNOWN_MODEL
+    cost = _gpu_time_usd(snapshot, backend, latency_s, x.concurrency or 1.0)
+    metrics.unpriced.labels(model, "no_price" if cost is None else GPU_TIME).inc()
+    if cost is None:
+        return Costs()
+    # The load is an estimate over the request's life: its share is known to within 2x.
+    return Costs(cost, cost, cost, cost, GPU_TIME)
 
 
 def _error(cost: float | None, relative: float | None) -> float | None:

@@ -45,9 +45,10 @@ from gateway.relay.checks import (
     usage_asked,
     with_usage_options,
 )
-from gateway.relay.exchange import Exchange, check_limits, count_admitted, settle
+from gateway.relay.exchange import Exchange, admit, price, settle
 from gateway.relay.routing import route
 from gateway.relay.sse import UsageTap
+from gateway.relay.usage import tokens_of
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,8 @@ class Relay:
         asked = usage_asked(path, payload)
         if stream and path in COMPLETION_PATHS:
             body = with_usage_options(payload)
-        count_admitted(x, self.limiter)
+        states, limit = self.registry.states, self.settings.default_max_model_len
+        admit(x, path, payload, len(body), states, limit, self.limiter, self.metrics)
         await self._forward(path, body, backends, x, stream, asked, receive, send)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
@@ -154,7 +156,7 @@ class Relay:
     def _authorize(
         self, headers: dict[bytes, bytes], model: str, snapshot: Snapshot
     ) -> KeyView | None:
-        """The caller's key (None when keys are not required), checked against its limits."""
+        """The caller's key (None when keys are not required) and the models it may use."""
         authorization = headers.get(b"authorization", b"")
         scheme, _, secret = authorization.decode("latin-1").partition(" ")
         key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
@@ -166,7 +168,6 @@ class Relay:
         if key.allowed_models is not None and model not in key.allowed_models:
             self.metrics.rejections.labels("model_not_allowed").inc()
             raise ModelNotAllowed(f"This key may not use model `{model}`")
-        check_limits(key, snapshot, self.limiter, self.metrics)
         return key
 
     async def _forward(
@@ -231,6 +232,7 @@ class Relay:
             response = await self._send_upstream(request, state)
             try:
                 headers = _response_headers(response, backend, fallback, x.request_id)
+                headers += self._limit_headers(x)
                 if stream and response.status_code < 400:
                     await self._relay_stream(response, headers, x, asked, send)
                 else:
@@ -273,6 +275,22 @@ class Relay:
             message = f"backend answered {response.status_code}; redirects are not followed"
             raise _Retryable(UpstreamError(message))
         return response
+
+    def _limit_headers(self, x: Exchange) -> list[tuple[bytes, bytes]]:
+        """The key's limits and what is left of them this minute, as OpenAI names them
+        (reservations in flight count as used)."""
+        if x.key is None:
+            return []
+        rpm, tpm = x.key.requests_per_minute, x.key.tokens_per_minute
+        requests, tokens = self.limiter.remaining(x.key)
+        headers = []
+        if rpm is not None and requests is not None:
+            headers.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
+            headers.append((b"x-ratelimit-remaining-requests", b"%d" % requests))
+        if tpm is not None and tokens is not None:
+            headers.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
+            headers.append((b"x-ratelimit-remaining-tokens", b"%d" % tokens))
+        return headers
 
     def _record_failure(self, state: BackendState) -> None:
         state.failures += 1
@@ -325,6 +343,7 @@ class Relay:
             x.outcome = "upstream_error" if x.status >= 500 else "client_error"
         x.usage = _usage_of(content)
         headers.append((b"content-length", str(len(content)).encode()))
+        headers += _cost_headers(x, self.metrics)
         await send({"type": "http.response.start", "status": x.status, "headers": headers})
         x.responded = True
         await send({"type": "http.response.body", "body": content, "more_body": False})
@@ -357,6 +376,20 @@ def _response_headers(
     ]
     if fallback:
         headers.append((b"x-draftgate-fallback", fallback.encode()))
+    return headers
+
+
+def _cost_headers(x: Exchange, metrics: GatewayMetrics) -> list[tuple[bytes, bytes]]:
+    """A whole response's capacity cost, its 95% half-width and the source of its price."""
+    tokens = tokens_of(x.usage)
+    costs = price(x, tokens.prompt, tokens.completion, time.perf_counter() - x.started, metrics)
+    if costs.cost is None:
+        return []
+    headers = [(b"x-draftgate-cost-usd", b"%.9f" % costs.cost)]
+    if costs.cost_error is not None:
+        headers.append((b"x-draftgate-cost-95-usd", b"%.9f" % costs.cost_error))
+    if costs.source is not None:
+        headers.append((b"x-draftgate-cost-source", costs.source.encode()))
     return headers
 
 

@@ -1,14 +1,20 @@
-"""Per-key limits, checked from memory."""
+"""Per-key limits, checked from memory: reservations at admission, settled at the end."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from sqlalchemy.orm import sessionmaker
 
+from gateway.errors import QuotaExceeded, RateLimited
 from gateway.limits import Limiter
 from gateway.registry import KeyView
+from gateway.relay.checks import worst_case_tokens
 
 NOW = 1_800_000_000.0  # a whole minute
 KEY = KeyView(7, "k", 3, 100, 1.0, "monthly", None)
+BUDGET = KeyView(7, "k", None, None, 1.0, "monthly", None)
 
 
 def limiter() -> Limiter:
@@ -18,34 +24,79 @@ def limiter() -> Limiter:
 def test_requests_per_minute() -> None:
     lim = limiter()
     for _ in range(3):
-        assert lim.check(KEY, 0.0, NOW) is None
-        lim.count_request(KEY.id, NOW)
-    refusal = lim.check(KEY, 0.0, NOW + 15)
-    assert refusal is not None
-    assert (refusal.status_code, refusal.retry_after_s) == (429, 45)
-    assert refusal.code == "rate_limit_exceeded"
-    assert lim.check(KEY, 0.0, NOW + 60) is None  # a new minute
+        lim.admit(KEY, 0.0, 0, 0.0, NOW)
+    with pytest.raises(RateLimited) as refused:
+        lim.admit(KEY, 0.0, 0, 0.0, NOW + 15)
+    assert (refused.value.status_code, refused.value.retry_after_s) == (429, 45)
+    assert refused.value.code == "rate_limit_exceeded"
+    lim.admit(KEY, 0.0, 0, 0.0, NOW + 60)  # a new minute
+    assert lim.remaining(KEY, NOW + 60) == (2, 100)
 
 
-def test_tokens_per_minute_and_budget() -> None:
+def test_tokens_are_reserved_at_admission_and_settled_to_the_actual() -> None:
     lim = limiter()
-    lim.count_usage(KEY.id, 150, 0.25)
-    # count_usage uses the wall clock's minute; check in the same minute
-    import time
+    now = time.time()  # settling reads the wall clock's minute
+    held = lim.admit(KEY, 0.0, 60, 0.0, now)
+    assert lim.remaining(KEY, now) == (2, 40)
+    with pytest.raises(RateLimited) as refused:  # 60 reserved + 60 > 100, while in flight
+        lim.admit(KEY, 0.0, 60, 0.0, now)
+    assert refused.value.retry_after_s is not None
+    lim.settle(held, 25, None)  # it used 25 of its 60
+    assert lim.remaining(KEY, now) == (2, 75)
+    lim.admit(KEY, 0.0, 60, 0.0, now)
 
-    refusal = lim.check(KEY, 0.0, time.time())
-    assert refusal is not None
-    assert "tokens per minute" in refusal.message
-    spent = lim.check(KeyView(7, "k", None, None, 1.0, "monthly", None), 0.8, time.time())
-    assert spent is not None
-    assert spent.code == "insufficient_quota"  # 0.8 in the snapshot + 0.25 since
-    lim.snapshot_loaded()  # the snapshot now includes the 0.25
-    assert lim.check(KeyView(7, "k", None, None, 1.0, "monthly", None), 0.8, time.time()) is None
+
+def test_a_request_larger_than_the_limit_is_refused_for_good() -> None:
+    with pytest.raises(RateLimited) as refused:
+        limiter().admit(KEY, 0.0, 101, 0.0, NOW)
+    assert refused.value.retry_after_s is None  # waiting never helps
+    assert refused.value.param == "max_tokens"
+    assert "Request too large" in refused.value.message
+
+
+def test_budget_holds_the_worst_case_of_requests_in_flight() -> None:
+    lim = limiter()
+    held = [lim.admit(BUDGET, 0.5, 0, 0.2) for _ in range(2)]  # 0.5 + 2 x 0.2 held
+    with pytest.raises(QuotaExceeded) as refused:
+        lim.admit(BUDGET, 0.5, 0, 0.2)  # 0.5 + 0.4 + 0.2 > 1.0
+    assert refused.value.code == "insufficient_quota"
+    lim.settle(held[0], 10, 0.05)  # cost less than its worst case: room again
+    lim.admit(BUDGET, 0.5, 0, 0.2)
+    lim.settle(held[1], 10, None)  # failed: released, nothing spent
+    lim.snapshot_loaded()  # the snapshot now includes the 0.05
+    lim.admit(BUDGET, 0.55, 0, 0.2)
+
+
+def test_spend_since_the_snapshot_counts_until_the_snapshot_has_it() -> None:
+    lim = limiter()
+    lim.settle(lim.admit(BUDGET, 0.0, 0, 0.0), 150, 0.25)
+    with pytest.raises(QuotaExceeded):
+        lim.admit(BUDGET, 0.8, 0, 0.0)  # 0.8 in the snapshot + 0.25 since
+    lim.snapshot_loaded()
+    lim.admit(BUDGET, 0.8, 0, 0.0)
 
 
 def test_unlimited_key_is_never_refused() -> None:
     lim = limiter()
     free = KeyView(1, "free", None, None, None, "monthly", None)
     for _ in range(100):
-        lim.count_request(free.id, NOW)
-    assert lim.check(free, 1e9, NOW) is None
+        lim.admit(free, 1e9, 10**6, 1e6, NOW)
+    assert lim.remaining(free, NOW) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "expected"),
+    [
+        ("/v1/chat/completions", {"max_tokens": 50}, 10 + 50),
+        ("/v1/chat/completions", {"max_completion_tokens": 30, "max_tokens": 50}, 10 + 30),
+        ("/v1/chat/completions", {"max_tokens": 50, "n": 3}, 10 + 150),
+        ("/v1/chat/completions", {}, 10 + 1000),  # no max: the model's limit
+        ("/v1/chat/completions", {"max_tokens": 5000}, 10 + 1000),  # never past the limit
+        ("/v1/completions", {}, 10 + 16),  # vLLM's default for completions
+        ("/v1/responses", {"max_output_tokens": 40}, 10 + 40),
+        ("/v1/embeddings", {}, 10),  # the prompt only
+        ("/v1/chat/completions", {"max_tokens": True, "n": "2"}, 10 + 1000),  # not counts
+    ],
+)
+def test_worst_case_tokens(path: str, payload: dict[str, object], expected: int) -> None:
+    assert worst_case_tokens(path, payload, body_bytes=40, limit=1000) == expected
