@@ -24,6 +24,7 @@ class BackendRuntime(Record):
     waiting: float
     kv_cache_usage: float
     method_mismatch: str | None = None
+    pricing: Literal["curve", "gpu_time", "unpriced"] = "curve"
     acceptance_length: float | None = None  # None: plain, or no data yet
     acceptance_per_position: list[float] | None = None
     acceptance_source: Literal["scrape", "measurement"] | None = None

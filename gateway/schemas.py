@@ -127,6 +127,11 @@ class BackendRuntime(BaseModel):
     waiting: float  # the backend's own queue, from its last scrape
     kv_cache_usage: float
     method_mismatch: str | None  # its counters contradict its declared method
+    # How its requests are priced: by the throughput curve of its (model, method, GPU); with
+    # none (a model the planner has no spec for, before any measurement), by their share of
+    # its GPU time ("gpu_time", +-100%, no saving claimed); "unpriced" when its GPU has no
+    # price, so its requests cost nothing in any $ figure.
+    pricing: Literal["curve", "gpu_time", "unpriced"] = "curve"
     # Live acceptance: the last scrape interval in which it drafted ("scrape"), else its
     # latest stored measurement at its method and K ("measurement"); None for plain or
     # before any data.

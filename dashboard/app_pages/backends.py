@@ -71,6 +71,18 @@ def _table(backends: list[Backend]) -> None:
     for b in backends:
         if b.runtime is not None and b.runtime.method_mismatch:
             st.warning(f"{b.name}: {b.runtime.method_mismatch}")
+        if b.runtime is not None and b.runtime.pricing != "curve":
+            st.warning(f"{b.name}: {PRICING_WARNINGS[b.runtime.pricing]}")
+
+
+PRICING_WARNINGS = {
+    "gpu_time": (
+        "no throughput curve prices this model's method on this GPU yet (no planner spec, no "
+        "measurement): its requests are charged their share of the backend's GPU time "
+        "(+-100%), and no saving is claimed for them. Benchmark it to price it by a curve."
+    ),
+    "unpriced": "its GPU type has no price: its requests cost nothing in any $ figure.",
+}
 
 
 def _runtime() -> None:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
 from backends.methods import render_speculative_config
 from gateway.db import queries
 from gateway.db.tables import Backend, Measurement
-from gateway.registry import Registry
+from gateway.registry import Registry, Snapshot
 from gateway.schemas import (
     BackendCreate,
     BackendFields,
@@ -107,6 +107,7 @@ def with_runtime(
             waiting=state.waiting,
             kv_cache_usage=state.kv_usage,
             method_mismatch=state.mismatch,
+            pricing=pricing(registry.snapshot, row),
         )
         stored = measured.get(row.name)
         if state.acceptance_length is not None and row.method != "plain":
@@ -118,6 +119,13 @@ def with_runtime(
             public.runtime.acceptance_per_position = stored.acceptance_per_position
             public.runtime.acceptance_source = "measurement"
     return public
+
+
+def pricing(snapshot: Snapshot, row: Backend) -> Literal["curve", "gpu_time", "unpriced"]:
+    """How the relay prices this backend's requests (`BackendRuntime.pricing`)."""
+    if (row.model, row.method, row.gpu_type) in snapshot.curves:
+        return "curve"
+    return "gpu_time" if row.gpu_type in snapshot.prices else "unpriced"
 
 
 def shift_backend(session: Session, old_name: str, target: BackendCreate, actor: str) -> str:
