@@ -134,7 +134,8 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
 
 
 def recompute_hour(session: Session, hour: dt.datetime) -> None:
-    """Set the hourly rollup rows of `hour` from the usage records (idempotent)."""
+    """Set the hourly rollup rows of `hour` from the usage records (idempotent). Never for
+    an hour older than `usage_retention_days`: its records are pruned, its rollups are not."""
     end = hour + dt.timedelta(hours=1)
     r = UsageRecord
     # The same expression objects in SELECT and GROUP BY, so PostgreSQL sees one expression.

@@ -25,6 +25,7 @@ from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector, Gate
 from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
+from gateway.control.retention import prune_forever
 from gateway.control.selector import Selector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
@@ -204,6 +205,7 @@ async def _running(
             limiter.run(stop),
             collector.run(stop),
             selector.run(stop),
+            prune_forever(sessions, settings.usage_retention_days, metrics, stop),
         )
     ]
     prober = asyncio.create_task(

@@ -139,6 +139,11 @@ class GatewayMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.usage_pruned = Counter(
+            "draftgate_usage_records_pruned",
+            "Raw usage records deleted for their age (`usage_retention_days`; rollups kept).",
+            registry=r,
+        )
         self.ledger_refused = Counter(
             "draftgate_ledger_refused",
             "Usage records the database refused for their data (logged, set aside).",

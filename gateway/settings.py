@@ -301,6 +301,15 @@ class Settings(BaseSettings):
             "oldest are dropped and counted. Default 100000 (about 50 MB)."
         ),
     )
+    usage_retention_days: float = Field(
+        default=90.0,
+        ge=0,
+        description=(
+            "Days raw usage records are kept (the per-request listing and CSV); older ones "
+            "are deleted in batches every hour. The hourly rollups behind savings, spend "
+            "and fleet reports are kept. 0 keeps every record. Default 90."
+        ),
+    )
     default_max_model_len: int = Field(
         default=32768,
         ge=16,

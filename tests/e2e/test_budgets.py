@@ -106,8 +106,8 @@ def _one_request_usd(stack: Stack) -> float:
     return float(record["cost_usd"])
 
 
-def _send(client: openai.OpenAI, index: int) -> int:
-    """One request, chat or the Responses API in turn; its status."""
+def _send(client: openai.OpenAI, index: int) -> str:
+    """One request, chat or the Responses API in turn; "ok" or the refusal's status and code."""
     try:
         if index % 2:
             client.responses.create(model=SIM_MODEL, input="Hello", max_output_tokens=MAX_TOKENS)
@@ -118,10 +118,8 @@ def _send(client: openai.OpenAI, index: int) -> int:
                 max_tokens=MAX_TOKENS,
             )
     except openai.APIStatusError as refused:
-        assert refused.status_code == 429, refused.message
-        assert refused.code == "insufficient_quota", refused.body
-        return refused.status_code
-    return 200
+        return f"{refused.status_code} {refused.code}"
+    return "ok"
 
 
 def test_concurrent_requests_overrun_a_budget_by_at_most_one_request(stack: Stack) -> None:
@@ -130,12 +128,13 @@ def test_concurrent_requests_overrun_a_budget_by_at_most_one_request(stack: Stac
     key_id, key = stack.key(budget_usd=budget, budget_period="total")
     with stack.client(key) as client, ThreadPoolExecutor(CONCURRENT) as pool:
         statuses = list(pool.map(lambda i: _send(client, i), range(CONCURRENT)))
-    served = statuses.count(200)
+    served = statuses.count("ok")
+    assert set(statuses) <= {"ok", "429 insufficient_quota"}
     records = stack.records(key_id, served)
     spent = sum(r["cost_usd"] or 0.0 for r in records)
     print(
         f"\n{CONCURRENT} concurrent requests, budget ${budget:.6f} (~{BUDGET_REQUESTS} "
-        f"requests): served {served}, refused {statuses.count(429)}, spent ${spent:.6f} "
+        f"requests): served {served}, refused {CONCURRENT - served}, spent ${spent:.6f} "
         f"({spent / per_request:.2f} requests' worth)"
     )
     assert 1 <= served < CONCURRENT
@@ -202,7 +201,8 @@ def test_a_model_without_a_curve_is_charged_by_gpu_time(stack: Stack) -> None:
             max_tokens=MAX_TOKENS,
             extra_headers={"x-request-id": rid},
         )
-    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens > 0
     [record] = stack.records(key_id, 1)
     assert record["curve_source"] == "gpu_time"
     assert record["cost_usd"] > 0
