@@ -53,12 +53,13 @@ class UsageEntry:
     concurrency: float | None
     cost_usd: float | None
     baseline_cost_usd: float | None
-    curve_source: str | None = None  # measured / estimated; None when not priced
+    curve_source: str | None = None  # measured / estimated / gpu_time; None when not priced
     # 95% half-widths of cost_usd and baseline_cost_usd, from their curves' bands
     cost_error_usd: float | None = None
     baseline_error_usd: float | None = None
     # The $/1M prompt tokens both costs include (None: prompts unpriced)
     prompt_usd_per_mtok: float | None = None
+    tokens_estimated: bool = False  # the counts are the gateway's estimate, not the backend's
 
 
 ENTRY_FIELDS = tuple(f.name for f in fields(UsageEntry))

@@ -373,10 +373,13 @@ class UsageRow(Report):
     prompt_usd_per_mtok: float | None  # per prompt token, in both costs; None: unpriced
     cost_usd: float | None
     baseline_cost_usd: float | None
-    curve_source: str | None  # measured / estimated
+    curve_source: str | None  # measured / estimated / gpu_time (no curve: its GPU-time share)
     # 95% half-widths of the two costs, from their curves' bands at that load
     cost_error_usd: float | None
     baseline_error_usd: float | None
+    # The token counts are the gateway's estimate (a non-streamed request its client left:
+    # the time it ran at its curve's per-request rate), not what the backend reported
+    tokens_estimated: bool = False
 
 
 class UsagePage(Report):

@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -134,13 +135,17 @@ class UsageRecord(Base):
     cost_usd: Mapped[float | None]
     baseline_cost_usd: Mapped[float | None]
     # Where the $/1M that priced it came from: "measured" when its concurrency lies within
-    # the measured points of its curve, else "estimated"; NULL when it was not priced.
+    # the measured points of its curve, else "estimated"; "gpu_time" when no curve priced
+    # it (its share of the backend's GPU time); NULL when it was not priced.
     curve_source: Mapped[str | None] = mapped_column(String(16))
     # 95% half-widths of the two costs, from the bands of the curves that priced them.
     cost_error_usd: Mapped[float | None]
     baseline_error_usd: Mapped[float | None]
     # The prefill price both costs include for the prompt (NULL: prompts unpriced).
     prompt_usd_per_mtok: Mapped[float | None]
+    # The token counts are the gateway's estimate (a non-streamed request abandoned by its
+    # client: the backend never said what it generated), not the backend's report.
+    tokens_estimated: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class UsageHourly(Base):

@@ -19,7 +19,7 @@ from gateway.errors import GatewayError
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, Snapshot
-from gateway.relay.checks import worst_case_tokens
+from gateway.relay.checks import BYTES_PER_TOKEN, worst_case_tokens
 from gateway.relay.usage import tokens_of
 
 # A name no backend serves is the client's to choose: its refusals are recorded under this
@@ -56,6 +56,8 @@ class Exchange:
     usage: dict[str, Any] | None = None
     responded: bool = False  # the whole response was handed to the server
     reservation: Reservation | None = None  # held against the key until settled
+    sent: float | None = None  # when the last attempt went to its backend (perf counter)
+    tokens_estimated: bool = False  # usage is the gateway's estimate, not the backend's
     costs: Costs | None = None  # priced once the usage is known
 
 
@@ -115,6 +117,31 @@ def _gpu_time_usd(
     return price * backend.gpu_count * seconds / max(concurrency, 1.0) / 3600
 
 
+def estimate_abandoned(
+    x: Exchange, path: str, payload: dict[str, Any], body_bytes: int, limit: int
+) -> None:
+    """The usage of a non-streamed request its client left before the backend answered
+    (the backend never says what it generated): the prompt's estimate from the body's size,
+    and the time it ran on its backend, less the prompt's prefill, at the per-request rate
+    of the curve that prices it at its load (curve tokens/s over the load), at most the
+    completion tokens it asked for. Recorded as estimated."""
+    snapshot, backend = x.snapshot, x.backend
+    if snapshot is None or backend is None or x.method is None or x.model is None:
+        return
+    if x.sent is None or x.usage is not None:
+        return
+    prompt = min(body_bytes // BYTES_PER_TOKEN, limit)
+    cap = worst_case_tokens(path, payload, body_bytes, limit) - prompt
+    key, c = (x.model, x.method, backend.gpu_type), max(x.concurrency or 1.0, 1.0)
+    curve, prefill = snapshot.curves.get(key), snapshot.prefill.get(key)
+    running_s = time.perf_counter() - x.sent - prompt * (prefill.s_per_token if prefill else 0)
+    completion = 0
+    if curve is not None and running_s > 0:
+        completion = min(int(running_s * curve.at(c) * backend.gpu_count / c), cap)
+    x.usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    x.tokens_estimated = True
+
+
 def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics) -> None:
     """Exactly one ledger record and the metrics of a finished request."""
     if x.model is None or x.snapshot is None:  # refused before the model was known
@@ -151,6 +178,7 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             cost_error_usd=costs.cost_error,
             baseline_error_usd=costs.baseline_error,
             prompt_usd_per_mtok=costs.prompt_usd_per_mtok,
+            tokens_estimated=x.tokens_estimated,
         )
     )
     if x.reservation is not None:

@@ -45,7 +45,7 @@ from gateway.relay.checks import (
     usage_asked,
     with_usage_options,
 )
-from gateway.relay.exchange import Exchange, admit, price, settle
+from gateway.relay.exchange import Exchange, admit, estimate_abandoned, price, settle
 from gateway.relay.routing import route
 from gateway.relay.sse import UsageTap
 from gateway.relay.usage import tokens_of
@@ -131,7 +131,12 @@ class Relay:
             body = with_usage_options(payload)
         states, limit = self.registry.states, self.settings.default_max_model_len
         admit(x, path, payload, len(body), states, limit, self.limiter, self.metrics)
-        await self._forward(path, body, backends, x, stream, asked, receive, send)
+        try:
+            await self._forward(path, body, backends, x, stream, asked, receive, send)
+        except ClientGone:
+            if not stream:  # the backend never said what it generated: estimate it
+                estimate_abandoned(x, path, payload, len(body), limit)
+            raise
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         content_type = headers.get(b"content-type", b"application/json")
@@ -228,6 +233,7 @@ class Relay:
             "POST", backend.url + path, content=body, headers=_upstream_headers(x.request_id)
         )
         watcher = asyncio.ensure_future(_until_disconnect(receive, asyncio.current_task(), x))
+        x.sent = time.perf_counter()
         try:
             response = await self._send_upstream(request, state)
             try:

@@ -103,6 +103,7 @@ def row_of(r: UsageRecord) -> UsageRow:
         curve_source=r.curve_source,
         cost_error_usd=r.cost_error_usd,
         baseline_error_usd=r.baseline_error_usd,
+        tokens_estimated=r.tokens_estimated,
     )
 
 

@@ -51,8 +51,8 @@ class Stack:
     def client(self, key: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.gateway.base_url}/v1", api_key=key, max_retries=0)
 
-    def records(self, key_id: int, count: int) -> list[dict[str, Any]]:
-        """The key's records of served requests, once `count` are written."""
+    def records(self, key_id: int, count: int, status: int = 200) -> list[dict[str, Any]]:
+        """The key's records of requests that ended in `status`, once `count` are written."""
         found: list[dict[str, Any]] = []
 
         def written() -> bool:
@@ -60,7 +60,7 @@ class Stack:
             page = httpx.get(
                 f"{self.gateway.base_url}/admin/v1/usage", params=params, headers=ADMIN
             )
-            found[:] = [r for r in page.json()["data"] if r["status_code"] == 200]
+            found[:] = [r for r in page.json()["data"] if r["status_code"] == status]
             return len(found) >= count
 
         _until(written, f"{count} usage records of key {key_id} were not written")
@@ -215,3 +215,29 @@ def test_a_model_without_a_curve_is_charged_by_gpu_time(stack: Stack) -> None:
     backends = httpx.get(f"{stack.gateway.base_url}/admin/v1/backends", headers=ADMIN).json()
     pricing = {b["name"]: b["runtime"]["pricing"] for b in backends["data"]}
     assert pricing == {"b-plain": "curve", "b-private": "gpu_time"}
+
+
+def test_an_abandoned_whole_response_is_charged_what_its_backend_generated(
+    stack: Stack,
+) -> None:
+    """A client that gives up on a non-streamed request: the backend never says what it
+    generated, so the record carries the gateway's estimate (labelled), close to what the
+    simulator counted, and is charged for it."""
+    key_id, key = stack.key()
+    before = metric_value(stack.sim.base_url, "vllm:generation_tokens_total")
+    body = {"model": SIM_MODEL, "messages": CHAT, "max_tokens": 4000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # gives up after a second, mid-generation
+        httpx.post(
+            f"{stack.gateway.base_url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=httpx.Timeout(30.0, read=1.0),
+        )
+    [record] = stack.records(key_id, 1, status=499)
+    generated = metric_value(stack.sim.base_url, "vllm:generation_tokens_total") - before
+    print(f"\nabandoned after 1 s: simulator generated {generated:.0f}, recorded {record}")
+    assert record["outcome"] == "client_disconnect"
+    assert record["tokens_estimated"] is True
+    assert 0 < record["completion_tokens"] < 4000
+    assert generated / 2 <= record["completion_tokens"] <= generated * 2
+    assert record["cost_usd"] > 0
