@@ -56,6 +56,7 @@ class Generation:
     ignore_eos: bool
     workload: str | None
     responses: bool = False  # the Responses API: named events, input/output token usage
+    messages: bool = False  # Anthropic-style /v1/messages: named events, input/output usage
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -142,6 +143,39 @@ def parse_responses(body: dict[str, Any], *, served_model: str, max_model_len: i
         ignore_eos=_flag(body, "ignore_eos"),
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
         responses=True,
+    )
+
+
+def parse_messages(body: dict[str, Any], *, served_model: str, max_model_len: int) -> Generation:
+    """Validate an Anthropic-style `/v1/messages` request (`messages`, `system`, and the
+    required `max_tokens`), as vLLM 0.32's `AnthropicMessagesRequest` takes it."""
+    _check_model(body, served_model)
+    messages = body.get("messages")
+    system = body.get("system")
+    if isinstance(system, list):
+        system = " ".join(str(b.get("text", "")) for b in system if isinstance(b, dict))
+    if isinstance(system, str) and isinstance(messages, list):
+        messages = [{"role": "system", "content": system}, *messages]
+    text = _messages_text(messages)
+    assert isinstance(messages, list)  # _messages_text refused anything else
+    prompt_tokens = count_tokens(text) + CHAT_TEMPLATE_TOKENS * len(messages) + CHAT_PROMPT_TOKENS
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise ApiError(400, "max_tokens: Field required (an integer)", "max_tokens")
+    if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
+        raise _too_long(max_model_len, prompt_tokens, max_tokens, True)
+    return Generation(
+        chat=True,
+        model=served_model,
+        prompt_text=text,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=_flag(body, "stream"),
+        include_usage=True,
+        continuous_usage=False,
+        ignore_eos=_flag(body, "ignore_eos"),
+        workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
+        messages=True,
     )
 
 
@@ -412,3 +446,61 @@ class ResponsesWriter:
             "service_tier": "auto", "temperature": None, "tool_choice": "auto", "tools": [],
             "top_p": None, "truncation": "disabled", "background": False, "user": None,
         }  # fmt: skip
+
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}  # vLLM's map to Anthropic's
+
+
+class MessagesWriter:
+    """Anthropic-style `/v1/messages` bodies and named SSE events, as vLLM 0.32 converts its
+    chat stream: `message_start` (usage so far), `content_block_start`, one
+    `content_block_delta` per piece of text, `content_block_stop`, `message_delta` with the
+    stop reason and the final usage, then `message_stop` (no `[DONE]`)."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.g = generation
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self._finish = "stop"
+
+    def opening(self) -> bytes:
+        start = self._message([], None, 0)
+        return b"".join([
+            self._event("message_start", message=start),
+            self._event("content_block_start", index=0,
+                        content_block={"type": "text", "text": ""}),
+        ])  # fmt: skip
+
+    def text_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        self._finish = finish_reason or self._finish
+        delta = {"type": "text_delta", "text": text}
+        return self._event("content_block_delta", index=0, delta=delta)
+
+    def closing(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
+        delta = {"stop_reason": STOP_REASONS.get(self._finish, "end_turn"),
+                 "stop_sequence": None}  # fmt: skip
+        return b"".join([
+            self._event("content_block_stop", index=0),
+            self._event("message_delta", delta=delta, usage=self._usage(completion_tokens)),
+            self._event("message_stop"),
+        ])  # fmt: skip
+
+    def full_response(
+        self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
+    ) -> bytes:
+        content = [{"type": "text", "text": text}]
+        body = self._message(content, STOP_REASONS.get(finish_reason, "end_turn"),
+                             completion_tokens)  # fmt: skip
+        return _json(body).encode()
+
+    def _message(
+        self, content: list[dict[str, Any]], stop_reason: str | None, completion_tokens: int
+    ) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "content": content,
+                "model": self.g.model, "stop_reason": stop_reason, "stop_sequence": None,
+                "usage": self._usage(completion_tokens)}  # fmt: skip
+
+    def _usage(self, completion_tokens: int) -> dict[str, int]:
+        return {"input_tokens": self.g.prompt_tokens, "output_tokens": completion_tokens}
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        return f"event: {kind}\ndata: {_json({'type': kind, **fields})}\n\n".encode()

@@ -19,9 +19,11 @@ from backends.sim.metrics import SimMetrics
 from backends.sim.protocol import (
     ApiError,
     Generation,
+    MessagesWriter,
     ResponsesWriter,
     ResponseWriter,
     parse_body,
+    parse_messages,
     parse_responses,
 )
 from backends.sim.protocol import parse_generation as parse
@@ -101,6 +103,11 @@ class SimServer:
             body = parse_body(await _read_body(receive))
             name, room = self.config.name, self.max_model_len
             generation = parse_responses(body, served_model=name, max_model_len=room)
+            await self._generate(generation, receive, send)
+        elif method == "POST" and path == "/v1/messages":
+            body = parse_body(await _read_body(receive))
+            name, room = self.config.name, self.max_model_len
+            generation = parse_messages(body, served_model=name, max_model_len=room)
             await self._generate(generation, receive, send)
         elif method == "GET" and path == "/health":
             await _respond(send, 200, b"")
@@ -248,7 +255,9 @@ class SimServer:
         return {"speculative_decoding": summary}
 
 
-def _writer(generation: Generation) -> ResponseWriter | ResponsesWriter:
+def _writer(generation: Generation) -> ResponseWriter | ResponsesWriter | MessagesWriter:
+    if generation.messages:
+        return MessagesWriter(generation)
     return ResponsesWriter(generation) if generation.responses else ResponseWriter(generation)
 
 

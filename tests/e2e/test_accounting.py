@@ -114,6 +114,40 @@ def _responses(client: openai.OpenAI) -> dict[str, tuple[int, int]]:
     return seen
 
 
+def test_messages_api_traffic_is_counted_with_exact_tokens_and_cost(stack: Server) -> None:
+    """Anthropic-style `/v1/messages`, whole and streamed (vLLM 0.32's event names: the
+    final usage rides on `message_delta`, before `message_stop`)."""
+    url = f"{stack.base_url}/v1/messages"
+    body = {"model": SIM_MODEL, "max_tokens": 24, "system": "Be brief.",
+            "messages": [{"role": "user", "content": "What is a drafter?"}]}  # fmt: skip
+    seen: dict[str, tuple[int, int]] = {}
+    with httpx.Client(timeout=60.0) as http:
+        whole_id = uuid.uuid4().hex
+        reply = http.post(url, json=body, headers={"x-request-id": whole_id})
+        assert reply.status_code == 200, reply.text
+        message = reply.json()
+        assert message["type"] == "message"
+        assert message["content"][0]["text"]
+        seen[whole_id] = (message["usage"]["input_tokens"], message["usage"]["output_tokens"])
+        streamed_id = uuid.uuid4().hex
+        streamed = http.post(
+            url, json={**body, "stream": True}, headers={"x-request-id": streamed_id}
+        )
+        events = [e.split("\n", 1) for e in streamed.text.strip().split("\n\n")]
+    names = [name.removeprefix("event: ") for name, _ in events]
+    assert names[0] == "message_start"
+    assert names[-2:] == ["message_delta", "message_stop"]
+    assert "[DONE]" not in streamed.text
+    usage = json.loads(events[-2][1].removeprefix("data: "))["usage"]
+    seen[streamed_id] = (usage["input_tokens"], usage["output_tokens"])
+    records = _records(stack, set(seen))
+    for rid, (prompt, completion) in seen.items():
+        r = records[rid]
+        assert (r["prompt_tokens"], r["completion_tokens"]) == (prompt, completion), r
+        assert completion > 0
+        assert r["cost_usd"] > 0
+
+
 @pytest.mark.parametrize(
     ("options", "every_chunk", "final"),
     [
