@@ -131,19 +131,7 @@ def parse_responses(body: dict[str, Any], *, served_model: str, max_model_len: i
     max_tokens = _integer(body, "max_output_tokens", room)
     if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
         raise _too_long(max_model_len, prompt_tokens, max_tokens, True)
-    return Generation(
-        chat=True,
-        model=served_model,
-        prompt_text=text,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        stream=_flag(body, "stream"),
-        include_usage=True,
-        continuous_usage=False,
-        ignore_eos=_flag(body, "ignore_eos"),
-        workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
-        responses=True,
-    )
+    return _named_events(body, served_model, text, prompt_tokens, max_tokens, responses=True)
 
 
 def parse_messages(body: dict[str, Any], *, served_model: str, max_model_len: int) -> Generation:
@@ -164,6 +152,19 @@ def parse_messages(body: dict[str, Any], *, served_model: str, max_model_len: in
         raise ApiError(400, "max_tokens: Field required (an integer)", "max_tokens")
     if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
         raise _too_long(max_model_len, prompt_tokens, max_tokens, True)
+    return _named_events(body, served_model, text, prompt_tokens, max_tokens, messages=True)
+
+
+def _named_events(
+    body: dict[str, Any],
+    served_model: str,
+    text: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    **api: bool,
+) -> Generation:
+    """A chat generation of an API with named events and usage always sent (the Responses
+    API or messages; `api` says which)."""
     return Generation(
         chat=True,
         model=served_model,
@@ -175,7 +176,7 @@ def parse_messages(body: dict[str, Any], *, served_model: str, max_model_len: in
         continuous_usage=False,
         ignore_eos=_flag(body, "ignore_eos"),
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
-        messages=True,
+        **api,
     )
 
 
