@@ -114,6 +114,22 @@ def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_en
         assert admin.get("/admin/v1/backends/dash-extra").status_code == 404
 
 
+def test_backends_warn_of_a_backend_no_curve_prices(dashboard_env: Stack) -> None:
+    """A model the planner has no spec for, never measured: its requests are charged by GPU
+    time, and the page says so."""
+    backend = {"name": "dash-private", "url": closed_url(), "model": "acme/private-chat",
+               "method": "plain"}  # fmt: skip
+    with dashboard_env.admin() as admin:
+        assert admin.post("/admin/v1/backends", json=backend).status_code == 201
+    try:
+        warnings = [w.value for w in _run(_backends).warning]
+        assert any(w.startswith("dash-private: no throughput curve") for w in warnings), warnings
+        assert all(w.startswith("dash-private") for w in warnings), warnings
+    finally:
+        with dashboard_env.admin() as admin:
+            assert admin.delete("/admin/v1/backends/dash-private").status_code == 204
+
+
 def test_benchmarks_starts_a_sweep_and_shows_its_levels(dashboard_env: Stack) -> None:
     at = _run(_benchmarks)
     at.selectbox(key="bench-backend").set_value("demo-eagle3")
