@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -33,6 +34,7 @@ from tests.e2e.conftest import (
     write_fleet,
 )
 
+GAP_S = 0.001  # a pause between two chunks that a relay passing them through keeps
 SLOW_MODEL = "slow/gpt-oss-20b"  # a time-scale-1 sim of its own: timing and disconnects
 ECHO_MODEL = "echo/headers"  # a stub backend that records the headers it receives
 GENERATED_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -286,10 +288,16 @@ def test_streaming_passes_chunks_through_without_buffering(gateway: Server) -> N
             extra_body={"ignore_eos": True},
         )
         arrivals = [time.perf_counter() - started for chunk in stream if chunk.choices]
-    total_s = arrivals[-1]
-    assert total_s > 0.3, "the slow sim must take a while for the check to mean anything"
-    assert arrivals[1] < 0.25 * total_s, (arrivals[1], total_s)  # the first content chunk
-    assert arrivals[len(arrivals) // 2] < 0.75 * total_s
+    content = arrivals[1:]  # after the role chunk
+    assert content[-1] - content[0] > 0.3, "the slow sim must take a while to mean anything"
+    # Passed through, the chunks arrive as the simulator makes them (about 5 ms apart); a
+    # buffering relay would hand them over in a few bursts. Judged by the gaps between them,
+    # not by when the first one came: on a busy machine the simulator itself can start late
+    # and catch up (the first content chunk came at 0.51 s of 0.92 s once, under two
+    # concurrent test runs), which says nothing about the relay.
+    gaps = sum(1 for a, b in itertools.pairwise(content) if b - a > GAP_S)
+    print(f"\n{gaps} gaps over {GAP_S * 1000:g} ms between {len(content)} content chunks")
+    assert gaps >= len(content) // 4, (gaps, len(content))
 
 
 def test_gateway_metrics_count_requests_and_tokens(gateway: Server) -> None:
