@@ -41,6 +41,9 @@ from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
+# vLLM closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); dropping ours
+# sooner means a request never goes out on a connection vLLM is closing at that instant.
+UPSTREAM_KEEPALIVE_S = 4.0
 
 
 def prepare_database(settings: Settings, engine: Engine) -> None:
@@ -71,6 +74,7 @@ def upstream_client(settings: Settings) -> httpx.AsyncClient:
     limits = httpx.Limits(
         max_connections=settings.upstream_max_connections,
         max_keepalive_connections=settings.upstream_max_connections,
+        keepalive_expiry=UPSTREAM_KEEPALIVE_S,
     )
     # trust_env off: backends are reached directly, never through an environment's proxy.
     transport = AiohttpTransport(limits=limits, trust_env=False)

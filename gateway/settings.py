@@ -301,6 +301,17 @@ class Settings(BaseSettings):
             "oldest are dropped and counted. Default 100000 (about 50 MB)."
         ),
     )
+    keep_alive_s: int = Field(
+        default=75,
+        ge=1,
+        description=(
+            "Seconds an idle client connection is kept open. Longer than the idle expiry of "
+            "clients' pools (httpx and the openai SDK 5 s, aiohttp 15 s) and of load "
+            "balancers (60 s is common), so a client never sends a request on a connection "
+            "the gateway is closing at that instant (a reset, seen as a failed request). "
+            "Default 75 s, as nginx's."
+        ),
+    )
     usage_retention_days: float = Field(
         default=90.0,
         ge=0,

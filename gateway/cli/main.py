@@ -65,6 +65,7 @@ def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
         log_level=settings.log_level,
         access_log=False,
         http=protocol_with(limits),
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -443,3 +444,17 @@ def test_a_long_unknown_model_name_does_not_stall_the_ledger(
         response = http.post("/v1/chat/completions", json=body, headers={"x-request-id": rid})
         assert response.status_code == 200, response.text
     assert wait_for_usage_records(database_url, [rid])[rid]["outcome"] == "ok"
+
+
+def test_an_idle_client_connection_outlives_the_clients_pool_expiry(gateway: Server) -> None:
+    """httpx and the openai SDK keep an idle connection 5 s, as uvicorn did by default: a
+    request sent on one as the server closed it was reset (two of 9000 requests once). The
+    gateway keeps idle connections `keep_alive_s` (75 s), so the client always drops first."""
+    host, port = gateway.base_url.removeprefix("http://").split(":")
+    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)  # idle past the 5 s both sides used to share
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
