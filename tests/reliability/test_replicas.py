@@ -61,6 +61,10 @@ BUDGET_REQUESTS = 30
 BUDGET_TOLERANCE_REQUESTS = math.ceil(
     REPLICAS * RATE_PER_REPLICA * (REGISTRY_REFRESH_S + 2 * LEDGER_FLUSH_S + 1.0) + REPLICAS
 )  # 30 requests
+# A request is admitted only while its worst case fits what is left (its prompt's estimate,
+# about 50 tokens for this ~200-byte body, plus its 16 max tokens, against the 16 it is
+# charged for), so spend may stop short of the budget by one worst case: under 5 requests.
+RESERVE_REQUESTS = 5
 PROPAGATION_MARGIN_S = 5.0  # beyond registry_refresh_s, for a busy machine
 PRICE_USD_PER_GPU_HOUR = 5.0
 WAIT_S = 60.0
@@ -256,7 +260,7 @@ def test_budget_holds_across_replicas(replicas: Replicas) -> None:
     )
     assert {o.status for o in outcomes} <= {200, 429}
     assert len(served) < len(outcomes), "the budget never refused anything"
-    assert totals["cost_usd"] >= budget_usd
+    assert totals["cost_usd"] >= budget_usd - RESERVE_REQUESTS * per_request_usd
     assert totals["cost_usd"] <= budget_usd + BUDGET_TOLERANCE_REQUESTS * per_request_usd
 
 
