@@ -57,6 +57,18 @@ def _records(gateway: Server, ids: set[str]) -> dict[str, dict[str, Any]]:
     return {i: found[i] for i in ids}
 
 
+def _counted_exactly(stack: Server, seen: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """The records of `seen` (request id: the prompt and completion tokens the client saw),
+    each with those tokens and a cost."""
+    records = _records(stack, set(seen))
+    for rid, (prompt, completion) in seen.items():
+        r = records[rid]
+        assert (r["prompt_tokens"], r["completion_tokens"]) == (prompt, completion), r
+        assert completion > 0
+        assert r["cost_usd"] > 0
+    return records
+
+
 @pytest.fixture(scope="module")
 def stack(
     start_module_servers: ModuleServerStarter, start_module_gateway: ModuleGatewayStarter
@@ -76,12 +88,8 @@ def _client(gateway: Server) -> openai.OpenAI:
 def test_responses_api_traffic_is_counted_with_exact_tokens_and_cost(stack: Server) -> None:
     with _client(stack) as client:
         seen = _responses(client)
-    records = _records(stack, set(seen))
-    for rid, (prompt, completion) in seen.items():
-        r = records[rid]
-        assert (r["prompt_tokens"], r["completion_tokens"]) == (prompt, completion), r
-        assert completion > 0
-        assert r["cost_usd"] > 0
+    records = _counted_exactly(stack, seen)
+    for r in records.values():
         assert r["baseline_cost_usd"] == pytest.approx(r["cost_usd"])  # plain: its own baseline
     savings = httpx.get(
         f"{stack.base_url}/admin/v1/savings", params={"group_by": "model"}, headers=ADMIN
@@ -140,12 +148,7 @@ def test_messages_api_traffic_is_counted_with_exact_tokens_and_cost(stack: Serve
     assert "[DONE]" not in streamed.text
     usage = json.loads(events[-2][1].removeprefix("data: "))["usage"]
     seen[streamed_id] = (usage["input_tokens"], usage["output_tokens"])
-    records = _records(stack, set(seen))
-    for rid, (prompt, completion) in seen.items():
-        r = records[rid]
-        assert (r["prompt_tokens"], r["completion_tokens"]) == (prompt, completion), r
-        assert completion > 0
-        assert r["cost_usd"] > 0
+    _counted_exactly(stack, seen)
 
 
 @pytest.mark.parametrize(
