@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import re
-import socket
 import threading
 import time
 import uuid
@@ -451,10 +451,17 @@ def test_an_idle_client_connection_outlives_the_clients_pool_expiry(gateway: Ser
     request sent on one as the server closed it was reset (two of 9000 requests once). The
     gateway keeps idle connections `keep_alive_s` (75 s), so the client always drops first."""
     host, port = gateway.base_url.removeprefix("http://").split(":")
-    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(request)
-        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", "/health")
+        first = conn.getresponse()
+        assert first.status == 200, first.read()
+        first.read()
+        sock = conn.sock  # http.client reconnects only when it has no socket
         time.sleep(6.0)  # idle past the 5 s both sides used to share
-        conn.sendall(request)
-        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        conn.request("GET", "/health")
+        second = conn.getresponse()  # RemoteDisconnected had the server closed it
+        assert second.status == 200, second.read()
+        assert conn.sock is sock, "the second request went out on the same connection"
+    finally:
+        conn.close()
