@@ -2,25 +2,38 @@
 
 `draftgate plan predict --input scenario.json` reads a scenario (model, GPU, method, K,
 acceptance, optional measurements, concurrencies) and prints predictions. Measurements fit
-the model's free host-overhead parameters: a plain-decoding point sets the target's step
-overhead, a point of the method sets the drafter's pass overhead; everything else is the
-roofline of the catalogued GPU and model. Acceptance is an input: it does not depend on the
-hardware.
+the model's free parameters (host overheads, achieved bandwidth and compute efficiency,
+each within bounds); everything else is the roofline of the catalogued GPU and model. A
+measured concurrency is predicted as its measurement; the others are the fitted model
+anchored to the nearest measurement, and the output shows how far the model itself is from
+each measurement. Acceptance is an input: it does not depend on the hardware.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from planner import calibration, catalog
 from planner.calibration import EngineCalibration, Workload
 from planner.catalog import ModelSpec, UnknownCatalogEntry
 from planner.cost import usd_per_mtok
-from planner.specdec import StepTimeModel, mean_step_s, output_tokens_per_s
+from planner.fit_measurements import (
+    FREE,
+    Hardware,
+    MeasuredPoint,
+    fit_calibration,
+    predict_point,
+)
+from planner.specdec import StepTimeModel, output_tokens_per_s
 
 DEFAULT_WORKLOAD = Workload("contract", prompt_tokens=256, output_tokens=512, source="default")
+# An inline MoE model without expert counts routes each token to 8 of 128 experts, as
+# Qwen3-30B-A3B, Qwen3-235B-A22B and Qwen3-Coder do (DeepSeek-V3 8 of 256, gpt-oss 4 of
+# 32 or 128): the routed experts hold what is not active, scaled up by 1 / (1 - 8/128).
+DEFAULT_EXPERTS, DEFAULT_EXPERTS_PER_TOKEN = 128, 8
 METHODS_WITHOUT_DRAFTER_MODEL = ("ngram", "suffix")
 
 
@@ -111,6 +124,9 @@ def _model(value: object) -> ModelSpec:
         )
         hidden, head_dim = int(value["hidden"]), int(value["head_dim"])
         dtype_bytes = float(value.get("dtype_bytes", 2))
+        if not 0 < active <= params:
+            raise PlanError(f"active_params_b must be in (0, params_b], got {active}")
+        experts = _experts(value, params, active)
         return ModelSpec(
             name=str(value.get("name", "inline")),
             aliases=(),
@@ -130,10 +146,31 @@ def _model(value: object) -> ModelSpec:
             max_context=int(value.get("max_context", 32_768)),
             source="inline",
             estimated=True,
+            **experts,
         )
+    except PlanError:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         needed = "params_b, layers, hidden, kv_heads, head_dim"
         raise PlanError(f"inline model needs numeric {needed}; bad or missing: {exc}") from None
+
+
+def _experts(value: Mapping[str, Any], params: float, active: float) -> dict[str, Any]:
+    """An inline MoE's routed experts: as given, else the default routing. Of the
+    parameters, E are routed experts and the rest dense, with active = dense + E * top/N."""
+    if active == params:
+        return {}
+    n = int(value.get("num_experts", DEFAULT_EXPERTS))
+    top = int(value.get("experts_per_token", DEFAULT_EXPERTS_PER_TOKEN))
+    if not 0 < top < n:
+        raise PlanError(f"experts_per_token must be in (0, num_experts), got {top} of {n}")
+    routed = value.get("expert_params_b")
+    routed = (params - active) / (1 - top / n) if routed is None else float(routed)
+    if not params - active <= routed <= params:
+        raise PlanError(
+            f"expert_params_b must be in [params_b - active_params_b, params_b], got {routed}"
+        )
+    return {"num_experts": n, "experts_per_token": top, "expert_params_b": routed}
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -192,73 +229,128 @@ def step_model(s: Scenario, cal: EngineCalibration, method: str, k: int) -> Step
     return StepTimeModel(s.model, s.gpu, s.gpu_count, cal, drafter if k else None, k)
 
 
-def _solve(fn: Callable[[float], float], target: float, lo: float, hi: float) -> float:
-    """The x in [lo, hi] where the decreasing `fn(x)` crosses `target` (bisection)."""
-    if fn(lo) < target:
-        return lo
-    if fn(hi) > target:
-        return hi
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if fn(mid) > target else (lo, mid)
-    return (lo + hi) / 2
+@dataclass(frozen=True)
+class Residual:
+    """A measurement beside the fitted model's value for it, before the measurement is
+    substituted: where the model cannot reach a measurement within its bounds, this says
+    by how much."""
+
+    method: str
+    k: int
+    concurrency: float
+    measured_output_tokens_per_s: float
+    modelled_output_tokens_per_s: float
+
+    @property
+    def relative(self) -> float:
+        """modelled / measured - 1."""
+        return self.modelled_output_tokens_per_s / self.measured_output_tokens_per_s - 1
 
 
-def fit(s: Scenario, base: EngineCalibration) -> EngineCalibration:
-    """Fit the host overheads to the scenario's lowest-concurrency measurements."""
-    cal = base
-    plain = sorted((m for m in s.measurements if m.method == "plain"), key=lambda m: m.concurrency)
-    if plain:
-        m = plain[0]
+@dataclass(frozen=True)
+class Forecast:
+    """The predictions and the fit they came from."""
 
-        def plain_tps(overhead: float) -> float:
-            model = step_model(s, replace(cal, step_overhead_s=overhead), "plain", 0)
-            return output_tokens_per_s(model, round(m.concurrency), 1.0, s.workload)
-
-        cal = replace(cal, step_overhead_s=_solve(plain_tps, m.output_tokens_per_s, 0.0, 0.2))
-    mine = [x for x in s.measurements if x.method == s.method and x.k == s.k and s.k]
-    if mine:
-        m = min(mine, key=lambda x: x.concurrency)
-
-        def method_tps(overhead: float) -> float:
-            model = step_model(s, replace(cal, drafter_pass_overhead_s=overhead), s.method, s.k)
-            return output_tokens_per_s(model, round(m.concurrency), s.acceptance_length, s.workload)
-
-        overhead = _solve(method_tps, m.output_tokens_per_s, 0.0, 0.2)
-        cal = replace(cal, drafter_pass_overhead_s=overhead)
-    return cal
+    predictions: list[Prediction]
+    calibration: EngineCalibration
+    residuals: tuple[Residual, ...]
 
 
-def predict(s: Scenario, base: EngineCalibration | None = None) -> list[Prediction]:
-    """Predictions at each of the scenario's concurrencies."""
-    cal = fit(s, base or calibration.engine_calibration())
+def _used(s: Scenario) -> list[MeasuredPoint]:
+    """The measurements the fit uses: plain's, and the scenario's method at its K with the
+    scenario's acceptance (another method's acceptance is not known here)."""
+    out = []
+    for m in s.measurements:
+        if m.method == "plain" or (m.method, m.k) == (s.method, s.k):
+            al = None if m.method == "plain" else s.acceptance_length
+            out.append(MeasuredPoint(m.method, m.k, m.concurrency, m.output_tokens_per_s, al))
+    return out
+
+
+def fit(s: Scenario, base: EngineCalibration) -> tuple[EngineCalibration, tuple[Residual, ...]]:
+    """The calibration fitted to the scenario's measurements (overheads, achieved
+    bandwidth and compute efficiency), and each measurement's residual."""
+    points = [p for p in _used(s) if p.output_tokens_per_s > 0]
+    if not points:
+        return base, ()
+    hw = Hardware(s.model, s.gpu, s.gpu_count, s.workload)
+    cal = fit_calibration(hw, base, points)
+    residuals = tuple(
+        Residual(p.method, p.k, p.concurrency, p.output_tokens_per_s, predict_point(hw, cal, p))
+        for p in points
+    )
+    return cal, residuals
+
+
+def _anchored(
+    modelled: Callable[[int], float], measured: Mapping[float, float], c: int
+) -> tuple[float, bool]:
+    """The measurement at c, else the model scaled to meet the nearest measurement (in
+    log concurrency); True when measured."""
+    if c in measured:
+        return measured[c], True
+    if not measured:
+        return modelled(c), False
+    near = min(measured, key=lambda m: abs(math.log(m / c)))
+    return modelled(c) * measured[near] / modelled(max(round(near), 1)), False
+
+
+def predict(s: Scenario, base: EngineCalibration | None = None) -> Forecast:
+    """Predictions at each of the scenario's concurrencies: at a measured concurrency the
+    measurement, elsewhere the fitted model anchored to the nearest measurement."""
+    cal, residuals = fit(s, base or calibration.engine_calibration())
     plain_model, model = step_model(s, cal, "plain", 0), step_model(s, cal, s.method, s.k)
-    measured = {
-        m.concurrency: m.output_tokens_per_s
-        for m in s.measurements
-        if m.method == s.method and m.k == s.k
-    }
+
+    def measured(method: str, k: int) -> dict[float, float]:
+        return {
+            m.concurrency: m.output_tokens_per_s
+            for m in s.measurements
+            if (m.method, m.k) == (method, k) and m.output_tokens_per_s > 0
+        }
+
+    plain_seen, mine_seen = measured("plain", 0), measured(s.method, s.k)
     out = []
     for c in s.concurrency:
-        plain = output_tokens_per_s(plain_model, c, 1.0, s.workload)
-        tps = output_tokens_per_s(model, c, s.acceptance_length, s.workload)
-        source = "measured" if c in measured else "estimated"
-        tps = measured.get(c, tps)
-        itl_s = mean_step_s(model, c, s.acceptance_length, s.workload) / s.acceptance_length
+        plain, _ = _anchored(
+            lambda n: output_tokens_per_s(plain_model, n, 1.0, s.workload), plain_seen, c
+        )
+        tps, seen = _anchored(
+            lambda n: output_tokens_per_s(model, n, s.acceptance_length, s.workload),
+            mine_seen,
+            c,
+        )
         out.append(
             Prediction(
                 concurrency=c,
                 plain_output_tokens_per_s=plain,
                 method_output_tokens_per_s=tps,
                 speedup=tps / plain,
-                itl_ms=itl_s * 1000,
+                itl_ms=c / tps * 1000,  # a steady sequence's time per token
                 usd_per_mtok=usd_per_mtok(s.price_usd_per_gpu_hour, s.gpu_count, tps),
-                source=source,
+                source="measured" if seen else "estimated",
             )
         )
-    return out
+    return Forecast(out, cal, residuals)
 
 
-def predictions_json(predictions: Sequence[Prediction]) -> dict[str, Any]:
-    """The contract's output document."""
-    return {"predictions": [p.__dict__ for p in predictions]}
+def predictions_json(forecast: Forecast) -> dict[str, Any]:
+    """The contract's output document, with the fit: its parameters and, per measurement,
+    the fitted model's value and residual (the measurement itself is what is predicted)."""
+    cal = forecast.calibration
+    return {
+        "predictions": [p.__dict__ for p in forecast.predictions],
+        "fit": {
+            "parameters": {name: getattr(cal, name) for name in FREE},
+            "measurements": [
+                {
+                    "method": r.method,
+                    "k": r.k,
+                    "concurrency": r.concurrency,
+                    "measured_output_tokens_per_s": r.measured_output_tokens_per_s,
+                    "modelled_output_tokens_per_s": r.modelled_output_tokens_per_s,
+                    "residual": r.relative,
+                }
+                for r in forecast.residuals
+            ],
+        },
+    }

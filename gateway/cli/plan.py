@@ -110,7 +110,7 @@ def plan_predict(
     if not isinstance(raw, dict):
         fail("the scenario must be a JSON object")
     try:
-        predictions = predict(parse_scenario(raw))
+        forecast = predict(parse_scenario(raw))
     except PlanError as exc:
         fail(str(exc))
-    typer.echo(json.dumps(predictions_json(predictions), indent=2))
+    typer.echo(json.dumps(predictions_json(forecast), indent=2))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,7 @@ from gateway.reports import (
 from planner import calibration, catalog
 from planner.capacity import HOURS_PER_MONTH, Capacity, plan_capacity, savings
 from planner.catalog import UnknownCatalogEntry
+from planner.cost import usd_per_mtok
 from planner.fit_measurements import (
     FittedModel,
     Hardware,
@@ -125,7 +126,28 @@ def measured_grid(
         price_usd_per_gpu_hour=usd_per_gpu_hour,
         cal=fitted.calibration,
     )
-    return points, _by_config(observed), fitted
+    measured = _by_config(observed)
+    return _honoured(points, measured, gpu_count, usd_per_gpu_hour), measured, fitted
+
+
+def _honoured(
+    points: list[Point], measured: Measured, gpu_count: int, usd_per_gpu_hour: float
+) -> list[Point]:
+    """The grid with each measured (method, K, concurrency) at its measurement: what is
+    chosen, sized and labelled "measured" is the measurement, not the fit's value there."""
+    out = []
+    for p in points:
+        seen = measured.get((p.method, p.k, float(p.concurrency)))
+        if seen is not None and seen > 0:
+            tps = seen * gpu_count
+            p = replace(
+                p,
+                output_tokens_per_s=tps,
+                itl_ms=p.itl_ms * p.output_tokens_per_s / tps,
+                usd_per_mtok=usd_per_mtok(usd_per_gpu_hour, gpu_count, tps),
+            )
+        out.append(p)
+    return out
 
 
 def build_plan(
