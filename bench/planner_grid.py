@@ -10,7 +10,7 @@ import sys
 import time
 
 from planner import catalog
-from planner.recommend import best_per_concurrency, grid
+from planner.recommend import DoesNotFit, best_per_concurrency, grid
 
 GPUS = ("B200", "H100", "H200", "A100-80GB")
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -25,7 +25,10 @@ def main() -> int:
     points = 0
     for model in fleet:
         for gpu in GPUS:
-            cells = grid(model, gpu, concurrency=CONCURRENCY)
+            try:
+                cells = grid(model, gpu, concurrency=CONCURRENCY)
+            except DoesNotFit:
+                continue  # too big for one GPU of this kind
             best_per_concurrency(cells, itl_objective_ms=50)
             points += len(cells)
     seconds = time.perf_counter() - start

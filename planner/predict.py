@@ -27,6 +27,7 @@ from planner.fit_measurements import (
     fit_calibration,
     predict_point,
 )
+from planner.memory import max_concurrency
 from planner.specdec import StepTimeModel, output_tokens_per_s
 
 DEFAULT_WORKLOAD = Workload("contract", prompt_tokens=256, output_tokens=512, source="default")
@@ -254,6 +255,7 @@ class Forecast:
     predictions: list[Prediction]
     calibration: EngineCalibration
     residuals: tuple[Residual, ...]
+    max_concurrency: dict[str, int]  # sequences the KV cache holds, plain and the method
 
 
 def _used(s: Scenario) -> list[MeasuredPoint]:
@@ -309,16 +311,24 @@ def predict(s: Scenario, base: EngineCalibration | None = None) -> Forecast:
         }
 
     plain_seen, mine_seen = measured("plain", 0), measured(s.method, s.k)
+    room = {
+        name: max_concurrency(m, s.workload)
+        for name, m in (("plain", plain_model), (s.method, model))
+    }
+    if not room["plain"] or not room[s.method]:
+        raise PlanError(
+            f"{s.model.name} with {s.method} does not fit on {s.gpu_count} x {s.gpu.name}: its "
+            "weights leave no room for one sequence's KV cache; raise gpu_count"
+        )
+
+    def modelled(step: StepTimeModel, al: float, fits: int) -> Callable[[int], float]:
+        # Past `fits` sequences vLLM preempts and the rest wait: throughput stays.
+        return lambda n: output_tokens_per_s(step, min(n, fits), al, s.workload)
+
     out = []
     for c in s.concurrency:
-        plain, _ = _anchored(
-            lambda n: output_tokens_per_s(plain_model, n, 1.0, s.workload), plain_seen, c
-        )
-        tps, seen = _anchored(
-            lambda n: output_tokens_per_s(model, n, s.acceptance_length, s.workload),
-            mine_seen,
-            c,
-        )
+        plain, _ = _anchored(modelled(plain_model, 1.0, room["plain"]), plain_seen, c)
+        tps, seen = _anchored(modelled(model, s.acceptance_length, room[s.method]), mine_seen, c)
         out.append(
             Prediction(
                 concurrency=c,
@@ -330,7 +340,7 @@ def predict(s: Scenario, base: EngineCalibration | None = None) -> Forecast:
                 source="measured" if seen else "estimated",
             )
         )
-    return Forecast(out, cal, residuals)
+    return Forecast(out, cal, residuals, room)
 
 
 def predictions_json(forecast: Forecast) -> dict[str, Any]:
@@ -339,6 +349,7 @@ def predictions_json(forecast: Forecast) -> dict[str, Any]:
     cal = forecast.calibration
     return {
         "predictions": [p.__dict__ for p in forecast.predictions],
+        "max_concurrency": forecast.max_concurrency,
         "fit": {
             "parameters": {name: getattr(cal, name) for name in FREE},
             "measurements": [

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from planner import calibration, catalog
 from planner.calibration import EngineCalibration, Workload
 from planner.cost import usd_per_mtok
+from planner.memory import max_concurrency
 from planner.specdec import StepTimeModel, mean_step_s
 
 METHODS = ("plain", "eagle3", "p-eagle", "dflash", "dspark")
@@ -68,17 +69,41 @@ def grid(
         for k in (0,) if method == "plain" else K_CHOICES:
             drafter = calibration.drafters().get(method) if k else None
             step = StepTimeModel(spec, hardware, gpu_count, cal, drafter, k)
+            fits = max_concurrency(step, load)
+            if not fits:
+                if method == "plain":
+                    raise DoesNotFit(spec.name, hardware.name, gpu_count)
+                continue  # its drafter leaves no room for a sequence
             al = profile.mean_acceptance_length(k) if profile else 1.0
-            points += [_point(step, method, k, c, al, load, price) for c in concurrency]
+            points += [_point(step, method, k, c, al, load, price, fits) for c in concurrency]
     return points
 
 
+class DoesNotFit(ValueError):
+    """The model's weights leave no KV cache for one sequence on these GPUs."""
+
+    def __init__(self, model: str, gpu: str, gpu_count: int) -> None:
+        super().__init__(
+            f"{model} does not fit on {gpu_count} x {gpu}: its weights leave no room for "
+            "one sequence's KV cache; use more GPUs"
+        )
+
+
 def _point(
-    step: StepTimeModel, method: str, k: int, c: int, al: float, load: Workload, price: float
+    step: StepTimeModel,
+    method: str,
+    k: int,
+    c: int,
+    al: float,
+    load: Workload,
+    price: float,
+    fits: int,
 ) -> Point:
-    step_s = mean_step_s(step, c, al, load)
-    tps = c * al / step_s
-    return Point(method, k, c, tps, step_s / al * 1000, usd_per_mtok(price, step.gpu_count, tps))
+    """Past `fits` sequences the engine runs `fits` and the rest wait: throughput stays,
+    a client's time per token (the ITL the objective judges) grows with the queue."""
+    running = min(c, fits)
+    tps = running * al / mean_step_s(step, running, al, load)
+    return Point(method, k, c, tps, c / tps * 1000, usd_per_mtok(price, step.gpu_count, tps))
 
 
 def best_per_concurrency(points: Sequence[Point], itl_objective_ms: float | None) -> list[Choice]:

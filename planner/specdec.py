@@ -115,9 +115,7 @@ class StepTimeModel:
             return 0.0
         passes = 1 if d.parallel else self.k
         tokens_per_pass = shape.drafted_tokens if d.parallel else shape.decode_seqs
-        h = self.model.hidden_size
-        params = d.layers * PARAMS_PER_LAYER_PER_HIDDEN_SQUARED * h * h
-        params += (d.draft_vocab_size or self.model.vocab_size) * h
+        params = self.drafter_params()
         memory_s = params * BYTES_PER_DRAFTER_PARAM / self._hbm_bytes_per_s
         compute_s = 2 * params * tokens_per_pass / self._flops_per_s
         per_pass = (
@@ -127,6 +125,15 @@ class StepTimeModel:
             + max(memory_s, compute_s)
         )
         return passes * per_pass
+
+    def drafter_params(self) -> float:
+        """The drafter's parameters: its layers at the target's width and its LM head."""
+        d = self.drafter
+        if d is None or not self.k:
+            return 0.0
+        h = self.model.hidden_size
+        layers = d.layers * PARAMS_PER_LAYER_PER_HIDDEN_SQUARED * h * h
+        return float(layers + (d.draft_vocab_size or self.model.vocab_size) * h)
 
 
 def steady_state_shape(concurrency: int, k: int, workload: Workload) -> StepShape:

@@ -33,8 +33,13 @@ def plan_table(
         usd = price or catalog.default_price(hardware.name).usd_per_gpu_hour
     except (catalog.UnknownCatalogEntry, KeyError) as exc:
         fail(str(exc).strip("'\""))
+    from planner.recommend import DoesNotFit
+
     with session() as db:
-        points, measured, fitted = measured_grid(db, spec, hardware, gpu_count, workload, usd)
+        try:
+            points, measured, fitted = measured_grid(db, spec, hardware, gpu_count, workload, usd)
+        except DoesNotFit as exc:
+            fail(str(exc))
     best: dict[tuple[str, int], Any] = {}
     for p in points:
         key = (p.method, p.concurrency)
@@ -86,11 +91,14 @@ def _plan_grid(
     grid: Any, model: str, gpu: str, count: int, workload: str, price: float | None
 ) -> Any:
     from planner.catalog import UnknownCatalogEntry
+    from planner.recommend import DoesNotFit
 
     try:
         return grid(model, gpu, gpu_count=count, workload=workload, price_usd_per_gpu_hour=price)
     except (UnknownCatalogEntry, KeyError) as exc:
         fail(str(exc).strip("'\""))
+    except DoesNotFit as exc:
+        fail(str(exc))
 
 
 @plan_app.command("predict")

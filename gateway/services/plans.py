@@ -35,6 +35,7 @@ from planner.fit_measurements import (
     held_out_predictions,
 )
 from planner.recommend import (
+    DoesNotFit,
     Point,
     best_per_concurrency,
     best_per_method,
@@ -168,7 +169,10 @@ def build_plan(
     except UnknownCatalogEntry as exc:
         raise NotFound(str(exc), param="model" if "model" in str(exc) else "gpu") from None
     usd = price.usd_per_gpu_hour
-    points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
+    try:
+        points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
+    except DoesNotFit as exc:
+        raise ValidationFailed(str(exc), param="gpu_count") from None
     choices = best_per_concurrency(points, itl_objective_ms)
     methods = sorted({c.best.method for c in choices} - {"plain"})
     half = relative_95(fitted)
