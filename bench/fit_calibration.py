@@ -16,7 +16,7 @@ from planner.calibrate import NAMES, fit_engine, residuals
 def main() -> int:
     fitted, best = fit_engine(calibration.engine_calibration())
     print(f"# objective {best:.4f}; fitted by: python bench/fit_calibration.py")
-    print("  - name: default")
+    print("  - name: vllm")
     for name in NAMES:
         print(f"    {name}: {getattr(fitted, name):.6g}")
     print()

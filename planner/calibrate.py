@@ -18,10 +18,11 @@ from planner.specdec import StepTimeModel, output_tokens_per_s
 
 MODEL, GPU = "openai/gpt-oss-20b", "B200"
 K_CHOICES = (3, 5, 7)
-FRACTIONS = {"bandwidth_efficiency", "compute_efficiency", "routing_correlation"}
+FRACTIONS = {"bandwidth_efficiency", "compute_efficiency", "routing_correlation", "plain_overlap"}
 # Compute efficiency is not identifiable from these figures (decode at c <= 64 is memory- and
 # overhead-bound), so it stays at its datasheet-typical value in the data file.
-FIXED = {"compute_efficiency"}
+# plain_overlap is an engine's scheduling (SGLang's overlap scheduler), not a fitted value.
+FIXED = {"compute_efficiency", "plain_overlap"}
 NAMES = [
     f.name
     for f in fields(EngineCalibration)

@@ -34,6 +34,9 @@ class EngineCalibration:
     routing_correlation: Fraction
     source: str
     notes: str = ""
+    # Share of plain decoding's host overhead hidden behind the GPU's step by an overlap
+    # scheduler (SGLang's; it is off for its speculative decoding, which pays both).
+    plain_overlap: Fraction = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +105,17 @@ def load_engines(file: Traversable | Path) -> dict[str, EngineCalibration]:
     return {e.name: e for e in load_entries(file, "engines", EngineCalibration)}
 
 
+DEFAULT_ENGINE = "vllm"
+
+
+def engines() -> tuple[str, ...]:
+    """The engines calibrated: vLLM (the default) and SGLang."""
+    return tuple(load_engines(_file()))
+
+
 @functools.cache
-def engine_calibration(name: str = "default") -> EngineCalibration:
-    """The named engine calibration."""
+def engine_calibration(name: str = DEFAULT_ENGINE) -> EngineCalibration:
+    """The named engine's calibration."""
     engines = load_engines(_file())
     if name not in engines:
         raise CatalogError(f"calibration.yaml: no engine {name!r}; known: {', '.join(engines)}")

@@ -115,6 +115,10 @@ class ModelSpec:
     experts_per_token: int | None = None
     expert_params_b: float | None = None
     expert_bytes_per_param: float | None = None
+    # Recurrent layers (linear attention such as Gated DeltaNet, or Mamba) keep a fixed
+    # state per sequence instead of a KV cache: how many, and the bytes of one's state.
+    recurrent_layers: int | None = None
+    recurrent_state_bytes: float | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -131,7 +135,11 @@ class ModelSpec:
     @property
     def full_attention_layers(self) -> int:
         """Number of layers that attend over the whole context."""
-        return self.layers - self.sliding_layers
+        return self.layers - self.sliding_layers - (self.recurrent_layers or 0)
+
+    def recurrent_bytes(self) -> float:
+        """The fixed state one sequence keeps across all recurrent layers (0 without)."""
+        return (self.recurrent_layers or 0) * (self.recurrent_state_bytes or 0.0)
 
     def expert_weight_bytes(self) -> float:
         """Bytes of all routed experts (0 for a dense model)."""
@@ -177,13 +185,15 @@ class ModelSpec:
         )
 
     def kv_bytes_for_context(self, tokens: int) -> float:
-        """KV bytes one sequence of `tokens` tokens holds, sliding layers capped at the window."""
+        """KV bytes one sequence of `tokens` tokens holds, sliding layers capped at the window,
+        recurrent layers at their fixed state."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         window_tokens = min(tokens, self.sliding_window or 0)
         return (
             self.sliding_layers * self.sliding_layer_kv_bytes_per_token() * window_tokens
             + self.full_attention_layers * self.full_layer_kv_bytes_per_token() * tokens
+            + self.recurrent_bytes()
         )
 
 
@@ -226,6 +236,10 @@ def _check_model(spec: ModelSpec, file: str) -> ModelSpec:
         problem = "sliding_window_layer_fraction > 0 needs a sliding_window"
     elif spec.is_moe and None in (spec.num_experts, spec.experts_per_token, spec.expert_params_b):
         problem = "an MoE model needs num_experts, experts_per_token and expert_params_b"
+    elif (spec.recurrent_layers is None) != (spec.recurrent_state_bytes is None):
+        problem = "recurrent_layers and recurrent_state_bytes go together"
+    elif spec.sliding_layers + (spec.recurrent_layers or 0) > spec.layers:
+        problem = "sliding and recurrent layers exceed the layers"
     elif spec.full_attention_kv_compression < 1:
         problem = "full_attention_kv_compression must be >= 1"
     if problem:

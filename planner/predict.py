@@ -66,6 +66,7 @@ class Scenario:
     concurrency: tuple[int, ...]
     price_usd_per_gpu_hour: float
     workload: Workload = DEFAULT_WORKLOAD
+    engine: str = calibration.DEFAULT_ENGINE
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,21 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     price = raw.get("price_usd_per_gpu_hour")
     if price is None:
         price = catalog.default_price(gpu.name).usd_per_gpu_hour
+    workload = DEFAULT_WORKLOAD
+    if "prompt_tokens" in raw or "output_tokens" in raw:
+        workload = Workload(
+            "scenario",
+            _positive_int(
+                raw.get("prompt_tokens", DEFAULT_WORKLOAD.prompt_tokens), "prompt_tokens"
+            ),
+            _positive_int(
+                raw.get("output_tokens", DEFAULT_WORKLOAD.output_tokens), "output_tokens"
+            ),
+            "scenario",
+        )
+    engine = raw.get("engine", calibration.DEFAULT_ENGINE)
+    if engine not in calibration.engines():
+        raise PlanError(f"engine must be one of {', '.join(calibration.engines())}, got {engine!r}")
     return Scenario(
         model=model,
         gpu=gpu,
@@ -103,6 +119,8 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
         measurements=tuple(_measurement(m) for m in raw.get("measurements") or ()),
         concurrency=tuple(_positive_int(c, "concurrency") for c in raw.get("concurrency") or (1,)),
         price_usd_per_gpu_hour=float(price),
+        workload=workload,
+        engine=engine,
     )
 
 
@@ -300,7 +318,7 @@ def _anchored(
 def predict(s: Scenario, base: EngineCalibration | None = None) -> Forecast:
     """Predictions at each of the scenario's concurrencies: at a measured concurrency the
     measurement, elsewhere the fitted model anchored to the nearest measurement."""
-    cal, residuals = fit(s, base or calibration.engine_calibration())
+    cal, residuals = fit(s, base or calibration.engine_calibration(s.engine))
     plain_model, model = step_model(s, cal, "plain", 0), step_model(s, cal, s.method, s.k)
 
     def measured(method: str, k: int) -> dict[float, float]:

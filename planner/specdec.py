@@ -70,7 +70,9 @@ class StepTimeModel:
             + cal.per_seq_overhead_s * shape.decode_seqs
             + cal.per_token_overhead_s * tokens
         )
-        return overhead_s + max(memory_s, compute_s)
+        gpu_s = max(memory_s, compute_s)
+        hidden = cal.plain_overlap if not self.k else 0.0
+        return (1 - hidden) * (overhead_s + gpu_s) + hidden * max(overhead_s, gpu_s)
 
     def prefill_s_per_token(self, prompt_tokens: int) -> float:
         """Engine seconds each prompt token adds to the steps that prefill it: its matmul
@@ -94,10 +96,14 @@ class StepTimeModel:
         return dense + experts * self.model.expert_fraction_read(routed)
 
     def _kv_bytes_read(self, shape: StepShape) -> float:
+        """Each sequence's KV cache and recurrent state read; the recurrent state written
+        back once per verified position (a speculative step keeps one per position to roll
+        back to the last accepted token: K + 1 writes, 1 without speculation)."""
         if not shape.decode_seqs:
             return 0.0
         mean_context = shape.context_tokens // shape.decode_seqs
-        return shape.decode_seqs * self.model.kv_bytes_for_context(mean_context)
+        writes = shape.verify_tokens * self.model.recurrent_bytes()
+        return shape.decode_seqs * self.model.kv_bytes_for_context(mean_context) + writes
 
     def _attention_flops(self, shape: StepShape) -> float:
         """QK^T and AV over the context for decode tokens; causal self-attention for prefill."""

@@ -19,6 +19,8 @@ REQUIRED_MODELS = [
     "Qwen/Qwen3-14B",
     "Qwen/Qwen3-30B-A3B",
     "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+    "Qwen/Qwen3.5-27B",
+    "Qwen/Qwen3.6-35B-A3B",
     "openai/gpt-oss-20b",
     "openai/gpt-oss-120b",
     "google/gemma-4-12B-it",
@@ -207,12 +209,29 @@ def test_every_verifier_model_is_catalogued() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["google/gemma-4-12B-it", "google/gemma-4-31B-it", "deepseek-ai/DeepSeek-V4-Flash"]
+    "name",
+    [
+        "google/gemma-4-12B-it",
+        "google/gemma-4-31B-it",
+        "deepseek-ai/DeepSeek-V4-Flash",
+        "Qwen/Qwen3.5-27B",
+        "Qwen/Qwen3.6-35B-A3B",
+    ],
 )
 def test_uncertain_models_are_marked_estimated(name: str) -> None:
     spec = catalog.model(name)
     assert spec.estimated
     assert "estimated" in spec.notes.lower() or "assumed" in spec.notes.lower()
+
+
+def test_recurrent_layers_keep_a_fixed_state_beside_the_kv_cache() -> None:
+    """Qwen3.5-27B: 16 full-attention layers of 4 KV heads x 256 grow with the context;
+    48 Gated DeltaNet layers hold 3.2 MB each whatever the length."""
+    spec = catalog.model("Qwen/Qwen3.5-27B")
+    assert spec.full_attention_layers == 16
+    per_token = 16 * 2 * 4 * 256 * 2
+    for tokens in (0, 1000, 100_000):
+        assert spec.kv_bytes_for_context(tokens) == per_token * tokens + 48 * 3207168
 
 
 def test_every_entry_has_an_https_source() -> None:
