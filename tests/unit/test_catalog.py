@@ -27,6 +27,14 @@ REQUIRED_MODELS = [
     "google/gemma-4-31B-it",
     "meta-llama/Llama-3.1-8B-Instruct",
     "deepseek-ai/DeepSeek-V4-Flash",
+    "meta-llama/Llama-3.1-70B-Instruct",
+    "meta-llama/Llama-3.3-70B-Instruct",
+    "Qwen/Qwen3-0.6B",
+    "Qwen/Qwen3-1.7B",
+    "Qwen/Qwen3-32B",
+    "Qwen/Qwen3-235B-A22B",
+    "deepseek-ai/DeepSeek-V3",
+    "deepseek-ai/DeepSeek-R1",
 ]
 REQUIRED_PRICES = [
     ("B200", "on-demand"),
@@ -115,6 +123,8 @@ def test_dense_compute_is_half_the_sparse_datasheet_figure() -> None:
         ("Qwen/Qwen3-30B-A3B", 2 * 48 * 4 * 128 * 2),  # 98304
         ("meta-llama/Llama-3.1-8B-Instruct", 2 * 32 * 8 * 128 * 2),  # 131072
         ("openai/gpt-oss-20b", 2 * 24 * 8 * 64 * 2),  # 49152
+        ("deepseek-ai/DeepSeek-V3", 61 * 576 * 2),  # MLA: one 512 + 64 latent row per layer
+        ("meta-llama/Llama-3.1-70B-Instruct", 2 * 80 * 8 * 128 * 2),  # 327680
         ("openai/gpt-oss-120b", 2 * 36 * 8 * 64 * 2),  # 73728
         # 50 sliding layers of 16 KV x 256 + 10 full layers of 4 KV x 512.
         ("google/gemma-4-31B-it", 50 * 2 * 16 * 256 * 2 + 10 * 2 * 4 * 512 * 2),  # 901120
