@@ -61,6 +61,17 @@ def _send_traffic(base_url: str, count: int) -> None:
         list(pool.map(lambda i: _chat(base_url, i), range(count)))
 
 
+def wait_for_runtime(admin: httpx.Client, name: str) -> dict[str, Any]:
+    """Poll a backend until the gateway reports what it sees of it; its runtime."""
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    while time.monotonic() < deadline:
+        runtime: dict[str, Any] | None = admin.get(f"/admin/v1/backends/{name}").json()["runtime"]
+        if runtime is not None:
+            return runtime
+        time.sleep(0.2)
+    pytest.fail(f"backend {name} has no runtime after {DATA_TIMEOUT_S} s")
+
+
 SWEPT = ("demo-plain", "demo-eagle3", "demo-dflash")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from tests.dashboard.conftest import MODEL, Stack, wait_for_benchmark
+from tests.dashboard.conftest import MODEL, Stack, wait_for_benchmark, wait_for_runtime
 from tests.e2e.conftest import closed_url
 
 TIMEOUT_S = 30.0
@@ -121,6 +121,8 @@ def test_backends_warn_of_a_backend_no_curve_prices(dashboard_env: Stack) -> Non
                "method": "plain"}  # fmt: skip
     with dashboard_env.admin() as admin:
         assert admin.post("/admin/v1/backends", json=backend).status_code == 201
+        # The gateway reports a backend's runtime once its registry has refreshed.
+        wait_for_runtime(admin, "dash-private")
     try:
         warnings = [w.value for w in _run(_backends).warning]
         assert any(w.startswith("dash-private: no throughput curve") for w in warnings), warnings
