@@ -21,6 +21,8 @@ from planner.specdec import StepTimeModel, mean_step_s
 
 METHODS = ("plain", "eagle3", "p-eagle", "dflash", "dspark")
 K_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)
+# Parallel drafters verify long blocks: DFlash ships block 16 (K = 15).
+PARALLEL_K_CHOICES = (*K_CHOICES, 10, 12, 15)
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CLIFF_RATIO = 0.85  # a K change that loses more than 15% of throughput at the boundary
 
@@ -66,8 +68,10 @@ def grid(
         profile = calibration.acceptance_profile(spec.name, method, workload)
         if method != "plain" and profile is None:
             continue
-        for k in (0,) if method == "plain" else K_CHOICES:
-            drafter = calibration.drafters().get(method) if k else None
+        shape = calibration.drafters().get(method)
+        choices = PARALLEL_K_CHOICES if shape is not None and shape.parallel else K_CHOICES
+        for k in (0,) if method == "plain" else choices:
+            drafter = shape if k else None
             step = StepTimeModel(spec, hardware, gpu_count, cal, drafter, k)
             fits = max_concurrency(step, load)
             if not fits:
