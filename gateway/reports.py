@@ -96,6 +96,7 @@ class PlanReport(Report):
     gpu: str
     gpu_count: int
     workload: str
+    engine: str  # whose scheduling and calibration the predictions assume: vllm or sglang
     itl_objective_ms: float | None
     price: PlanPrice
     choices: list[PlanChoice]

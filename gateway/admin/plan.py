@@ -24,10 +24,22 @@ def get_plan(
     itl_objective_ms: Annotated[float | None, Query(gt=0)] = None,
     price_kind: str = "on-demand",
     output_tokens_per_s: Annotated[float | None, Query(gt=0)] = None,
+    engine: str = "vllm",
 ) -> PlanReport:
-    """Per concurrency: the best method and K within the ITL objective, and its cost."""
+    """Per concurrency: the best method and K within the ITL objective, and its cost.
+
+    `engine` (vllm or sglang) picks the scheduling and calibration the predictions assume.
+    """
     return plans.build_plan(
-        session, model, gpu, gpu_count, workload, itl_objective_ms, price_kind, output_tokens_per_s
+        session,
+        model,
+        gpu,
+        gpu_count,
+        workload,
+        itl_objective_ms,
+        price_kind,
+        output_tokens_per_s,
+        engine,
     )
 
 

@@ -20,6 +20,7 @@ def plan_table(
     gpu_count: Annotated[int, typer.Option(min=1)] = 1,
     workload: str = "chat",
     price: Annotated[float | None, typer.Option(help="USD per GPU-hour.")] = None,
+    engine: Annotated[str, typer.Option(help="vllm or sglang.")] = "vllm",
 ) -> None:
     """Methods x concurrency: tok/s, ITL and $/1M at each method's best K (* = measured).
 
@@ -37,7 +38,9 @@ def plan_table(
 
     with session() as db:
         try:
-            points, measured, fitted = measured_grid(db, spec, hardware, gpu_count, workload, usd)
+            points, measured, fitted = measured_grid(
+                db, spec, hardware, gpu_count, workload, usd, _engine(engine)
+            )
         except DoesNotFit as exc:
             fail(str(exc))
     best: dict[tuple[str, int], Any] = {}
@@ -65,11 +68,12 @@ def plan_recommend(
     workload: str = "chat",
     itl_objective_ms: Annotated[float | None, typer.Option(min=0)] = None,
     price: Annotated[float | None, typer.Option(help="USD per GPU-hour.")] = None,
+    engine: Annotated[str, typer.Option(help="vllm or sglang.")] = "vllm",
 ) -> None:
     """The best method and K per concurrency, crossovers, and vLLM's K schedule."""
     from planner.recommend import best_per_concurrency, cliffs, crossovers, grid, k_schedule
 
-    points = _plan_grid(grid, model, gpu, gpu_count, workload, price)
+    points = _plan_grid(grid, model, gpu, gpu_count, workload, price, _engine(engine))
     choices = best_per_concurrency(points, itl_objective_ms)
     typer.echo(f"{'c':>4} {'best':<8} {'K':>2} {'tok/s':>9} {'vs plain':>8} {'$/1M':>8}")
     for ch in choices:
@@ -87,14 +91,31 @@ def plan_recommend(
             typer.echo(f"warning: {warning}")
 
 
+def _engine(name: str) -> str:
+    """The engine name, or a one-line error naming the calibrated ones."""
+    from planner import calibration
+
+    if name not in calibration.engines():
+        fail(f"unknown engine {name!r}; known: {', '.join(calibration.engines())}")
+    return name
+
+
 def _plan_grid(
-    grid: Any, model: str, gpu: str, count: int, workload: str, price: float | None
+    grid: Any, model: str, gpu: str, count: int, workload: str, price: float | None, engine: str
 ) -> Any:
+    from planner import calibration
     from planner.catalog import UnknownCatalogEntry
     from planner.recommend import DoesNotFit
 
     try:
-        return grid(model, gpu, gpu_count=count, workload=workload, price_usd_per_gpu_hour=price)
+        return grid(
+            model,
+            gpu,
+            gpu_count=count,
+            workload=workload,
+            price_usd_per_gpu_hour=price,
+            cal=calibration.engine_calibration(engine),
+        )
     except (UnknownCatalogEntry, KeyError) as exc:
         fail(str(exc).strip("'\""))
     except DoesNotFit as exc:

@@ -55,6 +55,13 @@ def check_workload(workload: str) -> None:
         raise ValidationFailed(f"unknown workload {workload!r}; known: {known}", param="workload")
 
 
+def check_engine(engine: str) -> None:
+    """Raise ValidationFailed naming the calibrated engines."""
+    if engine not in calibration.engines():
+        known = ", ".join(calibration.engines())
+        raise ValidationFailed(f"unknown engine {engine!r}; known: {known}", param="engine")
+
+
 def plan_price(session: Session, gpu: str, kind: str) -> PlanPrice:
     """The price the plan assumes: the database's, else the shipped default."""
     row = queries.find_price(session, gpu, kind)
@@ -113,11 +120,14 @@ def measured_grid(
     gpu_count: int,
     workload: str,
     usd_per_gpu_hour: float,
+    engine: str = calibration.DEFAULT_ENGINE,
 ) -> tuple[list[Point], Measured, FittedModel]:
     """The planner's grid fitted to this (model, GPU)'s stored measurements, and those."""
     observed = measurements.per_gpu_points(session, spec.name, hardware.name)
     fitted = fit_measurements(
-        Hardware(spec, hardware, 1, calibration.workloads()[workload]), observed
+        Hardware(spec, hardware, 1, calibration.workloads()[workload]),
+        observed,
+        calibration.engine_calibration(engine),
     )
     points = grid(
         spec.name,
@@ -160,9 +170,11 @@ def build_plan(
     itl_objective_ms: float | None,
     price_kind: str,
     output_tokens_per_s: float | None,
+    engine: str = calibration.DEFAULT_ENGINE,
 ) -> PlanReport:
     """Per concurrency: the best method and K within the ITL objective, and its cost."""
     check_workload(workload)
+    check_engine(engine)
     try:
         spec, hardware = catalog.model(model), catalog.gpu(gpu)
         price = plan_price(session, hardware.name, price_kind)
@@ -170,7 +182,9 @@ def build_plan(
         raise NotFound(str(exc), param="model" if "model" in str(exc) else "gpu") from None
     usd = price.usd_per_gpu_hour
     try:
-        points, measured, fitted = measured_grid(session, spec, hardware, gpu_count, workload, usd)
+        points, measured, fitted = measured_grid(
+            session, spec, hardware, gpu_count, workload, usd, engine
+        )
     except DoesNotFit as exc:
         raise ValidationFailed(str(exc), param="gpu_count") from None
     choices = best_per_concurrency(points, itl_objective_ms)
@@ -186,6 +200,7 @@ def build_plan(
         gpu=hardware.name,
         gpu_count=gpu_count,
         workload=workload,
+        engine=engine,
         itl_objective_ms=itl_objective_ms,
         price=price,
         choices=[

@@ -159,3 +159,25 @@ def measurement(model: str, method: str, k: int, c: float, tps: float) -> Measur
         output_tokens_per_s=tps,
         source="bench",
     )
+
+
+async def test_plan_per_engine(client: httpx.AsyncClient) -> None:
+    """SGLang hides plain decoding's host overhead (its overlap scheduler) and not that of
+    its speculative decoding: the same method gains less there."""
+    params = {"model": "Qwen/Qwen3-8B", "gpu": "H100"}
+    vllm = (await client.get(PLAN, params=params)).json()
+    sglang = (await client.get(PLAN, params=params | {"engine": "sglang"})).json()
+    assert (vllm["engine"], sglang["engine"]) == ("vllm", "sglang")
+    gain = {e["engine"]: e["choices"][0]["speedup_vs_plain"] for e in (vllm, sglang)}
+    assert gain["sglang"] < gain["vllm"]
+    bad = await client.get(PLAN, params=params | {"engine": "trt"})
+    assert_envelope(bad, 422, param="engine")
+    assert "vllm, sglang" in bad.json()["error"]["message"]
+
+
+async def test_a_model_too_big_for_its_gpus_is_refused(client: httpx.AsyncClient) -> None:
+    params = {"model": "deepseek-ai/DeepSeek-V3", "gpu": "H200"}
+    refused = await client.get(PLAN, params=params)
+    assert_envelope(refused, 422, param="gpu_count")
+    assert "does not fit on 1 x H200" in refused.json()["error"]["message"]
+    assert (await client.get(PLAN, params=params | {"gpu_count": 8})).status_code == 200
