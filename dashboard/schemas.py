@@ -242,6 +242,7 @@ class Plan(Record):
     gpu: str
     gpu_count: int
     workload: str
+    engine: str = "vllm"
     itl_objective_ms: float | None
     price: PlanPrice
     choices: list[PlanChoice]

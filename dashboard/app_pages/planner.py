@@ -11,6 +11,7 @@ from dashboard.client import AdminApiError, AdminClient, admin_client, shows_api
 from dashboard.schemas import Backend, Capacity, DecodingMethod, MethodCapacity, Plan
 
 WORKLOADS = ("chat", "code", "math", "mixed")
+ENGINES = ("vllm", "sglang")  # the calibrated engines (planner/data/calibration.yaml)
 
 
 def _capacity_table(capacity: Capacity) -> None:
@@ -99,6 +100,7 @@ def render() -> None:
     )
     workload = right.selectbox("Workload (acceptance profile)", WORKLOADS, key="plan-workload")
     itl = left.number_input("ITL objective, ms", 1.0, 1000.0, 50.0, key="plan-itl")
+    engine = right.selectbox("Engine", ENGINES, key="plan-engine")
     plan = api.plan(
         model,
         gpu,
@@ -107,9 +109,11 @@ def render() -> None:
         workload=workload,
         itl_objective_ms=itl,
         output_tokens_per_s=requests_per_s * output_len,
+        engine=engine,
     )
     st.caption(
-        f"{gpu} at ${plan.price.usd_per_gpu_hour:.2f}/GPU-h {kind} ({plan.price.source}, "
+        f"{plan.engine}'s scheduling; {gpu} at ${plan.price.usd_per_gpu_hour:.2f}/GPU-h {kind} "
+        f"({plan.price.source}, "
         f"{plan.price.date}); {requests_per_s * output_len:,.0f} output tokens/s"
     )
     if plan.capacity is None or not plan.capacity.methods:

@@ -146,6 +146,10 @@ def test_gpu_choices_come_from_the_admin_apis_catalog(dashboard_env: Stack) -> N
     planner.selectbox(key="plan-gpu").set_value(gpus[-1]).run()
     assert not planner.exception, planner.exception
     assert f"{gpus[-1]} at $" in planner.caption[0].value
+    assert planner.caption[0].value.startswith("vllm's scheduling")
+    planner.selectbox(key="plan-engine").set_value("sglang").run()
+    assert not planner.exception, planner.exception
+    assert planner.caption[0].value.startswith("sglang's scheduling")
 
 
 def test_keys_page_shows_traffic_sent_without_a_key(dashboard_env: Stack) -> None:
