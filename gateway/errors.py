@@ -154,6 +154,12 @@ class UpstreamError(GatewayError):
     code = "upstream_error"
 
 
+class PoisonRequest(UpstreamError):
+    """A request two backends failed alike: its own fault, not theirs; not retried."""
+
+    code = "request_failed_on_backends"
+
+
 class UpstreamTimeout(GatewayError):
     """A backend did not answer in time."""
 

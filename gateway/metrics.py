@@ -76,6 +76,13 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        self.poison_requests = Counter(
+            "draftgate_poison_requests",
+            "Requests two backends answered with a 5xx alike: the request's fault, not "
+            "retried further and not counted against any backend's breaker.",
+            ["model"],
+            registry=r,
+        )
         self.retries = Counter(
             "draftgate_upstream_retries",
             "Requests retried on another backend before their first byte.",

@@ -301,6 +301,17 @@ class Settings(BaseSettings):
             "oldest are dropped and counted. Default 100000 (about 50 MB)."
         ),
     )
+    max_json_depth: int = Field(
+        default=64,
+        ge=2,
+        le=250,
+        description=(
+            "Deepest nesting of objects and arrays a /v1 request body may have; deeper is a "
+            "400. A body nested ~1000 deep fails a backend's parser (a 5xx on every backend "
+            "it is tried on), and past 254 the gateway could not write it back out. "
+            "Default 64, well past any real tool or JSON schema."
+        ),
+    )
     keep_alive_s: int = Field(
         default=75,
         ge=1,

@@ -34,6 +34,7 @@ class Faults:
     crash_after_s: float | None = None  # the process exits (code 1) this long after start
     startup_delay_s: float = 0.0  # time before the server accepts connections
     delay_s: float = 0.0  # time every completion waits before its response starts (slow)
+    poison: str = ""  # a prompt containing this text is answered with HTTP 500, always
 
     def updated(self, changes: dict[str, object]) -> Faults:
         """These switches with `changes` applied; ValueError names a bad key or value."""
@@ -44,6 +45,10 @@ class Faults:
                     f"unknown fault switch {key!r}; known: {', '.join(sorted(allowed))}"
                 )
             if value is None and key == "crash_after_s":
+                continue
+            if key == "poison":
+                if not isinstance(value, str):
+                    raise ValueError(f"poison must be a string, got {value!r}")
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{key} must be a number >= 0, got {value!r}")

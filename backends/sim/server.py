@@ -145,7 +145,8 @@ class SimServer:
         await _respond(send, 200, json.dumps(self.faults.__dict__).encode())
 
     async def _generate(self, generation: Generation, receive: Receive, send: Send) -> None:
-        if self._rng.random() < self.faults.error_rate:
+        poisoned = bool(self.faults.poison) and self.faults.poison in generation.prompt_text
+        if poisoned or self._rng.random() < self.faults.error_rate:
             message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
             raise ApiError(500, message)
         if self.faults.delay_s:

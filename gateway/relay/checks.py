@@ -22,14 +22,30 @@ SAMPLING_RANGES = {
 }
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
+def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:
+    """The JSON object of a request, nested at most `max_depth` deep (a deeper one can
+    fail the backend's parser, or ours when it is written back out: a 400 here instead)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidRequest("The request body must be a JSON object")
+    if body.count(b"{") + body.count(b"[") > max_depth and _deeper(payload, max_depth):
+        raise InvalidRequest(f"The request body is nested more than {max_depth} levels deep")
     return payload
+
+
+def _deeper(payload: dict[str, Any], limit: int) -> bool:
+    """Whether any object or array sits deeper than `limit` (the body itself is 1)."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(payload, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def check_completion(path: str, payload: dict[str, Any]) -> None:

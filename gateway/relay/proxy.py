@@ -28,6 +28,7 @@ from gateway.errors import (
     InvalidRequest,
     ModelNotAllowed,
     ModelNotFound,
+    PoisonRequest,
     ServiceUnavailable,
     UnknownPath,
     UnsupportedMediaType,
@@ -113,7 +114,7 @@ class Relay:
             # endpoints (vLLM's /reset_prefix_cache, /sleep, ...), which no client may call.
             raise UnknownPath(f"Unknown path {path[:100]!r}")
         body = await self._read_body(headers, receive)
-        payload = parse_body(body)
+        payload = parse_body(body, self.settings.max_json_depth)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("you must provide a model parameter", param="model")
@@ -197,6 +198,7 @@ class Relay:
         if plan.panic:
             self.metrics.panic_routes.labels(x.model).inc()
         last_error: GatewayError | None = None
+        suspects: list[BackendState] = []  # backends that answered this request with a 5xx
         for attempt, backend in enumerate(plan.backends[: self.settings.max_attempts]):
             if attempt:
                 self.metrics.retries.labels(x.model).inc()
@@ -204,9 +206,23 @@ class Relay:
                 await self._attempt(
                     path, body, backend, plan.fallback, x, stream, asked, receive, send
                 )
-                return
             except _Retryable as retryable:
                 last_error = retryable.error
+                if retryable.answered is None:
+                    continue
+                if suspects:  # a second backend failed it alike: the request is the cause
+                    self.metrics.poison_requests.labels(x.model).inc()
+                    raise PoisonRequest(
+                        f"The request failed on {len(suspects) + 1} backends alike "
+                        f"({last_error.message}); it is not retried"
+                    ) from None
+                suspects.append(retryable.answered)
+                continue
+            for state in suspects:  # another backend served what they failed
+                self._record_failure(state)
+            return
+        for state in suspects:  # no other backend tried it: the failure stays theirs
+            self._record_failure(state)
         if plan.panic or last_error is None:
             detail = f" (last: {last_error.message})" if last_error else ""
             message = f"No healthy backend for model `{x.model}`; retry shortly{detail}"
@@ -271,10 +287,11 @@ class Relay:
             self._record_failure(state)
             raise _Retryable(UpstreamError(f"backend unreachable: {type(exc).__name__}")) from exc
         if response.status_code >= 500:
+            # Counted against the breaker by the caller once it knows whose failure it is.
             detail = (await response.aread())[:200].decode("utf-8", "replace")
             await response.aclose()
-            self._record_failure(state)
-            raise _Retryable(UpstreamError(f"backend error {response.status_code}: {detail}"))
+            error = UpstreamError(f"backend error {response.status_code}: {detail}")
+            raise _Retryable(error, answered=state)
         if 300 <= response.status_code < 400:  # never followed, nor passed on: a misconfiguration
             await response.aclose()
             self._record_failure(state)
@@ -358,9 +375,12 @@ class Relay:
 class _Retryable(Exception):
     """A failure before anything reached the client: the next backend may serve."""
 
-    def __init__(self, error: UpstreamError | UpstreamTimeout) -> None:
+    def __init__(
+        self, error: UpstreamError | UpstreamTimeout, answered: BackendState | None = None
+    ) -> None:
         super().__init__(error.message)
         self.error = error  # the answer, should no backend serve
+        self.answered = answered  # the backend that answered with a 5xx (alive, but failed)
 
 
 def _record_success(state: BackendState) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -100,3 +101,30 @@ async def test_refusals_are_recorded_under_known_names_only(
         (MODEL, 0, 1),
         ("unknown", 0, 3),
     ]
+
+
+def nested(chat: dict[str, Any], depth: int) -> bytes:
+    """`chat` with an `extra` field of arrays nested `depth` deep, as JSON."""
+    return (
+        json.dumps(chat)[:-1].encode() + b', "extra": ' + b"[" * depth + b"1" + b"]" * depth + b"}"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_body_nested_too_deep_is_400_at_the_door(
+    relay_client: httpx.AsyncClient, stream: bool
+) -> None:
+    """Nested ~1000 deep it failed the backend's parser (a 5xx on every backend), and past
+    254 the gateway's own writer (a plain-text 500 for a stream)."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    headers = {"content-type": "application/json"}
+    for depth in (70, 300, 1000):
+        body = nested(chat, depth)
+        deep = await relay_client.post("/v1/chat/completions", content=body, headers=headers)
+        assert_envelope(deep, 400)
+        assert "nested more than 64 levels" in deep.json()["error"]["message"]
+    # The body is level 1 and the list under it level 2: 63 more lists make 64 levels.
+    body = nested(chat, 63)
+    fine = await relay_client.post("/v1/chat/completions", content=body, headers=headers)
+    # Past the door: the unreachable backend's 502, or 503 once the prober marked it down.
+    assert fine.status_code in (502, 503), fine.text

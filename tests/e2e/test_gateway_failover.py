@@ -28,6 +28,7 @@ from tests.e2e.conftest import (
 ERRORS_MODEL = "failover/errors"  # two sims; one starts failing at run time
 DROP_MODEL = "failover/drop"  # one sim that cuts every stream mid-way
 DEAD_MODEL = "failover/dead"  # only backends where nothing listens
+POISON_MODEL = "failover/poison"  # two sims that fail any prompt with a marker in it
 BREAKER_FAILURES = 3
 CHAT = [{"role": "user", "content": "Are you there?"}]
 POLICY_PATH = f"/admin/v1/models/{SIM_MODEL}/policy"
@@ -44,6 +45,7 @@ class Fleet:
     ok: Server
     errors_good: Server
     errors_bad: Server
+    poisoned: tuple[Server, Server]
 
 
 def fast_sim(model: str, *options: str) -> tuple[str, ...]:
@@ -57,11 +59,13 @@ def fleet(
 ) -> Fleet:
     """SIM_MODEL: a down plain backend, a healthy one and a down p-eagle one; ERRORS_MODEL:
     two healthy sims; DROP_MODEL: one sim that drops streams; DEAD_MODEL: two down ones."""
-    ok, good, bad, drop = start_module_servers(
+    ok, good, bad, drop, poison_1, poison_2 = start_module_servers(
         fast_sim(SIM_MODEL),
         fast_sim(ERRORS_MODEL),
         fast_sim(ERRORS_MODEL),
         fast_sim(DROP_MODEL, "--drop-rate", "1"),
+        fast_sim(POISON_MODEL),
+        fast_sim(POISON_MODEL),
     )
     backends = [
         fleet_backend("a-down", closed_url()),
@@ -72,11 +76,13 @@ def fleet(
         fleet_backend("c-drop", drop.base_url, model=DROP_MODEL),
         fleet_backend("d-dead-1", closed_url(), model=DEAD_MODEL),
         fleet_backend("d-dead-2", closed_url(), model=DEAD_MODEL),
+        fleet_backend("e-1", poison_1.base_url, model=POISON_MODEL),
+        fleet_backend("e-2", poison_2.base_url, model=POISON_MODEL),
     ]
     gateway, database_url = start_module_gateway(
         backends, BREAKER_FAILURES=str(BREAKER_FAILURES), BREAKER_COOLDOWN_S="120"
     )
-    return Fleet(gateway, database_url, ok, good, bad)
+    return Fleet(gateway, database_url, ok, good, bad, (poison_1, poison_2))
 
 
 @pytest.fixture
@@ -137,6 +143,40 @@ def test_a_failing_backend_is_retried_around_then_skipped(
             wait_marked_down(fleet, "b-bad")  # as /metrics tells it
         finally:
             assert sim.post("/sim/faults", json={"error_rate": 0}).status_code == 200
+
+
+def test_a_poison_request_is_not_held_against_the_backends(
+    fleet: Fleet, client: openai.OpenAI
+) -> None:
+    """A request every backend fails (a prompt that crashes the engine) is the request's
+    fault: after the second backend fails it alike it is answered, not retried further, and
+    no breaker counts it, so ten of them (3 failures open a breaker here) leave both
+    backends serving without panic routing."""
+    marker = f"poison-{uuid.uuid4().hex[:8]}"
+    gateway = fleet.gateway.base_url
+    for sim in fleet.poisoned:
+        assert httpx.post(f"{sim.base_url}/sim/faults", json={"poison": marker}).status_code == 200
+    try:
+        for _ in range(10):
+            with pytest.raises(openai.APIStatusError) as raised:
+                client.chat.completions.create(
+                    model=POISON_MODEL, messages=[{"role": "user", "content": marker}]
+                )
+            assert raised.value.status_code == 502
+            assert isinstance(raised.value.body, dict)
+            assert raised.value.body["code"] == "request_failed_on_backends"
+        assert metric_value(gateway, "draftgate_poison_requests_total", model=POISON_MODEL) == 10
+        retried = metric_value(gateway, "draftgate_upstream_retries_total", model=POISON_MODEL)
+        assert retried == 10  # each tried on exactly one other backend
+        served = {chat_headers(client, POISON_MODEL)["x-draftgate-backend"] for _ in range(20)}
+        assert served == {"e-1", "e-2"}
+        panics = metric_value(gateway, "draftgate_panic_routes_total", model=POISON_MODEL)
+        assert panics == 0  # no breaker opened
+        with fleet.gateway.client() as http:
+            assert http.get("/ready").status_code == 200
+    finally:
+        for sim in fleet.poisoned:
+            httpx.post(f"{sim.base_url}/sim/faults", json={"poison": ""})
 
 
 def test_a_stream_cut_mid_way_ends_with_an_error_event(fleet: Fleet, client: openai.OpenAI) -> None:
