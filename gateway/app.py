@@ -63,8 +63,14 @@ async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error.envelope(), status_code=error.status_code)
 
 
-def upstream_client(settings: Settings) -> httpx.AsyncClient:
-    """The one pooled client for every backend (aiohttp's transport: a cheap relay)."""
+CONTROL_CONNECTIONS = 8  # the prober's and collector's own pool: short, sequential calls
+
+
+def upstream_client(settings: Settings, max_connections: int | None = None) -> httpx.AsyncClient:
+    """A pooled client for the backends (aiohttp's transport: a cheap relay): the relay's
+    (`upstream_max_connections`), or the control loops' own, so client traffic can never
+    take the connections health checks need."""
+    connections = max_connections or settings.upstream_max_connections
     timeout = httpx.Timeout(
         connect=settings.connect_timeout_s,
         read=settings.read_timeout_s,
@@ -72,8 +78,8 @@ def upstream_client(settings: Settings) -> httpx.AsyncClient:
         pool=settings.pool_timeout_s,
     )
     limits = httpx.Limits(
-        max_connections=settings.upstream_max_connections,
-        max_keepalive_connections=settings.upstream_max_connections,
+        max_connections=connections,
+        max_keepalive_connections=connections,
         keepalive_expiry=UPSTREAM_KEEPALIVE_S,
     )
     # trust_env off: backends are reached directly, never through an environment's proxy.
@@ -168,6 +174,7 @@ async def _running(
     registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
     registry.on_load.append(limiter.snapshot_loaded)
     client = upstream_client(settings)
+    control = upstream_client(settings, CONTROL_CONNECTIONS)
     benchmarks = BenchmarkManager(sessions)
     app.state.services = Services(
         settings,
@@ -185,7 +192,7 @@ async def _running(
     # left behind); the prober only talks HTTP and is cancelled.
     collector = Collector(
         registry,
-        client,
+        control,
         sessions,
         metrics,
         interval_s=settings.collect_interval_s,
@@ -213,7 +220,7 @@ async def _running(
         )
     ]
     prober = asyncio.create_task(
-        probe_forever(registry, client, settings.probe_interval_s, metrics)
+        probe_forever(registry, control, settings.probe_interval_s, metrics)
     )
     try:
         yield
@@ -228,3 +235,4 @@ async def _running(
         await managed.close(sessions)
         await ledger.drain()
         await client.aclose()
+        await control.aclose()
