@@ -10,7 +10,7 @@ rest wait: throughput stops growing and a client's time per token grows with the
 from __future__ import annotations
 
 from planner.calibration import Workload
-from planner.specdec import BYTES_PER_DRAFTER_PARAM, StepTimeModel
+from planner.specdec import BYTES_PER_DRAFTER_PARAM, StepTimeModel, mean_context_tokens
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 # Activations of a max-size batch, CUDA graphs and communication buffers: vLLM's start-up
@@ -28,7 +28,7 @@ def kv_capacity_bytes(step: StepTimeModel) -> float:
 def kv_bytes_per_sequence(step: StepTimeModel, workload: Workload) -> float:
     """A sequence's KV cache, target and drafter, at its mean length (prompt plus half the
     answer, as the steady state holds them) and its K speculative slots."""
-    tokens = workload.prompt_tokens + workload.output_tokens // 2 + step.k
+    tokens = mean_context_tokens(workload) + step.k
     m = step.model
     drafter_layers = step.drafter.layers if step.drafter is not None and step.k else 0
     return (

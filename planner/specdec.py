@@ -142,9 +142,15 @@ class StepTimeModel:
         return float(layers + (d.draft_vocab_size or self.model.vocab_size) * h)
 
 
+def mean_context_tokens(workload: Workload) -> int:
+    """Tokens a decoding sequence holds on average in the steady state: its prompt and half
+    its answer."""
+    return workload.prompt_tokens + workload.output_tokens // 2
+
+
 def steady_state_shape(concurrency: int, k: int, workload: Workload) -> StepShape:
     """The average decode step of a closed loop of `concurrency` clients sending `workload`."""
-    context = workload.prompt_tokens + workload.output_tokens // 2
+    context = mean_context_tokens(workload)
     return StepShape(
         decode_seqs=concurrency,
         verify_tokens=concurrency * (1 + k),
