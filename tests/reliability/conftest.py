@@ -198,6 +198,26 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
+def describe_fds(pid: int) -> Counter[str]:
+    """Process `pid`'s descriptors by kind, TCP sockets by state and remote port: what a
+    failed leak check shows."""
+    states = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+    tcp = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        tcp[fields[9]] = f"tcp {states.get(fields[3], fields[3])} to :{remote_port}"
+    kinds: Counter[str] = Counter()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = fd.readlink().as_posix()
+        except OSError:  # closed while listing
+            continue
+        inode = target[8:-1] if target.startswith("socket:[") else None
+        kinds[tcp.get(inode, "socket, not TCP/IPv4") if inode else target.split(":")[0]] += 1
+    return kinds
+
+
 def connections_to(pid: int, ports: Iterable[int]) -> int:
     """TCP connections of process `pid` whose remote end is 127.0.0.1 on one of `ports`."""
     wanted, inodes, count = set(ports), _socket_inodes(pid), 0

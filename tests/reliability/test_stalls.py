@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from tests.reliability.conftest import (
     Outcome,
     Server,
     connections_to,
+    describe_fds,
     fleet_backend,
     gateway_env,
     metric_value,
@@ -126,17 +127,15 @@ async def wait_connections(pid: int, port: int, count: int, timeout_s: float = 3
     return held
 
 
-async def wait_connections_closed(
-    pid: int, port: int, most: int, timeout_s: float = CLOSE_TIMEOUT_S
-) -> int:
-    """Until process `pid` holds at most `most` connections to `port` (or the timeout); how
-    many it holds then."""
+async def settle(read: Callable[[], int], most: int, timeout_s: float = CLOSE_TIMEOUT_S) -> int:
+    """Until `read()` is at most `most` (or the timeout): what it reads then. Closing is
+    asynchronous on both sides of a socket, so a count taken at once can catch it midway."""
     deadline = time.monotonic() + timeout_s
-    while (held := connections_to(pid, [port])) > most:
+    while (value := read()) > most:
         if time.monotonic() > deadline:
             break
         await asyncio.sleep(0.1)
-    return held
+    return value
 
 
 def median_latency_s(outcomes: list[Outcome]) -> float:
@@ -227,8 +226,9 @@ async def test_stalls_block_no_other_model_and_leak_nothing(sims: Sims, gateways
     in_stall = await wait_connections(pid, stall_port, STALL_CONCURRENCY // 2)
     during_s = median_latency_s(await streams(gateway, HEALTHY_MODEL, PROBES, 4))
     outcomes = await stalled
-    upstream_after = await wait_connections_closed(pid, stall_port, upstream + 2)
-    rss_after, fds_after = rss_bytes(pid), open_fds(pid)
+    upstream_after = await settle(lambda: connections_to(pid, [stall_port]), upstream + 2)
+    fds_after = await settle(lambda: open_fds(pid), fds + 10)  # the clients' sockets too
+    rss_after = rss_bytes(pid)
     kinds = [o.kind for o in outcomes]
     print(
         f"\nscenario 2 head-of-line: {HEALTHY_MODEL} median latency before={before_s * 1000:.0f}ms "
@@ -243,5 +243,5 @@ async def test_stalls_block_no_other_model_and_leak_nothing(sims: Sims, gateways
     # No head-of-line blocking: one blocked request would wait the whole read timeout.
     assert during_s < min(3 * before_s + 1.0, HOL_READ_TIMEOUT_S / 2)
     assert upstream_after <= upstream + 2  # every timed-out connection was closed
-    assert fds_after <= fds + 10
+    assert fds_after <= fds + 10, describe_fds(pid)
     assert rss_after - rss < 40 * 2**20  # loose: a leak per request would show in hundreds
