@@ -47,7 +47,7 @@ class UsageEntry:
     prompt_tokens: int
     completion_tokens: int
     status_code: int
-    outcome: str  # ok, client_error, upstream_error, client_disconnect, rejected
+    outcome: str  # ok, client_error, upstream_error, client_disconnect, client_stalled, rejected
     latency_ms: float
     ttft_ms: float | None
     concurrency: float | None

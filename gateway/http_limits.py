@@ -1,4 +1,5 @@
-"""The server side of HTTP: uvicorn's httptools protocol with limits on reading a request.
+"""The server side of HTTP: uvicorn's httptools protocol with limits on reading a request
+and on writing the answer.
 
 uvicorn bounds neither the size nor the count of request headers under httptools, nor the
 time a client may take to send a request: a client trickling bytes (slowloris) holds its
@@ -6,6 +7,12 @@ connection for ever. Here each request must arrive whole within `read_timeout_s`
 byte (or of the connection opening), its head within `max_header_bytes` and `max_header_count`;
 otherwise the client gets a 408/431 in the OpenAI error envelope and the connection closes.
 Malformed requests get the envelope too instead of uvicorn's plain-text 400.
+
+Nor does uvicorn time out writes: a client that stops reading a stream blocks the response's
+next write for ever, and with it the upstream connection the relay is reading from. Here a
+connection whose write buffer stays full (asyncio paused writing, at 64 KiB beyond what the
+kernel holds) for `write_timeout_s` is aborted: the app sees a disconnect, as if the client
+had left, and the scope says why (`STALLED`), so the relay records the request as stalled.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,6 +38,10 @@ class RequestLimits:
     max_header_bytes: int
     max_header_count: int
     read_timeout_s: float
+    write_timeout_s: float
+
+
+STALLED = "draftgate.client_stalled"  # set in a request's scope when its client was cut
 
 
 class _Refused(Exception):
@@ -46,12 +57,40 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = self._head_size = self._header_count = 0  # bytes read, bytes parsed
         self._refusal: tuple[int, str] | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._resumed()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The client is not reading what we write: it has `write_timeout_s` to start again."""
+        if self._write_deadline is None:
+            timeout = self.limits.write_timeout_s
+            self._write_deadline = self.loop.call_later(timeout, self._write_timed_out)
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._resumed()
+        super().resume_writing()
+
+    def _resumed(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_timed_out(self) -> None:
+        self._write_deadline = None
+        if self.cycle is not None:
+            cast(dict[str, Any], self.cycle.scope)[STALLED] = True
+        logger.warning(
+            "cut a client that read nothing for %s s (DRAFTGATE_CLIENT_WRITE_TIMEOUT_S)",
+            self.limits.write_timeout_s,
+        )
+        self.transport.abort()  # close() would wait to flush what the client will not read
 
     def data_received(self, data: bytes) -> None:
         in_head = self._header_count >= 0

@@ -1,4 +1,5 @@
-"""Per-key limits: requests and tokens per minute, and a USD budget, across replicas.
+"""Per-key limits: requests and tokens per minute, and a USD budget, across replicas;
+requests in flight at once, on each replica.
 
 Checks read memory only. A request is admitted with a *reservation*: its worst-case tokens
 (the prompt's estimate plus every completion token it may ask for) and cost, counted at once,
@@ -15,6 +16,10 @@ that the snapshot does not include yet, plus its reservations in flight; other r
 reservations are not shared, so across N replicas a budget can be overshot by what the
 others admit before their spend is written and read back (one ledger flush plus one
 `registry_refresh_s`), at most N - 1 times the budget that remained.
+
+A key's requests in flight are counted on each replica alone (from admission to settlement):
+`max_concurrent_requests` bounds what one client holds of one replica (its upstream
+connections, its streams), as nginx's `limit_conn` does, not across the fleet.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class Limiter:
         self._counts: dict[tuple[int, int], _Counts] = defaultdict(_Counts)
         self._spend_since_snapshot: dict[int, float] = defaultdict(float)
         self._reserved_usd: dict[int, float] = {}  # budget held by requests in flight
+        self._in_flight: dict[int, int] = {}  # requests admitted and not yet settled, per key
         self._unwritten_at_start: dict[int, float] = {}  # as of the registry read under way
         self._spend_at_start: dict[int, float] | None = None
 
@@ -92,6 +98,11 @@ class Limiter:
     ) -> Reservation:
         """Reserve `tokens` and `usd` for one request, or raise the refusal over the key's
         rate limits or budget (`spent_usd`: the key's spend as of the registry's snapshot)."""
+        in_flight = self._in_flight.get(key.id, 0)
+        most = key.max_concurrent_requests
+        if most is not None and in_flight >= most:
+            message = f"Concurrency limit reached: {most} requests in flight on this key"
+            raise RateLimited(message, code="concurrency_limit_exceeded", retry_after_s=1)
         now_s = time.time() if now_s is None else now_s
         window = current_window(now_s)
         counts = self._counts.get((key.id, window), _Counts())
@@ -127,10 +138,16 @@ class Limiter:
         counted = self._counts[(key.id, window)]
         counted.unsynced_requests += 1
         counted.unsynced_tokens += tokens
+        self._in_flight[key.id] = in_flight + 1
         return Reservation(key.id, window, tokens, usd if budget is not None else 0.0)
 
     def settle(self, held: Reservation, tokens: int, cost_usd: float | None) -> None:
         """A request ended: its actual tokens and cost replace its reservation."""
+        left_in_flight = self._in_flight.get(held.key_id, 0) - 1
+        if left_in_flight > 0:
+            self._in_flight[held.key_id] = left_in_flight
+        else:
+            self._in_flight.pop(held.key_id, None)
         if held.usd:
             left = self._reserved_usd.get(held.key_id, 0.0) - held.usd
             if left > 1e-12:

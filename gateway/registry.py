@@ -111,6 +111,7 @@ class KeyView:
     budget_usd: float | None
     budget_period: str
     allowed_models: frozenset[str] | None
+    max_concurrent_requests: int | None = None  # on each replica
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
             k.budget_usd,
             k.budget_period,
             frozenset(k.allowed_models) if k.allowed_models is not None else None,
+            k.max_concurrent_requests,
         )
         for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
     }

@@ -235,6 +235,9 @@ class KeyLimits(Strict):
 
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
+    max_concurrent_requests: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Requests in flight at once, per replica."
+    )
     budget_usd: float | None = Field(default=None, ge=0)
     budget_period: Literal["daily", "monthly", "total"] = "monthly"
     allowed_models: list[Name] | None = None
@@ -252,6 +255,7 @@ class KeyUpdate(Strict):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
+    max_concurrent_requests: int | None = Field(default=None, ge=1, le=1_000_000)
     budget_usd: float | None = Field(default=None, ge=0)
     budget_period: Literal["daily", "monthly", "total"] | None = None
     allowed_models: list[Name] | None = None
@@ -265,6 +269,7 @@ class KeyPublic(Public):
     key_prefix: str
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    max_concurrent_requests: int | None
     budget_usd: float | None
     budget_period: str
     allowed_models: list[str] | None

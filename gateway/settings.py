@@ -178,6 +178,17 @@ class Settings(BaseSettings):
             "about 5 Mbit/s."
         ),
     )
+    client_write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds a client may leave the gateway's write buffer for its connection full "
+            "(it stopped reading) before the connection is cut, the upstream request closed and "
+            "the request recorded as `client_stalled`; without it a client that stops reading "
+            "a stream holds an upstream connection for ever. Default 30 s: a client reading at "
+            "all drains the buffer in far less."
+        ),
+    )
     collect_interval_s: float = Field(
         default=5.0,
         gt=0,

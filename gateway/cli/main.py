@@ -56,7 +56,10 @@ def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream request
     limits = RequestLimits(
-        settings.max_header_bytes, settings.max_header_count, settings.request_read_timeout_s
+        settings.max_header_bytes,
+        settings.max_header_count,
+        settings.request_read_timeout_s,
+        settings.client_write_timeout_s,
     )
     uvicorn.run(
         create_app(settings, managed),
@@ -256,6 +259,9 @@ def keys_create(
     name: str,
     requests_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
     tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    max_concurrent_requests: Annotated[
+        int | None, typer.Option(min=1, help="Requests in flight at once, per replica.")
+    ] = None,
     budget_usd: Annotated[float | None, typer.Option(min=0)] = None,
 ) -> None:
     """Create an API key and print it once."""
@@ -266,6 +272,7 @@ def keys_create(
         name=name,
         requests_per_minute=requests_per_minute,
         tokens_per_minute=tokens_per_minute,
+        max_concurrent_requests=max_concurrent_requests,
         budget_usd=budget_usd,
     )
     with session() as db:

@@ -87,6 +87,7 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     requests_per_minute: Mapped[int | None]
     tokens_per_minute: Mapped[int | None]
+    max_concurrent_requests: Mapped[int | None]
     budget_usd: Mapped[float | None]
     budget_period: Mapped[str] = mapped_column(String(16), default="monthly")
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON)

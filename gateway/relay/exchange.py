@@ -20,7 +20,7 @@ from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, Snapshot
 from gateway.relay.checks import BYTES_PER_TOKEN, worst_case_tokens
-from gateway.relay.usage import tokens_of
+from gateway.relay.usage import Tokens, tokens_of
 
 # A name no backend serves is the client's to choose: its refusals are recorded under this
 # one name (as /metrics labels them), never under theirs.
@@ -143,11 +143,29 @@ def estimate_abandoned(
 
 
 def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetrics) -> None:
-    """Exactly one ledger record and the metrics of a finished request."""
+    """Exactly one ledger record and the metrics of a finished request; its reservation is
+    released whatever else fails (a key's slots and held budget must not leak)."""
     if x.model is None or x.snapshot is None:  # refused before the model was known
         metrics.rejections.labels("malformed").inc()
         return
     tokens = tokens_of(x.usage)
+    cost: float | None = None
+    try:
+        cost = _record(x, x.model, x.snapshot, tokens, ledger, metrics)
+    finally:
+        if x.reservation is not None:
+            limiter.settle(x.reservation, tokens.prompt + tokens.completion, cost)
+
+
+def _record(
+    x: Exchange,
+    model: str,
+    snapshot: Snapshot,
+    tokens: Tokens,
+    ledger: Ledger,
+    metrics: GatewayMetrics,
+) -> float | None:
+    """Write the request's ledger record and metrics; its cost."""
     prompt, completion = tokens.prompt, tokens.completion
     for name in tokens.rejected:  # set aside, counted: the record itself is kept
         metrics.usage_rejected.labels(name).inc()
@@ -162,7 +180,7 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             client_request_id=x.request_id,
             created_at=x.created_at,
             api_key_id=x.key.id if x.key else None,
-            model=x.model if x.model in x.snapshot.backends else UNKNOWN_MODEL,
+            model=model if model in snapshot.backends else UNKNOWN_MODEL,
             method=x.method,
             backend_name=x.backend.name if x.backend else None,
             prompt_tokens=prompt,
@@ -181,9 +199,8 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
             tokens_estimated=x.tokens_estimated,
         )
     )
-    if x.reservation is not None:
-        limiter.settle(x.reservation, prompt + completion, cost)
-    _observe(x.snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
+    _observe(snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
+    return cost
 
 
 @dataclass(frozen=True, slots=True)

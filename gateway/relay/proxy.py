@@ -35,6 +35,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.http_limits import STALLED
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry, Snapshot
@@ -99,7 +100,9 @@ class Relay:
             exchange.outcome = "rejected" if exchange.backend is None else "upstream_error"
             await _send_error(send, error, rid)
         except ClientGone:
-            exchange.status, exchange.outcome = 499, "client_disconnect"
+            stalled = scope.get(STALLED, False)  # cut by the server: it stopped reading
+            exchange.status = 499
+            exchange.outcome = "client_stalled" if stalled else "client_disconnect"
         finally:
             try:
                 settle(exchange, self.ledger, self.limiter, self.metrics)

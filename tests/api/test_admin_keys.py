@@ -37,8 +37,9 @@ async def test_key_is_shown_once_and_stored_hashed(
 
 async def test_limits_update_and_revoke(client: httpx.AsyncClient) -> None:
     key_id = (await client.post("/admin/v1/keys", json={"name": "k"})).json()["id"]
-    patched = await client.patch(f"/admin/v1/keys/{key_id}", json={"requests_per_minute": 60})
-    assert patched.json()["requests_per_minute"] == 60
+    limits = {"requests_per_minute": 60, "max_concurrent_requests": 4}
+    patched = await client.patch(f"/admin/v1/keys/{key_id}", json=limits)
+    assert {k: patched.json()[k] for k in limits} == limits
     assert patched.json()["name"] == "k"
     revoked = await client.delete(f"/admin/v1/keys/{key_id}")
     assert revoked.status_code == 200
@@ -56,3 +57,7 @@ async def test_key_errors(client: httpx.AsyncClient) -> None:
     assert_envelope(await client.post("/admin/v1/keys", json={"name": ""}), 422, "name")
     bad_limit = {"name": "x", "tokens_per_minute": 0}
     assert_envelope(await client.post("/admin/v1/keys", json=bad_limit), 422, "tokens_per_minute")
+    no_slot = {"name": "x", "max_concurrent_requests": 0}
+    assert_envelope(
+        await client.post("/admin/v1/keys", json=no_slot), 422, "max_concurrent_requests"
+    )

@@ -33,6 +33,22 @@ def test_requests_per_minute() -> None:
     assert lim.remaining(KEY, NOW + 60) == (2, 100)
 
 
+def test_requests_in_flight_are_bounded_until_settled() -> None:
+    lim = limiter()
+    two = KeyView(7, "k", None, None, None, "monthly", None, max_concurrent_requests=2)
+    held = [lim.admit(two, 0.0, 0, 0.0) for _ in range(2)]
+    with pytest.raises(RateLimited) as refused:
+        lim.admit(two, 0.0, 0, 0.0)
+    assert (refused.value.status_code, refused.value.code) == (429, "concurrency_limit_exceeded")
+    assert refused.value.retry_after_s == 1
+    lim.settle(held[0], 0, None)
+    held[0] = lim.admit(two, 0.0, 0, 0.0)  # a slot came free
+    other = KeyView(8, "other", None, None, None, "monthly", None, max_concurrent_requests=1)
+    lim.admit(other, 0.0, 0, 0.0)  # keys are counted apart
+    unlimited = KeyView(7, "k", None, None, None, "monthly", None)  # the limit lifted
+    lim.admit(unlimited, 0.0, 0, 0.0)
+
+
 def test_tokens_are_reserved_at_admission_and_settled_to_the_actual() -> None:
     lim = limiter()
     now = time.time()  # settling reads the wall clock's minute
