@@ -53,7 +53,7 @@ def prepare_database(settings: Settings, engine: Engine) -> None:
     if settings.fleet is not None:
         fleet = load_fleet(settings.fleet)
         with transaction(make_sessionmaker(engine)) as session:
-            apply_fleet(session, fleet)
+            apply_fleet(session, fleet, allow_link_local=settings.allow_link_local_backends)
         logger.info("applied fleet file %s", settings.fleet)
 
 

@@ -5,9 +5,42 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Generic, Literal, Self, TypeVar, get_args
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from backends.methods import METHOD_IDS, MethodSpec, spec_from_options
+from gateway.urls import check_backend_url
+
+SPECULATIVE_OPTIONS_DEPTH = 8  # vLLM's speculative_config is flat but for a few small maps
+
+
+def nested_deeper(payload: dict[str, Any] | list[Any], limit: int) -> bool:
+    """Whether any object or array sits deeper than `limit` (`payload` itself is 1)."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(payload, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def _shallow(options: dict[str, Any]) -> dict[str, Any]:
+    if nested_deeper(options, SPECULATIVE_OPTIONS_DEPTH):
+        raise ValueError(f"speculative_options nest more than {SPECULATIVE_OPTIONS_DEPTH} deep")
+    return options
+
+
+SpeculativeOptions = Annotated[dict[str, Any], AfterValidator(_shallow)]
+SpeculativeK = Annotated[int, Field(ge=0, le=64)]  # num_speculative_tokens; 0 for plain
 
 Name = Annotated[
     str,
@@ -36,22 +69,15 @@ class Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
-def _check_backend_url(url: AnyHttpUrl) -> str:
-    text = str(url).rstrip("/")
-    if text.endswith("/v1"):
-        raise ValueError(f"url is the server's base URL without /v1, got {text!r}")
-    return text
-
-
 class BackendFields(Strict):
     """Fields of a backend that describe how it decodes."""
 
     url: AnyHttpUrl
     model: Name
     method: Method
-    k: int | None = None
+    k: SpeculativeK | None = None
     drafter: str | None = Field(default=None, max_length=500)
-    speculative_options: dict[str, Any] = Field(default_factory=dict)
+    speculative_options: SpeculativeOptions = Field(default_factory=dict)
     gpu_type: GpuType = "B200"
     gpu_count: int = Field(default=1, ge=1, le=1024)
     enabled: bool = True
@@ -68,12 +94,12 @@ class BackendFields(Strict):
 
     def normalised_url(self) -> str:
         """The base URL as stored: no trailing slash, no `/v1`."""
-        return _check_backend_url(self.url)
+        return check_backend_url(self.url)
 
     @field_validator("url")
     @classmethod
-    def _no_v1(cls, url: AnyHttpUrl) -> AnyHttpUrl:
-        _check_backend_url(url)
+    def _base_url(cls, url: AnyHttpUrl) -> AnyHttpUrl:
+        check_backend_url(url)
         return url
 
 
@@ -89,9 +115,9 @@ class BackendUpdate(Strict):
     url: AnyHttpUrl | None = None
     model: Name | None = None
     method: Method | None = None
-    k: int | None = None
+    k: SpeculativeK | None = None
     drafter: str | None = Field(default=None, max_length=500)
-    speculative_options: dict[str, Any] | None = None
+    speculative_options: SpeculativeOptions | None = None
     gpu_type: GpuType | None = None
     gpu_count: int | None = Field(default=None, ge=1, le=1024)
     enabled: bool | None = None
@@ -102,9 +128,9 @@ class BackendSwitch(Strict):
     """Move a managed backend to another method or K: a new server replaces the old one."""
 
     method: Method
-    k: int | None = None
+    k: SpeculativeK | None = None
     drafter: str | None = Field(default=None, max_length=500)
-    speculative_options: dict[str, Any] = Field(default_factory=dict)
+    speculative_options: SpeculativeOptions = Field(default_factory=dict)
     name: BackendName | None = None  # the new backend's name; default: derived from the old
 
 

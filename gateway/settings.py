@@ -178,6 +178,14 @@ class Settings(BaseSettings):
             "about 5 Mbit/s."
         ),
     )
+    allow_link_local_backends: bool = Field(
+        default=False,
+        description=(
+            "Accept backend URLs on link-local and cloud metadata addresses (169.254.0.0/16, "
+            "fe80::/10, metadata.google.internal, ...). Default off: those addresses are where "
+            "a cloud machine keeps its credentials, and no vLLM server listens there."
+        ),
+    )
     client_write_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -38,9 +38,10 @@ def list_backends(
 
 
 @router.post("", status_code=201)
-def post_backend(data: BackendCreate, session: SessionDep) -> BackendPublic:
+def post_backend(data: BackendCreate, session: SessionDep, services: ServicesDep) -> BackendPublic:
     """Add a backend."""
-    return backend_public(create_backend(session, data, ACTOR))
+    allow = services.settings.allow_link_local_backends
+    return backend_public(create_backend(session, data, ACTOR, allow_link_local=allow))
 
 
 @router.get("/{name}")
@@ -51,9 +52,12 @@ def get_backend(name: str, session: SessionDep, services: ServicesDep) -> Backen
 
 
 @router.patch("/{name}")
-def patch_backend(name: str, patch: BackendUpdate, session: SessionDep) -> BackendPublic:
+def patch_backend(
+    name: str, patch: BackendUpdate, session: SessionDep, services: ServicesDep
+) -> BackendPublic:
     """Change some fields of a backend (enable, disable, move, re-tune)."""
-    return backend_public(update_backend(session, name, patch, ACTOR))
+    allow = services.settings.allow_link_local_backends
+    return backend_public(update_backend(session, name, patch, ACTOR, allow_link_local=allow))
 
 
 @router.delete("/{name}", status_code=204)

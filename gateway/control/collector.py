@@ -174,10 +174,12 @@ class Collector:
     async def collect_once(self) -> None:
         """Scrape every enabled backend once."""
         backends = [b for group in self.registry.snapshot.backends.values() for b in group]
-        pages = await asyncio.gather(*(self._scrape(b) for b in backends))
+        pages = await asyncio.gather(*(self._scrape(b) for b in backends), return_exceptions=True)
         now = time.monotonic()
         for backend, snapshot in zip(backends, pages, strict=True):
-            if snapshot is not None:
+            if isinstance(snapshot, BaseException):  # that backend's alone: the others go on
+                logger.warning("scrape of %s failed: %r", backend.name, snapshot)
+            elif snapshot is not None:
                 self._absorb(backend, snapshot, now)
 
     async def _scrape(self, backend: BackendView) -> VllmSnapshot | None:

@@ -4,6 +4,7 @@ and once per backend the context length its `/v1/models` reports."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
@@ -12,6 +13,7 @@ from backends.probe import Probe, probe_health, probe_max_model_len
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, Registry
 
+logger = logging.getLogger(__name__)
 SLOW_PROBES_DOWN = 2  # a server too busy to answer /health once is not yet taken out
 
 
@@ -21,13 +23,18 @@ async def probe_forever(
     """Probe every enabled backend's `/health` on an interval; publish health gauges."""
     while True:
         backends = [b for group in registry.snapshot.backends.values() for b in group]
+        # One backend's probe failing in a way nobody foresaw is that backend down, never
+        # the end of every backend's health checks.
         results = await asyncio.gather(
-            *(probe_health(client, b.url, timeout_s=min(interval_s, 2.0)) for b in backends)
+            *(probe_health(client, b.url, timeout_s=min(interval_s, 2.0)) for b in backends),
+            return_exceptions=True,
         )
         now = time.monotonic()
         for backend, result in zip(backends, results, strict=True):
             state = registry.states[backend.name]
-            apply_probe(state, result)
+            if isinstance(result, BaseException):
+                logger.warning("probe of %s failed: %r", backend.name, result)
+            apply_probe(state, result if isinstance(result, Probe) else Probe.DOWN)
             metrics.healthy.labels(backend.name).set(int(state.healthy and state.open_until <= now))
             metrics.in_flight.labels(backend.name).set(state.in_flight)
         unknown = [
@@ -35,10 +42,12 @@ async def probe_forever(
             and registry.states[b.name].healthy
         ]  # fmt: skip
         lengths = await asyncio.gather(
-            *(probe_max_model_len(client, b.url, b.model, min(interval_s, 2.0)) for b in unknown)
+            *(probe_max_model_len(client, b.url, b.model, min(interval_s, 2.0)) for b in unknown),
+            return_exceptions=True,
         )
         for backend, length in zip(unknown, lengths, strict=True):
-            registry.states[backend.name].max_model_len = length
+            if not isinstance(length, BaseException):
+                registry.states[backend.name].max_model_len = length
         await asyncio.sleep(interval_s)
 
 

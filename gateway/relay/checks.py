@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
+from gateway.schemas import nested_deeper
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 GENERATION_PATHS = COMPLETION_PATHS | {"/v1/responses", "/v1/messages"}
@@ -31,21 +32,9 @@ def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidRequest("The request body must be a JSON object")
-    if body.count(b"{") + body.count(b"[") > max_depth and _deeper(payload, max_depth):
+    if body.count(b"{") + body.count(b"[") > max_depth and nested_deeper(payload, max_depth):
         raise InvalidRequest(f"The request body is nested more than {max_depth} levels deep")
     return payload
-
-
-def _deeper(payload: dict[str, Any], limit: int) -> bool:
-    """Whether any object or array sits deeper than `limit` (the body itself is 1)."""
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(payload, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
 
 
 def check_completion(path: str, payload: dict[str, Any]) -> None:

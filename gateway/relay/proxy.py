@@ -103,6 +103,9 @@ class Relay:
             stalled = scope.get(STALLED, False)  # cut by the server: it stopped reading
             exchange.status = 499
             exchange.outcome = "client_stalled" if stalled else "client_disconnect"
+        except Exception:  # the top of the relay: a bug is a 500 envelope and a record
+            logger.exception("request %s failed in the gateway", rid)
+            await _end_failed(exchange, send)
         finally:
             try:
                 settle(exchange, self.ledger, self.limiter, self.metrics)
@@ -289,6 +292,10 @@ class Relay:
         except httpx.TransportError as exc:
             self._record_failure(state)
             raise _Retryable(UpstreamError(f"backend unreachable: {type(exc).__name__}")) from exc
+        except ValueError as exc:  # a request the client library refuses to send there
+            self._record_failure(state)
+            logger.warning("request to backend %s refused by the client: %s", request.url.host, exc)
+            raise _Retryable(UpstreamError("backend unreachable: its URL is unusable")) from exc
         if response.status_code >= 500:
             # Counted against the breaker by the caller once it knows whose failure it is.
             detail = (await response.aread())[:200].decode("utf-8", "replace")
@@ -350,9 +357,8 @@ class Relay:
             x.outcome, x.status = "upstream_error", 502
             if x.backend is not None:
                 self._record_failure(self.registry.states[x.backend.name])
-            event = tap.finish() + _sse_error(
-                f"backend stream broke: {type(exc).__name__}", x.request_id
-            )
+            broke = _interrupted(f"backend stream broke: {type(exc).__name__}")
+            event = tap.finish() + _sse_error(broke, x.request_id)
             x.responded = True
             await send({"type": "http.response.body", "body": event, "more_body": False})
         finally:
@@ -431,8 +437,13 @@ def _usage_of(content: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-def _sse_error(message: str, request_id: str) -> bytes:
-    body = UpstreamError(message, code="stream_interrupted").envelope()
+def _interrupted(message: str) -> UpstreamError:
+    return UpstreamError(message, code="stream_interrupted")
+
+
+def _sse_error(error: GatewayError, request_id: str) -> bytes:
+    """The event that ends a stream cut short with `error`."""
+    body = error.envelope()
     body["error"]["request_id"] = request_id
     return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
 
@@ -444,11 +455,30 @@ async def _end_cut_stream(x: Exchange, stream: bool, send: Send) -> None:
     if not started:
         return
     x.responded = True
-    event = _sse_error("gateway shutting down; the stream was cut", x.request_id)
+    event = _sse_error(_interrupted("gateway shutting down; the stream was cut"), x.request_id)
     try:
         await send({"type": "http.response.body", "body": event, "more_body": False})
     except OSError:  # the connection is already gone
         logger.debug("client left before the shutdown event")
+
+
+async def _end_failed(x: Exchange, send: Send) -> None:
+    """Answer a request the gateway itself failed: a 500 envelope, or, once its response
+    has begun, an SSE error event (a whole response's head and body go out together)."""
+    started = x.status != 0 and not x.responded
+    x.status, x.outcome = 500, "gateway_error"
+    if x.responded:
+        return
+    error = GatewayError("The gateway failed to relay this request", code="internal_error")
+    if not started:
+        await _send_error(send, error, x.request_id)
+        return
+    x.responded = True
+    event = _sse_error(error, x.request_id)
+    try:
+        await send({"type": "http.response.body", "body": event, "more_body": False})
+    except OSError:
+        logger.debug("client left before the error event")
 
 
 async def _send_error(send: Send, error: GatewayError, request_id: str) -> None:

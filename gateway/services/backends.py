@@ -12,9 +12,10 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from backends.methods import render_speculative_config
+from backends.methods import render_speculative_config, spec_from_options
 from gateway.db import queries
 from gateway.db.tables import Backend, Measurement
+from gateway.errors import ValidationFailed
 from gateway.registry import Registry, Snapshot
 from gateway.schemas import (
     BackendCreate,
@@ -25,13 +26,14 @@ from gateway.schemas import (
 )
 from gateway.services.changes import merged
 from gateway.services.models import ensure_model
+from gateway.urls import is_link_local
 
 
 def backend_public(row: Backend) -> BackendPublic:
     """A backend as the API shows it, with its rendered vLLM speculative config."""
     public = BackendPublic.model_validate(row)
-    fields = BackendFields.model_validate(_fields(row))
-    public.speculative_config = render_speculative_config(fields.method_spec())
+    spec = spec_from_options(row.method, row.k, row.drafter, row.speculative_options)
+    public.speculative_config = render_speculative_config(spec)
     return public
 
 
@@ -57,27 +59,38 @@ def _audit(
     )
 
 
-def _assign(row: Backend, fields: BackendFields) -> None:
+def _assign(row: Backend, fields: BackendFields, allow_link_local: bool) -> None:
+    host = fields.url.host or ""
+    if is_link_local(host) and not allow_link_local:
+        message = (
+            f"url {host!r} is a link-local or cloud metadata address; set "
+            "DRAFTGATE_ALLOW_LINK_LOCAL_BACKENDS=true if a backend really listens there"
+        )
+        raise ValidationFailed(message, param="url")
     for key in BackendFields.model_fields:
         setattr(row, key, getattr(fields, key))
     row.url = fields.normalised_url()
 
 
-def create_backend(session: Session, data: BackendCreate, actor: str) -> Backend:
+def create_backend(
+    session: Session, data: BackendCreate, actor: str, *, allow_link_local: bool = False
+) -> Backend:
     """Add a backend (and its model, if new)."""
     row = Backend(name=data.name)
-    _assign(row, data)
+    _assign(row, data, allow_link_local)
     queries.add(session, row, f"backend {data.name!r}")
     ensure_model(session, data.model, actor)
     _audit(session, actor, "create", row.name, None, _snapshot(row))
     return row
 
 
-def update_backend(session: Session, name: str, patch: BackendUpdate, actor: str) -> Backend:
+def update_backend(
+    session: Session, name: str, patch: BackendUpdate, actor: str, *, allow_link_local: bool = False
+) -> Backend:
     """Change some fields of a backend, validating the result as a whole."""
     row = queries.get_backend(session, name)
     before = _snapshot(row)
-    _assign(row, merged(BackendFields, _fields(row), patch))
+    _assign(row, merged(BackendFields, _fields(row), patch), allow_link_local)
     queries.flush(session, f"backend {name!r}")
     ensure_model(session, row.model, actor)
     _audit(session, actor, "update", name, before, _snapshot(row))

@@ -62,7 +62,7 @@ def load_fleet(path: Path) -> Fleet:
         raise FleetError(f"fleet file {path}: {where}: {first['msg']}") from exc
 
 
-def apply_fleet(session: Session, fleet: Fleet) -> None:
+def apply_fleet(session: Session, fleet: Fleet, *, allow_link_local: bool = False) -> None:
     """Create or update what the fleet declares; what it does not mention is left alone.
 
     On PostgreSQL, replicas starting together take turns (a lock held until the caller's
@@ -73,17 +73,17 @@ def apply_fleet(session: Session, fleet: Fleet) -> None:
     for model in fleet.models:
         set_policy(session, model.name, model.policy, ACTOR)
     for backend in fleet.backends:
-        _apply_backend(session, backend)
+        _apply_backend(session, backend, allow_link_local)
     for price in fleet.prices:
         _apply_price(session, price)
 
 
-def _apply_backend(session: Session, backend: BackendCreate) -> None:
+def _apply_backend(session: Session, backend: BackendCreate, allow_link_local: bool) -> None:
     if queries.find_backend(session, backend.name) is None:
-        create_backend(session, backend, ACTOR)
+        create_backend(session, backend, ACTOR, allow_link_local=allow_link_local)
         return
-    fields = backend.model_dump(mode="json", exclude={"name"})
-    update_backend(session, backend.name, BackendUpdate.model_validate(fields), ACTOR)
+    fields = BackendUpdate.model_validate(backend.model_dump(mode="json", exclude={"name"}))
+    update_backend(session, backend.name, fields, ACTOR, allow_link_local=allow_link_local)
 
 
 def _apply_price(session: Session, price: PriceCreate) -> None:

@@ -7,6 +7,10 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.conftest import ADMIN_TOKEN
+
 EAGLE3 = {
     "name": "qwen-eagle3",
     "url": "http://127.0.0.1:8102",
@@ -15,6 +19,13 @@ EAGLE3 = {
     "k": 3,
     "drafter": "RedHatAI/Qwen3-8B-speculator.eagle3",
 }
+
+
+def nested(value: Any, depth: int) -> Any:
+    """`value` inside `depth` objects."""
+    for _ in range(depth):
+        value = {"a": value}
+    return value
 
 
 def assert_envelope(response: httpx.Response, status: int, param: str | None = None) -> str:
@@ -152,6 +163,38 @@ async def test_list_filters_by_model(client: httpx.AsyncClient) -> None:
     assert [b["name"] for b in listed.json()["data"]] == ["llama-plain"]
 
 
+async def test_a_patch_to_a_forbidden_url_is_refused_too(client: httpx.AsyncClient) -> None:
+    assert (await client.post("/admin/v1/backends", json=EAGLE3)).status_code == 201
+    patch = {"url": "http://169.254.169.254:8000"}
+    response = await client.patch(f"/admin/v1/backends/{EAGLE3['name']}", json=patch)
+    assert "DRAFTGATE_ALLOW_LINK_LOCAL_BACKENDS" in assert_envelope(response, 422, param="url")
+    stored = (await client.get(f"/admin/v1/backends/{EAGLE3['name']}")).json()
+    assert stored["url"] == EAGLE3["url"]
+
+
+async def test_link_local_backends_can_be_allowed(settings: Settings) -> None:
+    app = create_app(settings.model_copy(update={"allow_link_local_backends": True}))
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=headers
+        ) as client,
+    ):
+        body = {**EAGLE3, "url": "http://[fe80::1]:8000"}
+        response = await client.post("/admin/v1/backends", json=body)
+    assert response.status_code == 201, response.text
+    assert response.json()["url"] == "http://[fe80::1]:8000"
+
+
+async def test_speculative_options_nested_900_deep_are_a_422_not_a_500(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {**EAGLE3, "speculative_options": nested(1, 900)}
+    response = await client.post("/admin/v1/backends", json=body)
+    assert response.status_code == 422, response.text
+
+
 @pytest.mark.parametrize(
     ("change", "param", "fragment"),
     [
@@ -170,6 +213,20 @@ async def test_list_filters_by_model(client: httpx.AsyncClient) -> None:
         ),
         ({"url": "http://127.0.0.1:8102/v1"}, "url", "without /v1"),
         ({"url": "ftp://x"}, "url", "URL scheme"),
+        ({"url": "http://user:secret@127.0.0.1:8102"}, "url", "must not carry credentials"),
+        ({"url": "http://127.0.0.1:8102#"}, "url", "query or a fragment"),
+        ({"url": "http://127.0.0.1:8102/?x=1"}, "url", "query or a fragment"),
+        ({"url": "http://169.254.169.254"}, "url", "link-local or cloud metadata"),
+        ({"url": "http://2852039166"}, "url", "link-local or cloud metadata"),
+        ({"url": "http://[fe80::1]:8000"}, "url", "link-local or cloud metadata"),
+        ({"url": "http://[::ffff:169.254.169.254]"}, "url", "link-local or cloud metadata"),
+        ({"url": "http://metadata.google.internal"}, "url", "link-local or cloud metadata"),
+        ({"k": 2**62}, "k", "less than or equal to 64"),
+        (
+            {"speculative_options": nested({"x": 1}, 9)},
+            "speculative_options",
+            "nest more than 8 deep",
+        ),
         ({"gpu_count": 0}, "gpu_count", "greater than or equal to 1"),
         ({"name": "bad name!"}, "name", "pattern"),
         ({"colour": "red"}, "colour", "Extra inputs"),
