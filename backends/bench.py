@@ -48,7 +48,7 @@ class BenchConfig:
     requests_per_client: int | None = None
     input_len: int = DEFAULT_INPUT_LEN  # mean prompt tokens (exact for `synthetic`)
     output_len: int = DEFAULT_OUTPUT_LEN  # mean output tokens (exact for `synthetic`)
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     rate_per_s: float | None = None  # open loop: arrivals per second; None: closed loop
     poisson: bool = False  # random (gamma) gaps between arrivals instead of evenly spaced ones
     burstiness: float = 1.0  # with poisson, the gamma shape as vLLM's: 1 is Poisson, < 1 burstier

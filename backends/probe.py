@@ -15,10 +15,15 @@ class Probe(enum.Enum):
     SLOW = "slow"  # no answer in time: a busy server looks the same as a dead one
 
 
-async def probe_health(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> Probe:
+async def probe_health(
+    client: httpx.AsyncClient,
+    base_url: str,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+) -> Probe:
     """Ask the server at `base_url` for `GET /health` within `timeout_s`."""
     try:
-        response = await client.get(f"{base_url}/health", timeout=timeout_s)
+        response = await client.get(f"{base_url}/health", timeout=timeout_s, headers=headers)
     except httpx.TimeoutException:
         return Probe.SLOW
     except httpx.HTTPError:
@@ -27,13 +32,17 @@ async def probe_health(client: httpx.AsyncClient, base_url: str, timeout_s: floa
 
 
 async def probe_max_model_len(
-    client: httpx.AsyncClient, base_url: str, model: str, timeout_s: float
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> int | None:
     """The context length the server reports for `model` in `/v1/models` (vLLM's
     `max_model_len` on each model card): 0 when it answers without one, None when it does
     not answer (ask again later)."""
     try:
-        response = await client.get(f"{base_url}/v1/models", timeout=timeout_s)
+        response = await client.get(f"{base_url}/v1/models", timeout=timeout_s, headers=headers)
         cards = response.json().get("data") if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None

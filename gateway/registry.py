@@ -43,6 +43,11 @@ class BackendView:
     k: int | None
     gpu_type: str
     gpu_count: int
+    api_key: str | None = field(default=None, repr=False)
+
+    def auth(self) -> dict[str, str]:
+        """The headers every request to it carries: its key, if it has one."""
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 @dataclass(slots=True)
@@ -204,7 +209,9 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
     `scrape_max_age_s` no longer shape the curves)."""
     backends: dict[str, list[BackendView]] = defaultdict(list)
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
-        view = BackendView(b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count)
+        view = BackendView(
+            b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count, b.api_key
+        )
         backends[b.model].append(view)
     policies = {
         m.name: PolicyView(m.mode, m.method, m.k, m.explore_fraction, m.itl_objective_ms)

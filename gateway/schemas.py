@@ -40,6 +40,8 @@ def _shallow(options: dict[str, Any]) -> dict[str, Any]:
 
 
 SpeculativeOptions = Annotated[dict[str, Any], AfterValidator(_shallow)]
+# A backend's vLLM `--api-key`: one printable token (it goes into an Authorization header).
+BackendKey = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^[!-~]+$")]
 SpeculativeK = Annotated[int, Field(ge=0, le=64)]  # num_speculative_tokens; 0 for plain
 
 Name = Annotated[
@@ -82,6 +84,7 @@ class BackendFields(Strict):
     gpu_count: int = Field(default=1, ge=1, le=1024)
     enabled: bool = True
     managed: bool = False
+    api_key: BackendKey | None = Field(default=None, repr=False)
 
     def method_spec(self) -> MethodSpec:
         """The validated method spec (raises `InvalidMethodSpec`)."""
@@ -122,6 +125,7 @@ class BackendUpdate(Strict):
     gpu_count: int | None = Field(default=None, ge=1, le=1024)
     enabled: bool | None = None
     managed: bool | None = None
+    api_key: BackendKey | None = Field(default=None, repr=False)  # null: no key any more
 
 
 class BackendSwitch(Strict):
@@ -152,6 +156,8 @@ class BackendRuntime(BaseModel):
     in_flight: int  # this replica's requests on it
     waiting: float  # the backend's own queue, from its last scrape
     kv_cache_usage: float
+    # The context length its /v1/models reports (None: not probed yet; 0: it reports none).
+    max_model_len: int | None = None
     method_mismatch: str | None  # its counters contradict its declared method
     # How its requests are priced: by the throughput curve of its (model, method, GPU); with
     # none (a model the planner has no spec for, before any measurement), by their share of
@@ -181,6 +187,7 @@ class BackendPublic(Public):
     gpu_count: int
     enabled: bool
     managed: bool
+    has_api_key: bool = False  # the key itself is write-only
     created_at: dt.datetime
     updated_at: dt.datetime
     runtime: BackendRuntime | None = None  # on reads, for enabled backends this replica knows

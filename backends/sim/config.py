@@ -77,6 +77,7 @@ class SimConfig:
     per_request_spec_metrics: bool = False
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
+    api_key: str | None = field(default=None, repr=False)  # as vLLM's --api-key: /v1 only
 
     @property
     def name(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -90,6 +91,9 @@ class SimServer:
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
+        if self._refused(scope):
+            await _respond(send, 401, b'{"error":"Unauthorized"}')
+            return
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             body = parse_body(await _read_body(receive))
             chat, name, room = (
@@ -122,6 +126,15 @@ class SimServer:
             await self._set_faults(receive, send)
         else:
             raise ApiError(404, f"Not Found: {method} {path}")
+
+    def _refused(self, scope: Scope) -> bool:
+        """Whether vLLM's `--api-key` check refuses the request: a /v1 route without the
+        key (other routes, /health and /metrics among them, and OPTIONS are open)."""
+        key = self.config.api_key
+        if key is None or scope["method"] == "OPTIONS" or not scope["path"].startswith("/v1"):
+            return False
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        return not hmac.compare_digest(given, f"Bearer {key}".encode())
 
     def _models(self) -> bytes:
         card = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -132,7 +133,7 @@ def start_benchmark(
     )
     with transaction(services.sessions) as own:  # committed before the task reads it
         own.add(run)
-    config = data.config(backend.url, backend.model)
+    config = replace(data.config(backend.url, backend.model), api_key=backend.api_key)
     fields = ("name", "model", "method", "k", "gpu_type", "gpu_count")
     described = {name: getattr(backend, name) for name in fields}
     services.loop.call_soon_threadsafe(services.benchmarks.start, run.id, config, described)

@@ -343,6 +343,10 @@ def sim(
     delay_s: Annotated[
         float, typer.Option(min=0, help="Seconds every completion waits before answering.")
     ] = 0.0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(help="As vLLM's --api-key: required on /v1 routes."),
+    ] = None,
 ) -> None:
     """Run one simulated vLLM server (vLLM's API and /metrics over a modelled engine)."""
     if ctx.invoked_subcommand is not None:
@@ -368,6 +372,7 @@ def sim(
         per_request_spec_metrics=per_request_spec_metrics,
         seed=seed,
         faults=faults,
+        api_key=api_key,
     )
     try:
         server = SimServer(config)

@@ -184,7 +184,8 @@ class Collector:
 
     async def _scrape(self, backend: BackendView) -> VllmSnapshot | None:
         try:
-            response = await self.client.get(f"{backend.url}/metrics", timeout=SCRAPE_TIMEOUT_S)
+            url, auth = f"{backend.url}/metrics", backend.auth()
+            response = await self.client.get(url, timeout=SCRAPE_TIMEOUT_S, headers=auth)
             response.raise_for_status()
             return parse_metrics(response.text)
         except (httpx.HTTPError, ValueError) as exc:

@@ -26,7 +26,7 @@ async def probe_forever(
         # One backend's probe failing in a way nobody foresaw is that backend down, never
         # the end of every backend's health checks.
         results = await asyncio.gather(
-            *(probe_health(client, b.url, timeout_s=min(interval_s, 2.0)) for b in backends),
+            *(probe_health(client, b.url, min(interval_s, 2.0), b.auth()) for b in backends),
             return_exceptions=True,
         )
         now = time.monotonic()
@@ -42,7 +42,10 @@ async def probe_forever(
             and registry.states[b.name].healthy
         ]  # fmt: skip
         lengths = await asyncio.gather(
-            *(probe_max_model_len(client, b.url, b.model, min(interval_s, 2.0)) for b in unknown),
+            *(
+                probe_max_model_len(client, b.url, b.model, min(interval_s, 2.0), b.auth())
+                for b in unknown
+            ),
             return_exceptions=True,
         )
         for backend, length in zip(unknown, lengths, strict=True):

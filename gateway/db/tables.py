@@ -56,6 +56,8 @@ class Backend(Timestamps, Base):
     enabled: Mapped[bool] = mapped_column(default=True)
     # Managed backends are started and stopped by draftgate; external ones only routed to.
     managed: Mapped[bool] = mapped_column(default=False)
+    # The key the backend's vLLM was started with (`--api-key`): sent upstream, never shown.
+    api_key: Mapped[str | None] = mapped_column(String(2048))
 
 
 class ModelPolicy(Timestamps, Base):

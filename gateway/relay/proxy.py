@@ -252,7 +252,10 @@ class Relay:
         state.in_flight += 1
         x.concurrency = state.load()  # the backend's load, alike on every replica
         request = self.client.build_request(
-            "POST", backend.url + path, content=body, headers=_upstream_headers(x.request_id)
+            "POST",
+            backend.url + path,
+            content=body,
+            headers=_upstream_headers(x.request_id, backend),
         )
         watcher = asyncio.ensure_future(_until_disconnect(receive, asyncio.current_task(), x))
         x.sent = time.perf_counter()
@@ -302,6 +305,11 @@ class Relay:
             await response.aclose()
             error = UpstreamError(f"backend error {response.status_code}: {detail}")
             raise _Retryable(error, answered=state)
+        if response.status_code == 401:  # the gateway's key for it, not the client's, is wrong
+            await response.aclose()
+            self._record_failure(state)
+            message = "backend refused the gateway's credentials (401); check its api_key"
+            raise _Retryable(UpstreamError(message))
         if 300 <= response.status_code < 400:  # never followed, nor passed on: a misconfiguration
             await response.aclose()
             self._record_failure(state)
@@ -396,8 +404,11 @@ def _record_success(state: BackendState) -> None:
     state.failures = 0
 
 
-def _upstream_headers(request_id: str) -> dict[str, str]:
-    return {"content-type": "application/json", "x-request-id": request_id}
+def _upstream_headers(request_id: str, backend: BackendView) -> dict[str, str]:
+    headers = {"content-type": "application/json", "x-request-id": request_id}
+    if backend.api_key:
+        headers["authorization"] = f"Bearer {backend.api_key}"
+    return headers
 
 
 def _response_headers(

@@ -34,6 +34,7 @@ def backend_public(row: Backend) -> BackendPublic:
     public = BackendPublic.model_validate(row)
     spec = spec_from_options(row.method, row.k, row.drafter, row.speculative_options)
     public.speculative_config = render_speculative_config(spec)
+    public.has_api_key = row.api_key is not None
     return public
 
 
@@ -119,6 +120,7 @@ def with_runtime(
             in_flight=state.in_flight,
             waiting=state.waiting,
             kv_cache_usage=state.kv_usage,
+            max_model_len=state.max_model_len,
             method_mismatch=state.mismatch,
             pricing=pricing(registry.snapshot, row),
         )
@@ -156,7 +158,8 @@ def record_switch_failure(
     session: Session, old_name: str, target: BackendCreate, reason: str, actor: str
 ) -> None:
     """Audit a switch whose new server never served (`switch-failed`), with the reason."""
-    after: dict[str, Any] = {"target": target.model_dump(mode="json"), "error": reason}
+    shown = target.model_dump(mode="json", exclude={"api_key"})  # write-only, never audited
+    after: dict[str, Any] = {"target": shown, "error": reason}
     _audit(session, actor, "switch-failed", old_name, None, after)
 
 

@@ -172,6 +172,22 @@ async def test_a_patch_to_a_forbidden_url_is_refused_too(client: httpx.AsyncClie
     assert stored["url"] == EAGLE3["url"]
 
 
+async def test_a_backend_key_is_write_only(client: httpx.AsyncClient) -> None:
+    secret = "sk-written-not-read"
+    created = await client.post("/admin/v1/backends", json={**EAGLE3, "api_key": secret})
+    assert created.status_code == 201, created.text
+    assert created.json()["has_api_key"] is True
+    name = EAGLE3["name"]
+    renamed = await client.patch(f"/admin/v1/backends/{name}", json={"gpu_count": 2})
+    assert renamed.json()["has_api_key"] is True  # a patch without it keeps it
+    cleared = await client.patch(f"/admin/v1/backends/{name}", json={"api_key": None})
+    assert cleared.json()["has_api_key"] is False
+    texts = [created.text, renamed.text, (await client.get("/admin/v1/audit")).text]
+    assert all(secret not in text for text in texts)
+    spaced = await client.patch(f"/admin/v1/backends/{name}", json={"api_key": "a b"})
+    assert_envelope(spaced, 422, param="api_key")
+
+
 async def test_link_local_backends_can_be_allowed(settings: Settings) -> None:
     app = create_app(settings.model_copy(update={"allow_link_local_backends": True}))
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
