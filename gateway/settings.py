@@ -12,6 +12,12 @@ PLACEHOLDER_TOKENS = frozenset(
     {"", "admin", "changeme", "change-me", "password", "secret", "token", "test", "draftgate"}
 )
 MIN_ADMIN_TOKEN_CHARS = 16
+# Headers the relay sets itself or that belong to one hop: never taken from a client.
+UNFORWARDABLE_HEADERS = frozenset(
+    {"authorization", "host", "content-length", "content-type", "transfer-encoding",
+     "connection", "keep-alive", "te", "trailer", "upgrade", "proxy-authorization",
+     "proxy-connection", "accept-encoding", "x-request-id", "cookie"}
+)  # fmt: skip
 
 
 class Settings(BaseSettings):
@@ -176,6 +182,15 @@ class Settings(BaseSettings):
             "connecting); a slower one gets 408 or, mid-body, a closed connection, so trickling "
             "clients (slowloris) cannot hold connections. Default 30 s: a 16 MiB body needs "
             "about 5 Mbit/s."
+        ),
+    )
+    forward_headers: str = Field(
+        default="traceparent,tracestate",
+        description=(
+            "Client request headers the relay passes on to backends, comma-separated. "
+            "Default: W3C trace context (`traceparent`, `tracestate`), so a trace goes through "
+            "to vLLM. Everything else is dropped: the client's `Authorization` above all (a "
+            "backend gets its own key), and hop-by-hop headers, which cannot be listed."
         ),
     )
     allow_link_local_backends: bool = Field(
@@ -387,6 +402,22 @@ class Settings(BaseSettings):
             if url.startswith(prefix):
                 return "postgresql+psycopg://" + url.removeprefix(prefix)
         return url
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _forwardable(cls, names: str) -> str:
+        listed = [n.strip().lower() for n in names.split(",") if n.strip()]
+        refused = sorted(set(listed) & UNFORWARDABLE_HEADERS)
+        if refused:
+            raise ValueError(f"DRAFTGATE_FORWARD_HEADERS may not list {', '.join(refused)}")
+        if any(not n.isascii() or not n.replace("-", "").isalnum() for n in listed):
+            raise ValueError(f"DRAFTGATE_FORWARD_HEADERS holds a name that is no header: {names!r}")
+        return ",".join(listed)
+
+    @property
+    def forwarded_headers(self) -> tuple[bytes, ...]:
+        """`forward_headers` as the relay looks them up (lower-case bytes)."""
+        return tuple(n.encode() for n in self.forward_headers.split(",") if n)
 
     @model_validator(mode="after")
     def _refuse_weak_admin_token(self) -> Settings:

@@ -59,6 +59,7 @@ class Exchange:
     sent: float | None = None  # when the last attempt went to its backend (perf counter)
     tokens_estimated: bool = False  # usage is the gateway's estimate, not the backend's
     costs: Costs | None = None  # priced once the usage is known
+    forward: dict[str, str] = field(default_factory=dict)  # client headers passed upstream
 
 
 def admit(

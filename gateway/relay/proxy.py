@@ -86,6 +86,7 @@ class Relay:
         self.metrics = metrics
         self.client = client
         self.rng = random.Random()  # noqa: S311  (load balancing, not secrets)
+        self.forwarded = settings.forwarded_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -125,6 +126,9 @@ class Relay:
         if not isinstance(model, str) or not model:
             raise InvalidRequest("you must provide a model parameter", param="model")
         x.model, x.snapshot = model, self.registry.snapshot  # the request's only read of it
+        x.forward = {
+            n.decode(): v.decode("latin-1") for n in self.forwarded if (v := headers.get(n))
+        }
         x.key = self._authorize(headers, model, x.snapshot)
         backends = x.snapshot.backends.get(model)
         if not backends:
@@ -255,7 +259,7 @@ class Relay:
             "POST",
             backend.url + path,
             content=body,
-            headers=_upstream_headers(x.request_id, backend),
+            headers=_upstream_headers(x, backend),
         )
         watcher = asyncio.ensure_future(_until_disconnect(receive, asyncio.current_task(), x))
         x.sent = time.perf_counter()
@@ -349,8 +353,11 @@ class Relay:
         x.status = response.status_code
         await send({"type": "http.response.start", "status": x.status, "headers": headers})
         tap = UsageTap(strip_usage_chunk=not asked.final, strip_chunk_usage=not asked.every_chunk)
+        # Asked for identity; a compressing hop that ignores it is decoded, so the tap (and the
+        # client, who gets no content-encoding header) reads text.
+        encoded = "content-encoding" in response.headers
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes() if encoded else response.aiter_raw():
                 now = time.perf_counter()
                 if x.first_byte is None:
                     x.first_byte = now
@@ -404,8 +411,15 @@ def _record_success(state: BackendState) -> None:
     state.failures = 0
 
 
-def _upstream_headers(request_id: str, backend: BackendView) -> dict[str, str]:
-    headers = {"content-type": "application/json", "x-request-id": request_id}
+def _upstream_headers(x: Exchange, backend: BackendView) -> dict[str, str]:
+    """The client's allowed headers, then ours: JSON, the request id, identity encoding (the
+    usage tap reads the bytes as they come; a compressed stream would lose its usage) and the
+    backend's own key."""
+    headers = x.forward | {
+        "content-type": "application/json",
+        "x-request-id": x.request_id,
+        "accept-encoding": "identity",
+    }
     if backend.api_key:
         headers["authorization"] = f"Bearer {backend.api_key}"
     return headers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import itertools
 import json
@@ -83,13 +84,33 @@ class _EchoHandler(BaseHTTPRequestHandler):
         self._answer(b"")
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
+        request = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
         self.server.seen.append({k.lower(): v for k, v in self.headers.items()})
+        if request.get("stream"):
+            self._gzipped_stream()
+            return
         message = {"role": "assistant", "content": "echo"}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
         body = {"id": "echo", "object": "chat.completion", "created": 0, "model": ECHO_MODEL}
         self._answer(json.dumps(body | {"choices": [choice], "usage": usage}).encode())
+
+    def _gzipped_stream(self) -> None:
+        """A stream compressed whatever the client asked for, as a compressing hop in front
+        of vLLM may send it."""
+        head = {"id": "echo", "object": "chat.completion.chunk", "created": 0, "model": ECHO_MODEL}
+        delta = {"index": 0, "delta": {"content": "echo"}, "finish_reason": None}
+        usage = {"prompt_tokens": 1, "completion_tokens": 7, "total_tokens": 8}
+        events = [head | {"choices": [delta]}, head | {"choices": [], "usage": usage}]
+        compact = (json.dumps(e, separators=(",", ":")) for e in events)  # as vLLM writes
+        text = "".join(f"data: {e}\n\n" for e in compact) + "data: [DONE]\n\n"
+        body = gzip.compress(text.encode())
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-encoding", "gzip")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _answer(self, body: bytes) -> None:
         self.send_response(200)
@@ -245,6 +266,45 @@ def test_request_id_is_echoed_and_forwarded_or_replaced(gateway: Server, echo: E
             else:
                 assert GENERATED_ID.match(rid), rid
             assert echo.seen[-1]["x-request-id"] == rid
+
+
+def test_only_trace_context_goes_upstream_and_encoding_is_identity(
+    gateway: Server, echo: EchoBackend
+) -> None:
+    body = {"model": ECHO_MODEL, "messages": CHAT}
+    sent = {
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "tracestate": "vendor=1",
+        "authorization": "Bearer sk-the-clients-own",
+        "cookie": "session=1",
+        "x-custom": "kept out",
+        "accept-encoding": "gzip",
+    }
+    with gateway.client() as http:
+        response = http.post("/v1/chat/completions", json=body, headers=sent)
+    assert response.status_code == 200, response.text
+    seen = echo.seen[-1]
+    assert {k: seen.get(k) for k in ("traceparent", "tracestate")} == {
+        "traceparent": sent["traceparent"],
+        "tracestate": sent["tracestate"],
+    }
+    assert not {"authorization", "cookie", "x-custom"} & set(seen)
+    assert seen["accept-encoding"] == "identity"
+
+
+def test_a_compressed_stream_is_decoded_before_its_usage_is_read(gateway: Server) -> None:
+    body = {"model": ECHO_MODEL, "messages": CHAT, "stream": True}
+    counted = "draftgate_tokens_total"
+    before = metric_value(gateway.base_url, counted, model=ECHO_MODEL, kind="completion")
+    with gateway.client() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert "content-encoding" not in response.headers
+    assert response.text.startswith("data: {")
+    assert response.text.endswith("data: [DONE]\n\n")
+    assert '"usage"' not in response.text  # not asked for: stripped, yet read and counted
+    labels = {"model": ECHO_MODEL, "kind": "completion"}
+    wait_for_metric(gateway.base_url, counted, before + 7, timeout_s=30, **labels)
 
 
 def served_by(client: openai.OpenAI) -> str:

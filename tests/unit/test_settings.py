@@ -58,3 +58,13 @@ def test_dev_mode_allows_a_weak_token() -> None:
 )
 def test_postgres_urls_use_psycopg(url: str, expected: str) -> None:
     assert Settings(database_url=url).database_url == expected
+
+
+def test_forwarded_headers_are_an_allow_list_without_hop_or_credential_headers() -> None:
+    token = "a-long-enough-admin-token"
+    settings = Settings(admin_token=token, forward_headers=" TraceParent, tracestate,x-team ")
+    assert settings.forwarded_headers == (b"traceparent", b"tracestate", b"x-team")
+    assert Settings(admin_token=token, forward_headers="").forwarded_headers == ()
+    for refused in ("authorization", "traceparent,Connection", "host", "bad header"):
+        with pytest.raises(ValidationError):
+            Settings(admin_token=token, forward_headers=refused)
