@@ -184,6 +184,19 @@ class Settings(BaseSettings):
             "about 5 Mbit/s."
         ),
     )
+    relayed_paths: str = Field(
+        default=(
+            "/v1/chat/completions,/v1/completions,/v1/responses,/v1/messages,"
+            "/v1/messages/count_tokens,/v1/embeddings,/v1/score,/v1/rerank"
+        ),
+        description=(
+            "The `POST /v1/...` paths relayed to backends, comma-separated; any other is a "
+            "404. Default: what vLLM's OpenAI-compatible server serves to clients as JSON. "
+            "Its operator routes under /v1 (`/v1/load_lora_adapter`, "
+            "`/v1/unload_lora_adapter`) are left out on purpose: no client may load or unload "
+            "adapters on a shared backend."
+        ),
+    )
     forward_headers: str = Field(
         default="traceparent,tracestate",
         description=(
@@ -413,6 +426,24 @@ class Settings(BaseSettings):
         if any(not n.isascii() or not n.replace("-", "").isalnum() for n in listed):
             raise ValueError(f"DRAFTGATE_FORWARD_HEADERS holds a name that is no header: {names!r}")
         return ",".join(listed)
+
+    @field_validator("relayed_paths")
+    @classmethod
+    def _relayable(cls, paths: str) -> str:
+        listed = [p.strip() for p in paths.split(",") if p.strip()]
+        for path in listed:
+            segments = path.split("/")[2:]
+            if not path.startswith("/v1/") or not all(
+                s and s not in (".", "..") and all(c.isalnum() or c in "._~-" for c in s)
+                for s in segments
+            ):
+                raise ValueError(f"DRAFTGATE_RELAYED_PATHS: {path!r} is not a /v1/... path")
+        return ",".join(listed)
+
+    @property
+    def relayed(self) -> frozenset[str]:
+        """`relayed_paths` as a set."""
+        return frozenset(p for p in self.relayed_paths.split(",") if p)
 
     @property
     def forwarded_headers(self) -> tuple[bytes, ...]:

@@ -59,7 +59,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-RELAYED_PATH = re.compile(r"^/v1(/[A-Za-z0-9._~-]+)+$")  # no empty, encoded or odd segments
 REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # usage_records.request_id is 64 chars
 
 
@@ -87,6 +86,7 @@ class Relay:
         self.client = client
         self.rng = random.Random()  # noqa: S311  (load balancing, not secrets)
         self.forwarded = settings.forwarded_headers
+        self.relayed = settings.relayed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -116,9 +116,7 @@ class Relay:
     async def _handle(
         self, path: str, headers: dict[bytes, bytes], x: Exchange, receive: Receive, send: Send
     ) -> None:
-        if not RELAYED_PATH.match(path) or any(s in (".", "..") for s in path.split("/")):
-            # Dot segments would be resolved on the way out and reach the backend's other
-            # endpoints (vLLM's /reset_prefix_cache, /sleep, ...), which no client may call.
+        if path not in self.relayed:  # an exact list: no dot segments, no operator routes
             raise UnknownPath(f"Unknown path {path[:100]!r}")
         body = await self._read_body(headers, receive)
         payload = parse_body(body, self.settings.max_json_depth)

@@ -408,7 +408,7 @@ def test_generated_bodies_get_a_200_or_a_4xx_envelope(
         tally.refused += 1
 
 
-def test_dot_segments_never_reach_other_backend_endpoints(target: Target) -> None:
+def test_dot_segments_and_operator_routes_never_reach_a_backend(target: Target) -> None:
     payload = body()
 
     def request(path: bytes) -> bytes | str:
@@ -430,8 +430,12 @@ def test_dot_segments_never_reach_other_backend_endpoints(target: Target) -> Non
         b"/v1//chat/completions",
         b"/v1/chat/completions/..",
         b"/v1/%2E%2E/reset_prefix_cache",
+        b"/v1/load_lora_adapter",  # vLLM's operator routes under /v1: not on the allow-list
+        b"/v1/unload_lora_adapter",
     ]
-    run_scenario(target, "path traversal (dot segments)", [lambda p=p: request(p) for p in paths])
+    run_scenario(
+        target, "path traversal and operator routes", [lambda p=p: request(p) for p in paths]
+    )
 
 
 def test_ambiguous_framing_is_400(target: Target) -> None:

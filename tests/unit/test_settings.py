@@ -68,3 +68,13 @@ def test_forwarded_headers_are_an_allow_list_without_hop_or_credential_headers()
     for refused in ("authorization", "traceparent,Connection", "host", "bad header"):
         with pytest.raises(ValidationError):
             Settings(admin_token=token, forward_headers=refused)
+
+
+def test_relayed_paths_are_exact_v1_paths() -> None:
+    token = "a-long-enough-admin-token"
+    settings = Settings(admin_token=token, relayed_paths="/v1/chat/completions, /v1/pooling")
+    assert settings.relayed == {"/v1/chat/completions", "/v1/pooling"}
+    assert "/v1/load_lora_adapter" not in Settings(admin_token=token).relayed
+    for refused in ("/metrics", "/v1/../sleep", "/v1//x", "/v1/a%2fb", "v1/chat"):
+        with pytest.raises(ValidationError):
+            Settings(admin_token=token, relayed_paths=refused)
