@@ -42,6 +42,8 @@ def _shallow(options: dict[str, Any]) -> dict[str, Any]:
 SpeculativeOptions = Annotated[dict[str, Any], AfterValidator(_shallow)]
 # A backend's vLLM `--api-key`: one printable token (it goes into an Authorization header).
 BackendKey = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^[!-~]+$")]
+# Printable: a key's name goes into tables and logs, where CR/LF could forge lines.
+KeyName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 SpeculativeK = Annotated[int, Field(ge=0, le=64)]  # num_speculative_tokens; 0 for plain
 
 Name = Annotated[
@@ -279,13 +281,13 @@ class KeyLimits(Strict):
 class KeyCreate(KeyLimits):
     """A new API key."""
 
-    name: str = Field(min_length=1, max_length=200)
+    name: KeyName
 
 
 class KeyUpdate(Strict):
     """A partial change to an API key's name or limits."""
 
-    name: str | None = Field(default=None, min_length=1, max_length=200)
+    name: KeyName | None = None
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     max_concurrent_requests: int | None = Field(default=None, ge=1, le=1_000_000)

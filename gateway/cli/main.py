@@ -204,6 +204,8 @@ def _print_banner(
     demo_traffic: bool,
     demo_key: str,
 ) -> None:
+    from gateway.urls import masked
+
     assert settings.admin_token is not None
     token = settings.admin_token.get_secret_value()
     base = f"http://{settings.host}:{settings.port}"
@@ -221,7 +223,7 @@ draftgate is starting
   admin API    {base}/admin/v1   docs: {base}/docs
   metrics      {base}/metrics
 {sims}
-  database     {settings.database_url}
+  database     {masked(settings.database_url)}
   logs         {log_dir}/
   admin token  {token}
   demo API key {demo_key}   (optional in this demo; --demo-traffic sends it)

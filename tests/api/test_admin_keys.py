@@ -57,6 +57,8 @@ async def test_key_errors(client: httpx.AsyncClient) -> None:
     assert_envelope(await client.post("/admin/v1/keys", json={"name": ""}), 422, "name")
     bad_limit = {"name": "x", "tokens_per_minute": 0}
     assert_envelope(await client.post("/admin/v1/keys", json=bad_limit), 422, "tokens_per_minute")
+    forged = {"name": "ok\r\n    1  fake-prefix  admin"}
+    assert_envelope(await client.post("/admin/v1/keys", json=forged), 422, "name")
     no_slot = {"name": "x", "max_concurrent_requests": 0}
     assert_envelope(
         await client.post("/admin/v1/keys", json=no_slot), 422, "max_concurrent_requests"
