@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -264,10 +264,26 @@ async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=500)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Render every error of the app as the OpenAI envelope."""
+def install_error_handlers(
+    app: FastAPI, authenticate_admin: Callable[[Request], None] | None = None
+) -> None:
+    """Render every error of the app as the OpenAI envelope.
+
+    FastAPI parses a JSON body before it runs a route's dependencies, so a malformed body
+    would be a 422 before the admin token is checked: an anonymous caller could map the
+    admin routes by their validation errors. With `authenticate_admin`, a request to
+    `/admin/` whose body fails is checked first, and a bad token is the 401 it should be."""
+
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+        if authenticate_admin is not None and request.url.path.startswith("/admin/"):
+            try:
+                authenticate_admin(request)
+            except GatewayError as refused:
+                return await _on_gateway_error(request, refused)
+        return await _on_validation_error(request, exc)
+
     app.add_exception_handler(GatewayError, _on_gateway_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(OverflowError, on_out_of_range)  # SQLite's, on a huge integer
     app.add_exception_handler(Exception, _on_unexpected)
