@@ -198,6 +198,14 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
+async def wait_for_health(gateway: str, backend: str, value: int, deadline: float) -> None:
+    """Until the gateway's health gauge of `backend` reads `value` (fail at `deadline`)."""
+    while metric_value(gateway, "draftgate_backend_healthy", backend=backend) != value:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{backend}'s health never read {value}")
+        await asyncio.sleep(0.1)
+
+
 def describe_fds(pid: int) -> Counter[str]:
     """Process `pid`'s descriptors by kind, TCP sockets by state and remote port: what a
     failed leak check shows."""

@@ -11,12 +11,17 @@ import asyncio
 import time
 
 import httpx
-import pytest
 
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import Backend
 from tests.e2e.conftest import free_port
-from tests.reliability.conftest import ADMIN_TOKEN, Processes, fleet_backend, metric_value
+from tests.reliability.conftest import (
+    ADMIN_TOKEN,
+    Processes,
+    fleet_backend,
+    metric_value,
+    wait_for_health,
+)
 
 MODEL = "reliability/bad-backends"
 WAIT_S = 30.0
@@ -35,14 +40,6 @@ def store_broken_backend(database_url: str, url: str) -> None:
         engine.dispose()
 
 
-async def wait_gauge(gateway: str, backend: str, value: int) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while metric_value(gateway, "draftgate_backend_healthy", backend=backend) != value:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{backend}'s health never read {value}")
-        await asyncio.sleep(0.1)
-
-
 async def test_a_broken_backend_leaves_the_others_probed_and_served(
     database_url: str, processes: Processes
 ) -> None:
@@ -53,7 +50,9 @@ async def test_a_broken_backend_leaves_the_others_probed_and_served(
         fleet_backend("late-1", f"http://127.0.0.1:{late_port}", model=MODEL),
     ]
     gateway = processes.gateway(database_url, fleet, REGISTRY_REFRESH_S="0.2")
-    await wait_gauge(gateway.base_url, "late-1", 0)  # probed: nothing listens there yet
+    await wait_for_health(
+        gateway.base_url, "late-1", 0, time.monotonic() + WAIT_S
+    )  # probed: nothing listens there yet
     store_broken_backend(database_url, f"http://user:secret@127.0.0.1:{good.port}")
     with gateway.client(ADMIN_TOKEN) as admin:
         deadline = time.monotonic() + WAIT_S
@@ -65,8 +64,8 @@ async def test_a_broken_backend_leaves_the_others_probed_and_served(
 
     # The prober goes on: a backend that comes up after the broken one was loaded is seen.
     processes.sim("--time-scale", "50", model=MODEL, port=late_port)
-    await wait_gauge(gateway.base_url, "late-1", 1)
-    await wait_gauge(gateway.base_url, "good-1", 1)
+    await wait_for_health(gateway.base_url, "late-1", 1, time.monotonic() + WAIT_S)
+    await wait_for_health(gateway.base_url, "good-1", 1, time.monotonic() + WAIT_S)
     assert metric_value(gateway.base_url, "draftgate_backend_healthy", backend="broken") == 0
 
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -10,11 +10,10 @@ import asyncio
 import time
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import free_port
-from tests.reliability.conftest import Processes, fleet_backend, metric_value
+from tests.reliability.conftest import Processes, fleet_backend, metric_value, wait_for_health
 
 MODEL = "reliability/pool"
 POOL = 2
@@ -27,14 +26,6 @@ async def running(http: httpx.AsyncClient, sim: str) -> float:
     families = text_string_to_metric_families(text)
     samples = [s for f in families for s in f.samples]
     return sum(s.value for s in samples if s.name == "vllm:num_requests_running")
-
-
-async def healthy_gauge(gateway: str, backend: str, value: int, deadline: float) -> None:
-    """Until the gateway's health gauge of `backend` reads `value`."""
-    while metric_value(gateway, "draftgate_backend_healthy", backend=backend) != value:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{backend} never read {value} while the relay's pool was full")
-        await asyncio.sleep(0.1)
 
 
 async def test_a_full_relay_pool_does_not_starve_the_prober(
@@ -67,11 +58,11 @@ async def test_a_full_relay_pool_does_not_starve_the_prober(
                 await asyncio.sleep(0.05)
             # Up, down, up again: three probe cycles at least, all with the relay's pool full.
             late = processes.sim("--time-scale", "50", model=MODEL, port=late_port)
-            await healthy_gauge(gateway.base_url, "pool-late", 1, deadline)
+            await wait_for_health(gateway.base_url, "pool-late", 1, deadline)
             late.process.kill()
-            await healthy_gauge(gateway.base_url, "pool-late", 0, deadline)
+            await wait_for_health(gateway.base_url, "pool-late", 0, deadline)
             processes.sim("--time-scale", "50", model=MODEL, port=late_port)
-            await healthy_gauge(gateway.base_url, "pool-late", 1, deadline)
+            await wait_for_health(gateway.base_url, "pool-late", 1, deadline)
             # The backend whose connections are all taken was probed all along (on the
             # relay's pool, its probes waited past their timeout and it was taken out).
             assert (
