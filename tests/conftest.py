@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import httpx
 import psycopg
@@ -52,6 +53,21 @@ def database_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> 
 def settings(database_url: str) -> Settings:
     """Settings for a gateway on the test database."""
     return Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
+
+
+@asynccontextmanager
+async def admin_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process gateway on `settings` (lifespan running) and a client of it carrying
+    the admin token: for tests that need settings of their own."""
+    application = create_app(settings)
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        application.router.lifespan_context(application),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application), base_url="http://gw", headers=headers
+        ) as client,
+    ):
+        yield client
 
 
 @pytest.fixture

@@ -7,9 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
 from gateway.settings import Settings
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import admin_client
 
 EAGLE3 = {
     "name": "qwen-eagle3",
@@ -189,14 +188,8 @@ async def test_a_backend_key_is_write_only(client: httpx.AsyncClient) -> None:
 
 
 async def test_link_local_backends_can_be_allowed(settings: Settings) -> None:
-    app = create_app(settings.model_copy(update={"allow_link_local_backends": True}))
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=headers
-        ) as client,
-    ):
+    allowing = settings.model_copy(update={"allow_link_local_backends": True})
+    async with admin_client(allowing) as client:
         body = {**EAGLE3, "url": "http://[fe80::1]:8000"}
         response = await client.post("/admin/v1/backends", json=body)
     assert response.status_code == 201, response.text

@@ -9,12 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
-from gateway.app import create_app
 from gateway.settings import Settings
 from tests.api.test_admin_backends import EAGLE3, assert_envelope
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import admin_client
 
 MODEL = EAGLE3["model"]
 
@@ -22,14 +20,7 @@ MODEL = EAGLE3["model"]
 @pytest.fixture
 async def relay_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """A gateway without API keys, one backend registered (unreachable: nothing may hit it)."""
-    app: FastAPI = create_app(settings.model_copy(update={"require_api_key": False}))
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=headers
-        ) as client,
-    ):
+    async with admin_client(settings.model_copy(update={"require_api_key": False})) as client:
         await client.post("/admin/v1/backends", json={**EAGLE3, "url": "http://127.0.0.1:9"})
         for _ in range(100):
             if (await client.get("/v1/models")).json()["data"]:
