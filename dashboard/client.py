@@ -141,6 +141,11 @@ class AdminClient:
 
     # --- reads ---
 
+    def scope(self) -> str:
+        """What this dashboard's token may do: `read` or `admin` (GET /whoami)."""
+        scope: str = self._get("/whoami")["scope"]
+        return scope
+
     def backends(self) -> list[Backend]:
         return self._list(Backend, "/backends")
 
@@ -268,15 +273,39 @@ class AdminClient:
 
 
 def admin_client(settings: DashboardSettings | None = None) -> AdminClient:
-    """The client the pages use, from DRAFTGATE_* settings; AdminApiError without a token."""
+    """The client the pages use, from DRAFTGATE_* settings: the read token, or the admin
+    token when `dashboard_admin` is on; AdminApiError without the one needed."""
     settings = settings or DashboardSettings()
-    if settings.admin_token is None:
-        raise AdminApiError("no admin token: set DRAFTGATE_ADMIN_TOKEN to the gateway's token")
+    if settings.dashboard_admin:
+        token = settings.admin_token
+        if token is None:
+            raise AdminApiError("dashboard_admin is on but DRAFTGATE_ADMIN_TOKEN is not set")
+    else:
+        token = settings.admin_read_token
+        if token is None:
+            raise AdminApiError(
+                "no read token: set DRAFTGATE_ADMIN_READ_TOKEN to the gateway's read token "
+                "(or start the dashboard with --admin, behind a login, to act as admin)"
+            )
     return AdminClient(
         settings.dashboard_gateway_url,
-        settings.admin_token.get_secret_value(),
+        token.get_secret_value(),
         timeout_s=settings.dashboard_timeout_s,
     )
+
+
+READ_ONLY_NOTE = (
+    "Read-only: this dashboard runs with the gateway's read token. Changes go through the "
+    "admin API, or a dashboard started with `--admin` behind a login."
+)
+
+
+def offers_changes(api: AdminClient) -> bool:
+    """Whether the page may show a form that changes something; says why not if not."""
+    if api.scope() == "admin":
+        return True
+    st.caption(READ_ONLY_NOTE)
+    return False
 
 
 Page = Callable[[], None]

@@ -29,7 +29,7 @@ from gateway.control.retention import prune_forever
 from gateway.control.selector import Selector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
-from gateway.deps import Services, get_services, require_admin
+from gateway.deps import Services, authorize_admin
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
@@ -123,10 +123,6 @@ def _limited(receive: Any, limit: int) -> Any:
     return limited
 
 
-def _authenticate_admin(request: Request) -> None:
-    require_admin(get_services(request), request.headers.get("authorization"))
-
-
 def create_app(settings: Settings, managed: ManagedBackends | None = None) -> GatewayApp:
     """Build the gateway: the relay, `/v1/models`, health, metrics and the admin API.
 
@@ -149,7 +145,7 @@ def create_app(settings: Settings, managed: ManagedBackends | None = None) -> Ga
 
     app = GatewayApp(title="draftgate", version=VERSION, lifespan=lifespan)
     app.max_body_bytes = settings.max_body_bytes
-    install_error_handlers(app, _authenticate_admin)
+    install_error_handlers(app, authorize_admin)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DataError, on_out_of_range)  # PostgreSQL's, on a huge integer
     app.include_router(health.router)

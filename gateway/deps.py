@@ -7,9 +7,10 @@ import logging
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from pydantic import SecretStr
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,12 +18,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.managed import ManagedBackends
 from gateway.db.session import transaction
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, InsufficientScope
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+Scope = Literal["read", "admin"]
+# A route that changes nothing though it is not a GET says so in its OpenAPI entry, and a
+# read token may call it: `@router.post(..., openapi_extra=READ_ONLY)`.
+SCOPE_FIELD = "x-draftgate-scope"
+READ_ONLY = {SCOPE_FIELD: "read"}
 
 
 @dataclass(frozen=True)
@@ -57,18 +64,47 @@ def get_session(services: ServicesDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def require_admin(
-    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
-) -> None:
-    """Accept only `Authorization: Bearer <admin token>`."""
+def token_scope(settings: Settings, authorization: str | None) -> Scope:
+    """The scope of the bearer token in `authorization`: the admin token's or the read
+    token's; anything else is a 401."""
     if not authorization:
         raise AuthenticationFailed("missing admin token: send 'Authorization: Bearer <token>'")
     scheme, _, token = authorization.partition(" ")
-    expected = services.settings.admin_token
-    if scheme.lower() != "bearer" or expected is None:
+    if scheme.lower() != "bearer" or settings.admin_token is None:
         raise AuthenticationFailed("admin API expects 'Authorization: Bearer <token>'")
-    if not secrets.compare_digest(token.strip().encode(), expected.get_secret_value().encode()):
+    given = token.strip().encode()
+    scope: Scope | None = None
+    tokens: tuple[tuple[Scope, SecretStr | None], ...] = (
+        ("admin", settings.admin_token),
+        ("read", settings.admin_read_token),
+    )
+    for name, secret in tokens:
+        # every token is compared, so the time taken does not say which one nearly matched
+        if secret is not None and secrets.compare_digest(given, secret.get_secret_value().encode()):
+            scope = scope or name
+    if scope is None:
         raise AuthenticationFailed("invalid admin token")
+    return scope
+
+
+def required_scope(request: Request) -> Scope:
+    """`read` for a GET or HEAD and for a route marked `READ_ONLY`; `admin` for the rest."""
+    if request.method in ("GET", "HEAD"):
+        return "read"
+    extra = getattr(request.scope.get("route"), "openapi_extra", None) or {}
+    return "read" if extra.get(SCOPE_FIELD) == "read" else "admin"
+
+
+def authorize_admin(request: Request) -> Scope:
+    """Check the request's admin token against what its route needs; the token's scope."""
+    services = get_services(request)
+    scope = token_scope(services.settings, request.headers.get("authorization"))
+    if scope == "read" and required_scope(request) == "admin":
+        raise InsufficientScope("this token may only read; changes need the admin token")
+    return scope
+
+
+AdminScopeDep = Annotated[Scope, Depends(authorize_admin)]
 
 
 def refresh_registry_after_changes(request: Request, services: ServicesDep) -> Iterator[None]:

@@ -98,6 +98,22 @@ class AuthenticationFailed(GatewayError):
     code = "invalid_api_key"
 
 
+class InsufficientScope(GatewayError):
+    """A read token asked for a change."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "insufficient_scope"
+
+
+class HostNotAllowed(GatewayError):
+    """A keyless gateway was asked under a host name it does not serve."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "host_not_allowed"
+
+
 class ModelNotAllowed(GatewayError):
     """The API key may not use the model."""
 
@@ -192,6 +208,7 @@ def _documented(description: str) -> dict[str, Any]:
 ADMIN_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _documented("Invalid request"),
     401: _documented("Missing or wrong admin token"),
+    403: _documented("A read token asked for a change (`insufficient_scope`)"),
     404: _documented("No such resource"),
     409: _documented("The resource already exists or is in use"),
     413: _documented("The request body is larger than `max_body_bytes`"),
@@ -265,7 +282,7 @@ async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(
-    app: FastAPI, authenticate_admin: Callable[[Request], None] | None = None
+    app: FastAPI, authenticate_admin: Callable[[Request], object] | None = None
 ) -> None:
     """Render every error of the app as the OpenAI envelope.
 

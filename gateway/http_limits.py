@@ -139,6 +139,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._await_next_head()
         super().on_response_complete()
 
+    def handle_websocket_upgrade(self) -> None:
+        """The connection becomes a WebSocket (the dashboard's): its timers stop here, or
+        they would close the socket the WebSocket protocol now owns."""
+        self._disarm()
+        self._resumed()
+        super().handle_websocket_upgrade()
+
     def _await_next_head(self) -> None:
         self._head_bytes = self._head_size = self._header_count = 0
 

@@ -386,3 +386,10 @@ class MeasurementPublic(Public):
     requests: int | None  # the requests it rests on (None: the source did not say)
     mean_prompt_tokens: float | None
     mean_output_tokens: float | None
+
+
+class TokenScope(BaseModel):
+    """What the token a request carries may do: `read` (every GET, and the routes marked
+    `x-draftgate-scope: read`) or `admin` (everything)."""
+
+    scope: Literal["read", "admin"]

@@ -41,6 +41,16 @@ class Settings(BaseSettings):
             f"than {MIN_ADMIN_TOKEN_CHARS} characters are refused unless `dev_mode` is on."
         ),
     )
+    admin_read_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "A second bearer token for `/admin/v1` that may only read: every `GET` and the "
+            "routes the OpenAPI document marks `x-draftgate-scope: read`; a change with it is "
+            "a 403 `insufficient_scope`. The dashboard runs with it unless started with "
+            "`--admin`. Default: none (only the admin token). Held to the admin token's rules "
+            "and must differ from it."
+        ),
+    )
     dev_mode: bool = Field(
         default=False,
         description=(
@@ -94,6 +104,16 @@ class Settings(BaseSettings):
         description=(
             "Require `Authorization: Bearer <key>` on `/v1`. Default on; `draftgate up` turns "
             "it off for the local demo."
+        ),
+    )
+    keyless_allowed_hosts: str = Field(
+        default="localhost,127.0.0.1,::1",
+        description=(
+            "When `require_api_key` is off: the comma-separated host names `/v1` answers to "
+            "(the request's `Host`, port ignored); any other is a 403 `host_not_allowed`, and "
+            "a body without `Content-Type: application/json` is a 415. So a web page a "
+            "browser on this machine opens can spend nothing, not even by DNS rebinding. "
+            "Default: loopback names. Unused while keys are required."
         ),
     )
     registry_refresh_s: float = Field(
@@ -441,6 +461,12 @@ class Settings(BaseSettings):
         return ",".join(listed)
 
     @property
+    def keyless_hosts(self) -> frozenset[bytes]:
+        """`keyless_allowed_hosts` as the relay looks them up (lower-case bytes)."""
+        names = self.keyless_allowed_hosts.split(",")
+        return frozenset(n.strip().lower().strip("[]").encode() for n in names if n.strip())
+
+    @property
     def relayed(self) -> frozenset[str]:
         """`relayed_paths` as a set."""
         return frozenset(p for p in self.relayed_paths.split(",") if p)
@@ -451,16 +477,26 @@ class Settings(BaseSettings):
         return tuple(n.encode() for n in self.forward_headers.split(",") if n)
 
     @model_validator(mode="after")
-    def _refuse_weak_admin_token(self) -> Settings:
-        """Refuse a placeholder or short admin token outside dev mode."""
-        if self.admin_token is None or self.dev_mode:
+    def _refuse_weak_admin_tokens(self) -> Settings:
+        """Refuse a placeholder or short admin token outside dev mode, and a read token that
+        is the admin token (it would grant every change)."""
+        read, admin = self.admin_read_token, self.admin_token
+        if read is not None and admin is not None and read == admin:
+            raise ValueError("DRAFTGATE_ADMIN_READ_TOKEN must differ from DRAFTGATE_ADMIN_TOKEN")
+        if self.dev_mode:
             return self
-        token = self.admin_token.get_secret_value()
-        if token.strip().lower() in PLACEHOLDER_TOKENS or len(token) < MIN_ADMIN_TOKEN_CHARS:
+        for name, secret in (("ADMIN_TOKEN", admin), ("ADMIN_READ_TOKEN", read)):
+            token = "" if secret is None else secret.get_secret_value()
+            if secret is None or not _weak(token):
+                continue
             raise ValueError(
-                "DRAFTGATE_ADMIN_TOKEN is empty, a placeholder or shorter than "
+                f"DRAFTGATE_{name} is empty, a placeholder or shorter than "
                 f"{MIN_ADMIN_TOKEN_CHARS} characters; set a random token "
                 "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`) "
                 "or DRAFTGATE_DEV_MODE=true for local development"
             )
         return self
+
+
+def _weak(token: str) -> bool:
+    return token.strip().lower() in PLACEHOLDER_TOKENS or len(token) < MIN_ADMIN_TOKEN_CHARS

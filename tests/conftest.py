@@ -16,6 +16,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+READ_TOKEN = "test-read-token-0123456789abcdef"
 # The machine's PostgreSQL (trust auth); each test gets a schema of its own in it.
 POSTGRES_URL = os.environ.get(
     "DRAFTGATE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -52,7 +53,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
     """Settings for a gateway on the test database."""
-    return Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
+    return Settings(database_url=database_url, admin_token=ADMIN_TOKEN, admin_read_token=READ_TOKEN)
 
 
 @asynccontextmanager
@@ -64,7 +65,10 @@ async def admin_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     async with (
         application.router.lifespan_context(application),
         httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=application), base_url="http://gw", headers=headers
+            # localhost: a keyless gateway answers only the hosts it lists
+            transport=httpx.ASGITransport(app=application),
+            base_url="http://localhost",
+            headers=headers,
         ) as client,
     ):
         yield client

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.app_pages.live import live_panel
-from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.schemas import Backend
 
 NO_DATA = "—"  # plain decoding, or nothing measured yet: never a made-up figure
@@ -157,6 +157,8 @@ def render() -> None:
     api = admin_client()
     live_panel(_runtime, "backends-live")
     backends = api.backends()
+    if not offers_changes(api):
+        return
     if backends:
         _change_form(api, backends)
     _add_form(api)

@@ -7,7 +7,13 @@ from typing import Any
 import streamlit as st
 
 from dashboard.app_pages.live import live_panel
-from dashboard.client import AdminClient, admin_client, refresh_reads, shows_api_errors
+from dashboard.client import (
+    AdminClient,
+    admin_client,
+    offers_changes,
+    refresh_reads,
+    shows_api_errors,
+)
 from dashboard.schemas import Backend, Benchmark
 
 LATEST = 20  # measurements listed
@@ -65,7 +71,8 @@ def render() -> None:
     if not backends:
         st.info("No backends to benchmark yet: add one on the Backends page.")
         return
-    _start_form(api, backends)
+    if offers_changes(api):
+        _start_form(api, backends)
     st.subheader("Runs")
     st.button("Refresh now", key="bench-refresh", on_click=refresh_reads)
     live_panel(_runs, "bench-live")

@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard.app_pages.downloads import usage_csv_button
 from dashboard.app_pages.periods import period_start
-from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.schemas import ApiKey, UsageRow
 
 KEYLESS = 0  # the ledger's rollups count requests sent without a key under key 0
@@ -102,5 +102,6 @@ def render() -> None:
         st.info("No API keys yet. Create one below; clients send it as a bearer token.")
     _keyless(usage.get(KEYLESS))
     _download(api, keys)
-    _revoke_form(api, keys)
-    _create_form(api)
+    if offers_changes(api):
+        _revoke_form(api, keys)
+        _create_form(api)

@@ -9,7 +9,7 @@ import streamlit as st
 from dashboard import charts
 from dashboard.app_pages.curves import live_curves
 from dashboard.app_pages.periods import choose_price_kind
-from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 
 GPUS = ("B200", "H100")
@@ -212,7 +212,7 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     st.subheader("Policy")
     current = next((m.policy for m in models if m.name == model), Policy())
     shown = st.empty()  # filled once the form is handled, so a saved change shows at once
-    wanted = _policy_from_form(current, methods)
+    wanted = _policy_from_form(current, methods) if offers_changes(api) else None
     if wanted is not None:
         current = api.set_policy(model, wanted)
         st.success(f"Policy of {model} set to {_describe(current)}")

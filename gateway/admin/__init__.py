@@ -19,16 +19,18 @@ from gateway.admin import (
     spend,
     switches,
     usage,
+    whoami,
 )
-from gateway.deps import refresh_registry_after_changes, require_admin
+from gateway.deps import authorize_admin, refresh_registry_after_changes
 from gateway.errors import ADMIN_ERROR_RESPONSES
 
 
 def admin_router() -> APIRouter:
-    """Every admin resource under `/admin/v1`, behind the admin token."""
+    """Every admin resource under `/admin/v1`, behind the admin token (reads also behind the
+    read token)."""
     dependencies = [
         Depends(refresh_registry_after_changes, scope="function"),
-        Depends(require_admin),
+        Depends(authorize_admin),
     ]
     router = APIRouter(
         prefix="/admin/v1", dependencies=dependencies, responses=ADMIN_ERROR_RESPONSES
@@ -50,6 +52,7 @@ def admin_router() -> APIRouter:
         measurements,
         methods,
         usage,
+        whoami,
     ):
         router.include_router(module.router)
     router.include_router(plan.accuracy_router)

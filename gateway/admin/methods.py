@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from backends.methods import MethodInfo
+from gateway.deps import READ_ONLY
 from gateway.method_schemas import ComposeService, MethodPublic, MethodRender, MethodRendering
 from gateway.schemas import ListOf
 from gateway.services import methods
@@ -32,7 +33,7 @@ def list_methods() -> ListOf[MethodPublic]:
     return ListOf[MethodPublic](data=[_method(info) for info in methods.catalog()])
 
 
-@router.post("/render")
+@router.post("/render", openapi_extra=READ_ONLY)
 def render_method(request: MethodRender) -> MethodRendering:
     """A method spec as `vllm serve` arguments and a docker compose file; changes nothing."""
     spec = request.method_spec()

@@ -105,7 +105,8 @@ def settings_page() -> str:
         "## Dashboard (`draftgate dashboard`, and the dashboard `draftgate up` starts)",
         "",
         f"`{DashboardSettings.__module__}.{DashboardSettings.__name__}`: "
-        f"{DashboardSettings.__doc__} `DRAFTGATE_ADMIN_TOKEN` is the gateway's own token.",
+        f"{DashboardSettings.__doc__} `DRAFTGATE_ADMIN_READ_TOKEN` and `DRAFTGATE_ADMIN_TOKEN` "
+        "are the gateway's own tokens.",
         "",
         *settings_table(DashboardSettings),
     ]
@@ -288,9 +289,13 @@ ADMIN_INTRO = [
     "# Admin API reference",
     "",
     "The control plane at `/admin/v1` on the gateway's port. Every route needs "
-    "`Authorization: Bearer <admin token>` (`DRAFTGATE_ADMIN_TOKEN`). Every error, whatever "
+    "`Authorization: Bearer <admin token>` (`DRAFTGATE_ADMIN_TOKEN`); every `GET`, and each "
+    "route marked `x-draftgate-scope: read` in `/openapi.json` (`POST /admin/v1/methods/"
+    "render`), also takes the read token (`DRAFTGATE_ADMIN_READ_TOKEN`), and "
+    "`GET /admin/v1/whoami` says which a token is. Every error, whatever "
     'the status, is the OpenAI envelope `{"error": {"message", "type", "param", '
-    '"code"}}`: 400 for a malformed request, 401 for a missing or wrong token, 404 for an '
+    '"code"}}`: 400 for a malformed request, 401 for a missing or wrong token, 403 '
+    "(`insufficient_scope`) for a change asked with the read token, 404 for an "
     "unknown name or id, 409 for a duplicate or a conflicting change, 413 for a body over "
     "`DRAFTGATE_MAX_BODY_BYTES`, 422 for an invalid field (named in `param`), 503 when the "
     'database is unreachable. Lists are `{"object": "list", "data": [...]}`. '

@@ -39,6 +39,11 @@ app.add_typer(dev_app, name="dev")
 app.command()(bench)
 
 Port = Annotated[int, typer.Option(min=1, max=65535)]
+# The dashboard's server: request heads as the gateway's defaults bound them (a browser
+# sends a few KiB), and a client that reads nothing of an answer for 30 s is cut.
+DASHBOARD_MAX_HEADER_BYTES = 65536
+DASHBOARD_MAX_HEADERS = 100
+DASHBOARD_WRITE_TIMEOUT_S = 30.0
 
 
 def _exit_zero(signum: int, frame: FrameType | None) -> NoReturn:
@@ -402,11 +407,40 @@ def sim_calibrate(
 def dashboard_command(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Port = 8501,
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin",
+            help="Act with DRAFTGATE_ADMIN_TOKEN, so the pages offer changes "
+            "(DRAFTGATE_DASHBOARD_ADMIN). Put a login in front of it first.",
+        ),
+    ] = False,
 ) -> None:
-    """Run the dashboard (reads DRAFTGATE_DASHBOARD_GATEWAY_URL and DRAFTGATE_ADMIN_TOKEN)."""
+    """Run the dashboard against DRAFTGATE_DASHBOARD_GATEWAY_URL, reading with
+    DRAFTGATE_ADMIN_READ_TOKEN (or acting with DRAFTGATE_ADMIN_TOKEN under --admin)."""
     import os
 
-    from gateway.cli import stack
+    from dashboard.server import dashboard_app
+    from dashboard.settings import DashboardSettings
+    from gateway.http_limits import RequestLimits, protocol_with
 
-    argv = stack.dashboard_argv(host, port)
-    os.execv(argv[0], argv)  # noqa: S606  (Streamlit takes over this process and its signals)
+    if admin:
+        os.environ["DRAFTGATE_DASHBOARD_ADMIN"] = "true"  # the pages read their settings per run
+    settings = DashboardSettings()
+    limits = RequestLimits(
+        DASHBOARD_MAX_HEADER_BYTES,
+        DASHBOARD_MAX_HEADERS,
+        settings.dashboard_read_timeout_s,
+        DASHBOARD_WRITE_TIMEOUT_S,
+    )
+    signal.signal(signal.SIGTERM, _exit_zero)
+    uvicorn.run(
+        dashboard_app(settings.allowed_hosts),
+        host=host,
+        port=port,
+        http=protocol_with(limits),
+        ws="websockets-sansio",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )

@@ -8,7 +8,6 @@ from pathlib import Path
 from pydantic import SecretStr
 from sqlalchemy.orm import Session
 
-import dashboard
 from backends.launcher import LocalServer, sim_argv
 from backends.sim.config import DEFAULT_K
 from gateway.control.managed import Launch
@@ -119,20 +118,11 @@ def stop_all(servers: list[LocalServer]) -> None:
         server.stop()
 
 
-def dashboard_argv(host: str, port: int) -> list[str]:
-    """`streamlit run` of the dashboard on host:port: headless, no usage statistics, and a
-    viewer's toolbar (no Streamlit Cloud deploy button, no developer menu)."""
-    app = Path(dashboard.__file__).parent / "streamlit_app.py"
-    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
-            "--server.port", str(port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-            "--client.toolbarMode", "viewer"]  # fmt: skip
-
-
 def start_dashboard(
     port: int, gateway_url: str, admin_token: SecretStr, log_dir: Path
 ) -> LocalServer:
-    """Start `draftgate dashboard` on 127.0.0.1:`port` against the gateway at `gateway_url`.
+    """Start `draftgate dashboard --admin` on 127.0.0.1:`port` against the gateway at
+    `gateway_url`: the demo's dashboard drives the demo, on loopback only.
 
     The token travels in the environment, not the command line other users can read.
     """
@@ -141,7 +131,7 @@ def start_dashboard(
         "DRAFTGATE_DASHBOARD_GATEWAY_URL": gateway_url,
         "DRAFTGATE_ADMIN_TOKEN": admin_token.get_secret_value(),
     }
-    argv = [str(draftgate), "dashboard", "--port", str(port)]
+    argv = [str(draftgate), "dashboard", "--port", str(port), "--admin"]
     server = LocalServer("dashboard", argv, port, log_dir / "dashboard.log", env=env)
     server.start()
     return server

@@ -24,6 +24,7 @@ from gateway.apikeys import hash_key
 from gateway.errors import (
     BodyTooLarge,
     GatewayError,
+    HostNotAllowed,
     InvalidApiKey,
     InvalidRequest,
     ModelNotAllowed,
@@ -87,6 +88,9 @@ class Relay:
         self.rng = random.Random()  # noqa: S311  (load balancing, not secrets)
         self.forwarded = settings.forwarded_headers
         self.relayed = settings.relayed
+        # Without keys any web page could spend the fleet through a browser on this machine
+        # (a form post, or DNS rebinding): then only listed hosts and JSON bodies are served.
+        self.keyless_hosts = None if settings.require_api_key else settings.keyless_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -118,6 +122,8 @@ class Relay:
     ) -> None:
         if path not in self.relayed:  # an exact list: no dot segments, no operator routes
             raise UnknownPath(f"Unknown path {path[:100]!r}")
+        if self.keyless_hosts is not None:
+            keyless_door(headers, self.keyless_hosts)
         body = await self._read_body(headers, receive)
         payload = parse_body(body, self.settings.max_json_depth)
         model = payload.get("model")
@@ -148,7 +154,7 @@ class Relay:
             raise
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
-        content_type = headers.get(b"content-type", b"application/json")
+        content_type = headers.get(b"content-type", b"application/json")  # as vLLM reads it
         if not content_type.split(b";")[0].strip().lower().endswith(b"json"):
             raise UnsupportedMediaType("Content-Type must be application/json")
         limit, chunks, size = self.settings.max_body_bytes, [], 0
@@ -462,6 +468,27 @@ def _usage_of(content: bytes) -> dict[str, Any] | None:
 
 def _interrupted(message: str) -> UpstreamError:
     return UpstreamError(message, code="stream_interrupted")
+
+
+def keyless_door(headers: dict[bytes, bytes], hosts: frozenset[bytes]) -> None:
+    """Without API keys: the request must name a listed host and declare a JSON body (a page
+    on another site can send neither: a form posts no JSON type, a rebound name its own host)."""
+    if host_name(headers.get(b"host", b"")) not in hosts:
+        raise HostNotAllowed(
+            "Host not allowed: without API keys the gateway answers only the hosts in "
+            "DRAFTGATE_KEYLESS_ALLOWED_HOSTS"
+        )
+    if b"content-type" not in headers:
+        raise UnsupportedMediaType(
+            "Content-Type must be application/json (required when API keys are not)"
+        )
+
+
+def host_name(host: bytes) -> bytes:
+    """The name in a Host header, lower-case, without its port: `[::1]:8080` is `::1`."""
+    if host.startswith(b"["):
+        return host[1 : host.find(b"]")].lower()
+    return host.partition(b":")[0].lower()
 
 
 def _sse_error(error: GatewayError, request_id: str) -> bytes:

@@ -21,6 +21,7 @@ import pytest
 
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
+    READ_TOKEN,
     Server,
     draftgate_env,
     free_port,
@@ -123,6 +124,7 @@ def stack_env(database_url: str) -> dict[str, str]:
     """Settings of the test stack: a known token, quick collector, ledger and probes."""
     return draftgate_env(
         DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN,
+        DRAFTGATE_ADMIN_READ_TOKEN=READ_TOKEN,
         DRAFTGATE_DATABASE_URL=database_url,
         DRAFTGATE_COLLECT_INTERVAL_S="1",
         DRAFTGATE_MEASUREMENT_WINDOW_S="2",
@@ -156,7 +158,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 def dashboard_env(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Stack:
-    """The dashboard's settings pointing at the stack's gateway, with its admin token."""
+    """The dashboard's settings pointing at the stack's gateway, acting with its admin token."""
     monkeypatch.setenv("DRAFTGATE_DASHBOARD_GATEWAY_URL", stack.gateway.base_url)
     monkeypatch.setenv("DRAFTGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    monkeypatch.setenv("DRAFTGATE_DASHBOARD_ADMIN", "true")
+    return stack
+
+
+@pytest.fixture
+def read_only_env(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Stack:
+    """The dashboard's settings pointing at the stack's gateway, with the read token only."""
+    monkeypatch.setenv("DRAFTGATE_DASHBOARD_GATEWAY_URL", stack.gateway.base_url)
+    monkeypatch.setenv("DRAFTGATE_ADMIN_READ_TOKEN", READ_TOKEN)
+    monkeypatch.delenv("DRAFTGATE_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("DRAFTGATE_DASHBOARD_ADMIN", raising=False)
     return stack

@@ -9,8 +9,9 @@ from streamlit.testing.v1 import AppTest
 
 import dashboard
 from dashboard.app_pages import accuracy, backends, benchmarks, keys, methods, overview, planner
+from dashboard.client import READ_ONLY_NOTE
 from tests.dashboard.conftest import Stack
-from tests.e2e.conftest import ADMIN_TOKEN, closed_url
+from tests.e2e.conftest import ADMIN_TOKEN, READ_TOKEN, closed_url
 
 APP = Path(dashboard.__file__).parent / "streamlit_app.py"
 TIMEOUT_S = 30.0
@@ -57,7 +58,7 @@ def test_an_unreachable_gateway_is_a_message_not_a_traceback(
 ) -> None:
     url = closed_url()
     message = _overview_error(
-        monkeypatch, DRAFTGATE_DASHBOARD_GATEWAY_URL=url, DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN
+        monkeypatch, DRAFTGATE_DASHBOARD_GATEWAY_URL=url, DRAFTGATE_ADMIN_READ_TOKEN=READ_TOKEN
     )
     assert message.startswith(f"cannot reach the gateway at {url}")
 
@@ -70,5 +71,39 @@ def test_a_wrong_token_shows_the_admin_api_refusal(
 
 
 def test_a_missing_token_says_how_to_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    message = _overview_error(monkeypatch, DRAFTGATE_ADMIN_TOKEN=None)
-    assert "set DRAFTGATE_ADMIN_TOKEN" in message
+    message = _overview_error(
+        monkeypatch, DRAFTGATE_ADMIN_READ_TOKEN=None, DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN
+    )
+    assert "set DRAFTGATE_ADMIN_READ_TOKEN" in message  # the admin token is not used unasked
+    message = _overview_error(
+        monkeypatch, DRAFTGATE_DASHBOARD_ADMIN="true", DRAFTGATE_ADMIN_TOKEN=None
+    )
+    assert "DRAFTGATE_ADMIN_TOKEN is not set" in message
+
+
+FORMS = {
+    "backends": ["add-save", "change-toggle", "change-remove"],
+    "benchmarks": ["bench-start"],
+    "keys": ["key-create", "revoke"],
+    "methods": ["policy-save"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_with_the_read_token_no_page_offers_a_change(read_only_env: Stack, name: str) -> None:
+    at = AppTest.from_function(_page, args=(name,), default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert not at.error, [e.value for e in at.error]
+    shown = {b.key for b in at.button} | {b.key for b in at.get("form_submit_button")}
+    assert not shown & set(FORMS[name]), shown
+    assert any(READ_ONLY_NOTE in c.value for c in at.caption)
+    assert READ_TOKEN not in repr(at.main) + repr(at.sidebar)
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_with_the_admin_token_each_page_offers_its_changes(dashboard_env: Stack, name: str) -> None:
+    """The other side of the test above: the same pages, acting as admin, show the forms."""
+    at = AppTest.from_function(_page, args=(name,), default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    shown = {b.key for b in at.button} | {b.key for b in at.get("form_submit_button")}
+    assert shown & set(FORMS[name]), shown

@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, text
 
 DRAFTGATE = Path(sys.executable).parent / "draftgate"
 ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
+READ_TOKEN = "e2e-read-token-0123456789abcdef"
 HEALTH_TIMEOUT_S = 60.0  # a deadline, not a wait: a busy 2-core machine starts slowly
 EXIT_TIMEOUT_S = 10.0
 CLI_TIMEOUT_S = 60.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -158,6 +159,17 @@ def test_a_created_key_works_at_once_and_a_revoked_one_stops(keyed: Keyed) -> No
         assert revoked.status_code == 200, revoked.text
         wait_for_status(http, 401, REGISTRY_REFRESH_S + KEY_APPLIES_S)
         assert_envelope(http.post("/v1/chat/completions", json=GOOD), 401, "invalid_api_key")
+
+
+def test_with_a_key_any_host_and_a_body_without_content_type_are_served(
+    http: httpx.Client,
+) -> None:
+    """The keyless demo's door (tests/reliability/test_hostile_requests.py) is not needed
+    here: a page on another site has no key. A body without a type is read as JSON, as vLLM
+    reads it."""
+    body = json.dumps(GOOD).encode()
+    untyped = http.post("/v1/chat/completions", content=body, headers={"Host": "gw.example"})
+    assert untyped.status_code == 200, untyped.text
 
 
 def test_a_key_limited_to_other_models_is_403(keyed: Keyed) -> None:

@@ -41,7 +41,9 @@ CHAT = [{"role": "user", "content": "Hello there."}]
 GOOD = {"model": SIM_MODEL, "messages": CHAT, "max_tokens": 3}
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 CLOSED = "closed"
-HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+)
 
 
 @dataclass
@@ -219,11 +221,42 @@ def test_a_non_json_content_type_is_415(target: Target) -> None:
     run_scenario(target, "wrong content type", [lambda: response])
 
 
+def test_keyless_a_body_without_content_type_is_415(target: Target) -> None:
+    """A page on another site can post a body with no type (or a form's) without a CORS
+    preflight; with no key asked for, only a declared JSON body is served."""
+    with httpx.Client(base_url=target.gateway.base_url, timeout=30.0) as http:
+        response = http.post("/v1/chat/completions", content=body())
+    assert response.request.headers.get("content-type") is None
+    assert response.status_code == 415, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    run_scenario(target, "keyless: no content type", [lambda: response])
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("attacker.example", 403),  # a rebound name: the browser sends the page's host
+        ("localhost.attacker.example", 403),
+        ("127.0.0.1.nip.example", 403),
+        ("", 403),
+        ("localhost", 200),
+        ("LOCALHOST:8080", 200),
+        ("[::1]:8080", 200),
+    ],
+)
+def test_keyless_only_listed_hosts_are_served(target: Target, host: str, status: int) -> None:
+    response = post(target, body(), host=host)
+    assert response.status_code == status, response.text
+    if status == 403:
+        assert response.json()["error"]["code"] == "host_not_allowed"
+        run_scenario(target, "keyless: foreign Host", [lambda: response])
+
+
 def test_a_huge_body_is_413_without_being_read(target: Target) -> None:
     declared = 1_000_000_000  # 1 GB announced; a few KB actually sent
     head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n" % declared
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % declared
     )
 
     def announced() -> bytes | str:
@@ -256,8 +289,8 @@ def test_header_injection_is_refused_or_neutralised(target: Target) -> None:
 
     def request(header_lines: bytes) -> bytes | str:
         head = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-            b"\r\nConnection: close\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nConnection: close\r\n"
         )
         answer = raw(
             target, head + header_lines + b"Content-Length: %d\r\n\r\n" % len(payload) + payload
@@ -286,9 +319,7 @@ def test_too_many_or_too_large_headers_are_refused(target: Target) -> None:
     payload = body()
 
     def request(header_lines: bytes) -> bytes | str:
-        head = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        )
+        head = HEAD
         return raw(
             target, head + header_lines + b"Content-Length: %d\r\n\r\n" % len(payload) + payload
         )

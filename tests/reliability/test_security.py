@@ -22,8 +22,9 @@ from sqlalchemy import create_engine, inspect, text
 
 import gateway
 from gateway.app import create_app
+from gateway.deps import SCOPE_FIELD
 from gateway.settings import Settings
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, READ_TOKEN
 from tests.e2e.conftest import (
     ServerStarter,
     draftgate_env,
@@ -116,6 +117,47 @@ async def test_every_admin_route_refuses_a_missing_or_wrong_token(app: FastAPI) 
 async def test_the_right_token_is_accepted(client: httpx.AsyncClient) -> None:
     """The refusals above are about the token, not the routes: the real token passes."""
     assert (await client.get("/admin/v1/keys")).status_code == 200
+    assert (await client.get("/admin/v1/whoami")).json() == {"scope": "admin"}
+
+
+def _read_only(app: FastAPI, method: str, path: str) -> bool:
+    for context in iter_route_contexts(app.routes):
+        if context.path == path and method in (context.methods or ()):
+            return (context.openapi_extra or {}).get(SCOPE_FIELD) == "read"
+    raise AssertionError((method, path))
+
+
+async def test_the_read_token_reads_and_changes_nothing(app: FastAPI, database_url: str) -> None:
+    """Every GET (and each route marked read-only) takes the read token; every other admin
+    route refuses it with a 403, malformed body or not, and nothing is written."""
+    routes = [(m, p) for m, p in every_route(app) if p.startswith("/admin/")]
+    writes = [(m, p) for m, p in routes if m != "GET" and not _read_only(app, m, p)]
+    assert ("POST", "/admin/v1/keys") in writes
+    assert ("PUT", "/admin/v1/models/{name:path}/policy") in writes
+    assert ("POST", "/admin/v1/methods/render") not in writes
+    before = sorted(_all_cells(database_url))
+    headers = {"Authorization": f"Bearer {READ_TOKEN}", "content-type": "application/json"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http:
+        for method, path in writes:
+            for content in (b"{}", b"{", b'{"name": "x", "url": "http://127.0.0.1:1"}'):
+                response = await http.request(
+                    method, concrete(path), headers=headers, content=content
+                )
+                assert response.status_code == 403, (method, path, response.text)
+                error = response.json()["error"]
+                assert (error["type"], error["code"]) == ("permission_error", "insufficient_scope")
+        for method, path in routes:
+            if (method, path) not in writes:
+                response = await http.request(
+                    method, concrete(path), headers=headers, content=b"{}"
+                )
+                assert response.status_code not in (401, 403), (method, path, response.text)
+        assert (await http.get("/admin/v1/whoami", headers=headers)).json() == {"scope": "read"}
+        render = {"model": "m", "method": "eagle3", "k": 3, "drafter": "d"}
+        rendered = await http.post("/admin/v1/methods/render", headers=headers, json=render)
+        assert rendered.status_code == 200, rendered.text
+    assert sorted(_all_cells(database_url)) == before
 
 
 def _functions_comparing_secrets(source: str) -> list[str]:

@@ -42,6 +42,18 @@ def test_weak_admin_tokens_are_refused(token: str) -> None:
         Settings(admin_token=token)
 
 
+@pytest.mark.parametrize("token", ["", "changeme", "short-token"])
+def test_weak_read_tokens_are_refused(token: str) -> None:
+    with pytest.raises(ValidationError, match="DRAFTGATE_ADMIN_READ_TOKEN"):
+        Settings(admin_token="a-long-enough-random-token-xyz", admin_read_token=token)
+
+
+def test_the_read_token_cannot_be_the_admin_token() -> None:
+    token = "a-long-enough-random-token-xyz"
+    with pytest.raises(ValidationError, match="must differ"):
+        Settings(admin_token=token, admin_read_token=token)
+
+
 def test_dev_mode_allows_a_weak_token() -> None:
     settings = Settings(admin_token="changeme", dev_mode=True)
     assert settings.admin_token is not None

@@ -1,0 +1,16 @@
+"""Admin API: what the caller's token may do (the dashboard asks before it offers changes)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.deps import AdminScopeDep
+from gateway.schemas import TokenScope
+
+router = APIRouter(prefix="/whoami", tags=["auth"])
+
+
+@router.get("")
+def whoami(scope: AdminScopeDep) -> TokenScope:
+    """The scope of the token this request carries."""
+    return TokenScope(scope=scope)
