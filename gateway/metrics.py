@@ -83,6 +83,13 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        self.clients_cut = Counter(
+            "draftgate_clients_cut",
+            "Streams cut because their client read nothing for DRAFTGATE_CLIENT_WRITE_TIMEOUT_S "
+            "(recorded as client_stalled, 499).",
+            ["model"],
+            registry=r,
+        )
         self.retries = Counter(
             "draftgate_upstream_retries",
             "Requests retried on another backend before their first byte.",

@@ -296,6 +296,8 @@ def _observe(
     if model not in snapshot.backends:
         model = UNKNOWN_MODEL  # labels only ever carry the registry's model names
     m.requests.labels(model, method, f"{x.status // 100}xx").inc()
+    if x.outcome == "client_stalled":
+        m.clients_cut.labels(model).inc()
     m.latency.labels(model, method).observe(latency)
     if ttft is not None and x.chunks:
         m.ttft.labels(model, method).observe(ttft)

@@ -20,7 +20,7 @@ from collections import Counter
 
 import httpx
 
-from tests.e2e.conftest import query_rows
+from tests.e2e.conftest import metric_value, query_rows
 from tests.reliability.conftest import (
     ADMIN_TOKEN,
     Outcome,
@@ -149,6 +149,8 @@ async def test_stalled_readers_are_cut_and_bounded_by_their_key(
         ("client_stalled", 499): KEY_CONCURRENCY,
         ("rejected", 429): STALLED - KEY_CONCURRENCY,
     }
+    cut = metric_value(gateway.base_url, "draftgate_clients_cut_total", model=MODEL)
+    assert cut == KEY_CONCURRENCY
 
 
 def median_s(outcomes: list[Outcome]) -> float:
