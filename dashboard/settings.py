@@ -31,7 +31,7 @@ class DashboardSettings(BaseSettings):
         default=False,
         description="Act with the admin token: the pages offer changes (policies, backends, "
         "keys, sweeps). Default off: the dashboard has no login of its own, so put one in "
-        "front of it first (docs/security.md). `draftgate up` turns it on for its loopback "
+        "front of it first (docs/deploy.md). `draftgate up` turns it on for its loopback "
         "demo; `draftgate dashboard --admin` does too.",
     )
     dashboard_allowed_hosts: str = Field(

@@ -4,8 +4,9 @@ No Docker engine runs here, so the file is validated against the compose specifi
 JSON schema and every piece is checked against the code it must agree with: commands
 against the real `draftgate` command line, ports and health checks against the settings
 defaults, `--speculative-config` against backends/methods.py, fleet files against the
-gateway's loader, scrape targets against the services. tests/e2e/test_compose_stack.py
-runs the `sim` profile's commands as local processes.
+gateway's loader, scrape targets against the services, the `login` profile's oauth2-proxy
+against the dashboard it guards. tests/e2e/test_compose_stack.py runs the `sim` profile's
+commands, and the dashboards', as local processes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import setuptools
@@ -28,18 +30,29 @@ from typer.exceptions import TyperException
 from backends.compose import vllm_command, vllm_service
 from backends.methods import make_spec, render_speculative_config
 from backends.sim.config import DEFAULT_K
+from dashboard.server import host_allowed
 from gateway.cli import stack
 from gateway.cli.main import app
 from gateway.services.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from planner.catalog import default_prices
+from tests.unit.k8s_queries import OAUTH2_PROXY_REQUIRED, oauth2_proxy_options
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DEPLOY = ROOT / "deploy" / "compose"
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
-PROFILES = ("sim", "gpu")
+PROFILES = ("sim", "gpu")  # the backends' profiles
+LOGIN_PROFILE = "login"
+# What `docker compose up` needs set, whatever the profiles: compose reads every service's
+# variables even when its profile is off.
+REQUIRED_VARIABLES = {
+    "DRAFTGATE_ADMIN_TOKEN",
+    "DRAFTGATE_ADMIN_READ_TOKEN",
+    "GRAFANA_ADMIN_PASSWORD",
+}
+VARIABLE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
 GPU_MODEL = "Qwen/Qwen3-8B"
 # The drafters the gpu profile serves, one per method (the published Qwen3-8B drafters).
 GPU_DRAFTERS = {
@@ -163,16 +176,31 @@ def test_every_published_port_binds_loopback(compose: dict[str, Any]) -> None:
         for name, service in compose["services"].items()
         for mapping in service.get("ports", [])
     ]
-    assert {name for name, _ in mappings} >= {"lb", "dashboard", "prometheus", "grafana"}
+    assert {name for name, _ in mappings} >= {
+        "lb",
+        "dashboard",
+        "prometheus",
+        "grafana",
+        "oauth2-proxy",
+    }
     for name, mapping in mappings:
         assert _host_ip(mapping) == "127.0.0.1", f"{name} publishes {mapping!r} beyond loopback"
 
 
 def test_secrets_come_from_variables(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    for name in ("gateway", "dashboard"):
+    for name in ("gateway", "dashboard-admin"):
         token = services[name]["environment"]["DRAFTGATE_ADMIN_TOKEN"]
         assert token.startswith("${DRAFTGATE_ADMIN_TOKEN:?"), f"{name}: {token}"
+    for name in ("gateway", "dashboard"):
+        token = services[name]["environment"]["DRAFTGATE_ADMIN_READ_TOKEN"]
+        assert token.startswith("${DRAFTGATE_ADMIN_READ_TOKEN:?"), f"{name}: {token}"
+    # The published dashboard holds the read token only: its pages can change nothing.
+    assert "DRAFTGATE_ADMIN_TOKEN" not in services["dashboard"]["environment"]
+    assert "DRAFTGATE_ADMIN_READ_TOKEN" not in services["dashboard-admin"]["environment"]
+    proxy = services["oauth2-proxy"]["environment"]
+    for name in ("OAUTH2_PROXY_CLIENT_SECRET", "OAUTH2_PROXY_COOKIE_SECRET"):
+        assert proxy[name] == "${" + name + ":-}", name
     grafana = services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
     assert grafana.startswith("${GRAFANA_ADMIN_PASSWORD:?")
     for service in services_in(compose, "gpu").values():
@@ -196,6 +224,25 @@ def test_services_without_a_profile_depend_only_on_services_without_one(
     for profile in PROFILES:
         methods = {b.method for b in fleet_of(profile).backends}
         assert methods == set(GPU_DRAFTERS), profile
+
+
+def test_the_stack_needs_no_login_variable_without_the_login_profile() -> None:
+    """Compose interpolates the whole file before it looks at profiles: a `${VAR:?}` in the
+    login profile would stop `docker compose up` for everyone who does not use it."""
+    text = COMPOSE.read_text(encoding="utf-8")
+    found = [m for m in VARIABLE.finditer(text) if not _in_comment(text, m.start())]
+    assert {m[1] for m in found if m[2] == "?"} == REQUIRED_VARIABLES
+    login = yaml.safe_dump(services_in(yaml.safe_load(text), LOGIN_PROFILE))
+    own = {m[1] for m in VARIABLE.finditer(login)} - REQUIRED_VARIABLES
+    assert {"OAUTH2_PROXY_CLIENT_ID", "DRAFTGATE_DASHBOARD_PUBLIC_HOST"} <= own
+    for match in found:
+        if match[1] in own:
+            assert match[2] == "-", f"{match[0]}: the login profile's variables need a default"
+
+
+def _in_comment(text: str, at: int) -> bool:
+    line = text[text.rfind("\n", 0, at) + 1 : at]
+    return line.lstrip().startswith("#")
 
 
 def test_every_bind_mount_exists_in_the_repository(compose: dict[str, Any]) -> None:
@@ -233,7 +280,13 @@ def test_every_draftgate_command_is_a_real_sub_command_with_valid_flags(
         for name, s in compose["services"].items()
         if s.get("command", [""])[0] == "draftgate"
     }
-    assert set(commands) >= {"migrate", "gateway", "dashboard", *services_in(compose, "sim")}
+    assert set(commands) >= {
+        "migrate",
+        "gateway",
+        "dashboard",
+        "dashboard-admin",
+        *services_in(compose, "sim"),
+    }
     for name, argv in commands.items():
         context = parse_draftgate(argv)
         assert context.command.callback is not None, name
@@ -322,6 +375,74 @@ def test_dashboard_reads_the_admin_api_behind_the_load_balancer(compose: dict[st
     assert [_container_port(m) for m in dashboard["ports"]] == [port]
     assert _health_port(dashboard, "/_stcore/health") == port
     assert dashboard["environment"]["DRAFTGATE_DASHBOARD_GATEWAY_URL"] == "http://lb:8080"
+
+
+def test_published_dashboard_is_read_only_and_answers_loopback_names(
+    compose: dict[str, Any],
+) -> None:
+    dashboard = compose["services"]["dashboard"]
+    assert parse_draftgate(dashboard["command"]).params["admin"] is False
+    allowed = dashboard["environment"]["DRAFTGATE_DASHBOARD_ALLOWED_HOSTS"].split(",")
+    [published] = dashboard["ports"]
+    port = published.rsplit(":", 1)[0].split(":")[1]
+    for host in ("localhost", "127.0.0.1"):  # what a browser types for 127.0.0.1:8501
+        assert host_allowed(f"{host}:{port}", allowed), host
+    assert not host_allowed("rebound.example.com:8501", allowed)
+
+
+# --- the login profile: the admin dashboard behind oauth2-proxy ---
+
+
+def _unset(value: str) -> str:
+    """`value` as compose gives it with none of its variables set (their defaults)."""
+    return VARIABLE.sub(lambda m: m[3] if m[2] == "-" else "", value)
+
+
+def test_login_profile_is_an_admin_dashboard_reached_only_through_oauth2_proxy(
+    compose: dict[str, Any],
+) -> None:
+    login = services_in(compose, LOGIN_PROFILE)
+    assert set(login) == {"dashboard-admin", "oauth2-proxy"}
+    dashboard, proxy = login["dashboard-admin"], login["oauth2-proxy"]
+    params = parse_draftgate(dashboard["command"]).params
+    assert params["admin"] is True
+    assert params["host"] == "0.0.0.0"  # noqa: S104
+    assert _health_port(dashboard, "/_stcore/health") == params["port"]
+    assert "ports" not in dashboard, "the admin dashboard is reached only through the login"
+    assert dashboard["environment"]["DRAFTGATE_DASHBOARD_GATEWAY_URL"] == "http://lb:8080"
+
+    image, _, tag = proxy["image"].rpartition(":")
+    assert image == "quay.io/oauth2-proxy/oauth2-proxy"
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", tag), "pin the image to a release"
+    env = {k: _unset(str(v)) for k, v in proxy["environment"].items()}
+    options = oauth2_proxy_options(proxy.get("command", []), env)
+    assert options.keys() >= OAUTH2_PROXY_REQUIRED, OAUTH2_PROXY_REQUIRED - options.keys()
+    assert options["provider"] == "oidc"
+    assert options["upstreams"] == f"http://dashboard-admin:{params['port']}"
+    # The dashboard needs the browser's Host and its WebSocket; clients' X-Forwarded-* are
+    # not trusted unless a proxy in front is declared.
+    assert options.get("pass_host_header", "true") == "true"
+    assert options.get("proxy_websockets", "true") == "true"
+    assert options["reverse_proxy"] == "false"
+    assert proxy["depends_on"]["dashboard-admin"]["condition"] == "service_healthy"
+    # Published on loopback only, on the port it listens on and its redirect URL names.
+    host, _, listen = options["http_address"].rpartition(":")
+    assert host == "0.0.0.0"  # noqa: S104
+    assert proxy["ports"] == [f"127.0.0.1:{listen}:{listen}"]
+    redirect = urlsplit(options["redirect_url"])
+    assert (redirect.hostname, redirect.port, redirect.path) == (
+        "localhost",
+        int(listen),
+        "/oauth2/callback",
+    )
+    # oauth2-proxy passes the browser's Host through; the dashboard answers that name only.
+    allowed = _unset(dashboard["environment"]["DRAFTGATE_DASHBOARD_ALLOWED_HOSTS"]).split(",")
+    assert host_allowed(redirect.netloc, allowed)
+    assert not host_allowed("dashboard-admin:8501", allowed)
+    # The file's header says how to use it, with the URL to register.
+    text = COMPOSE.read_text(encoding="utf-8")
+    assert "docker compose --profile sim --profile login up -d" in text
+    assert f"redirect URL {options['redirect_url']}" in text
 
 
 # --- the sim profile: the same five simulators as `draftgate up` ---

@@ -1,5 +1,7 @@
 """The compose file's `sim` profile run as local processes on loopback: what `docker compose
---profile sim up` would start, without a Docker engine.
+--profile sim up` would start, without a Docker engine; and its two dashboards, the published
+read-only one and the `login` profile's admin one (oauth2-proxy, which guards it, is an image
+of its own and does not run here: test_compose.py checks its configuration).
 
 Each process is started from its service's `command` and `environment` in
 docker-compose.yml; only what Docker's network provides is swapped for the local
@@ -10,11 +12,13 @@ URLs pointed at the local simulators (the `./deploy/compose:/etc/draftgate` moun
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -22,8 +26,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from dashboard.client import AdminApiError, AdminClient, admin_client
+from dashboard.settings import DashboardSettings
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
+    READ_TOKEN,
     CliRunner,
     Server,
     ServerStarter,
@@ -31,12 +38,14 @@ from tests.e2e.conftest import (
     query_rows,
     wait_for_usage_records,
 )
-from tests.e2e.test_compose import COMPOSE, grafana_metric_names, services_in
+from tests.e2e.test_compose import COMPOSE, grafana_metric_names, parse_draftgate, services_in
 
 pytestmark = pytest.mark.postgres
 READY_TIMEOUT_S = 90.0  # two gateways and five simulators on a busy machine
 REQUEST_TIMEOUT_S = 60.0
 VARIABLE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
+# What the compose file's header has you export; nothing of the login profile's.
+VARIABLES = {"DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN, "DRAFTGATE_ADMIN_READ_TOKEN": READ_TOKEN}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +143,7 @@ def sim_stack(
 ) -> tuple[list[Server], dict[str, Server], str, str]:
     """migrate, the sim profile's simulators and two gateway replicas on one PostgreSQL;
     (replicas, simulators by service name, a client API key, the database URL)."""
-    variables = {"DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    variables = VARIABLES
     services = compose["services"]
     database = {"DRAFTGATE_DATABASE_URL": postgres_schema}
 
@@ -194,6 +203,7 @@ def test_sim_profile_serves_openai_clients_through_every_replica(
     sim_stack: tuple[list[Server], dict[str, Server], str, str],
     compose: dict[str, Any],
     start_server: ServerStarter,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     replicas, sims, key, database_url = sim_stack
     assert len(replicas) == 2
@@ -232,13 +242,75 @@ def test_sim_profile_serves_openai_clients_through_every_replica(
 
     # The dashboard's command serves Streamlit where its healthcheck looks.
     dashboard = compose["services"]["dashboard"]
-    env = local_env(
-        dashboard,
-        {"DRAFTGATE_ADMIN_TOKEN": ADMIN_TOKEN},
-        DRAFTGATE_DASHBOARD_GATEWAY_URL=replicas[0].base_url,
-    )
+    env = local_env(dashboard, VARIABLES, DRAFTGATE_DASHBOARD_GATEWAY_URL=replicas[0].base_url)
     streamlit = start_server(*local_args(dashboard["command"]), env=env, wait=False)
     assert wait_for_body(streamlit, "/_stcore/health") == "ok"
+    check_dashboards(compose, replicas[0], streamlit, env, start_server, monkeypatch)
+
+
+def dashboard_client(
+    env: dict[str, str], command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> AdminClient:
+    """The admin API client a dashboard's pages make from its environment and command
+    (`--admin` turns DRAFTGATE_DASHBOARD_ADMIN on, as `draftgate dashboard` does)."""
+    for name in [n for n in os.environ if n.startswith("DRAFTGATE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("DRAFTGATE_"):
+            monkeypatch.setenv(name, value)
+    if parse_draftgate(command).params["admin"]:
+        monkeypatch.setenv("DRAFTGATE_DASHBOARD_ADMIN", "true")
+    return admin_client(DashboardSettings())
+
+
+def host_status(server: Server, host: str, path: str = "/") -> int:
+    """The status `server` answers GET `path` with when the request names `host`."""
+    response = httpx.get(server.base_url + path, headers={"Host": host}, timeout=10.0)
+    return response.status_code
+
+
+def check_dashboards(
+    compose: dict[str, Any],
+    gateway: Server,
+    reader: Server,
+    env: dict[str, str],
+    start_server: ServerStarter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The published dashboard (`reader`, started with `env`) reads by default; the login
+    profile's acts as admin, answering only the name oauth2-proxy passes on."""
+    absent_key = 10**9  # revoking it: 404 for an admin, 403 for a reader, before any lookup
+
+    # The published dashboard: the read token only, so its pages can change nothing.
+    dashboard = compose["services"]["dashboard"]
+    assert "DRAFTGATE_ADMIN_TOKEN" not in env
+    client = dashboard_client(env, dashboard["command"], monkeypatch)
+    assert client.scope() == "read"  # GET /admin/v1/whoami with the dashboard's token
+    with pytest.raises(AdminApiError) as refused:
+        client.revoke_key(absent_key)
+    assert refused.value.status_code == 403, refused.value.message
+    # It answers the names a browser uses for 127.0.0.1:8501, and no other but for its probe.
+    assert host_status(reader, "localhost:8501") == 200
+    assert host_status(reader, "127.0.0.1:8501") == 200
+    assert host_status(reader, "rebound.example.com:8501") == 403
+    assert host_status(reader, "rebound.example.com", "/_stcore/health") == 200
+
+    # The login profile's: the admin token, answering only the name oauth2-proxy passes on.
+    admin = compose["services"]["dashboard-admin"]
+    env = local_env(admin, VARIABLES, DRAFTGATE_DASHBOARD_GATEWAY_URL=gateway.base_url)
+    assert "DRAFTGATE_ADMIN_READ_TOKEN" not in env
+    actor = start_server(*local_args(admin["command"]), env=env, wait=False)
+    assert wait_for_body(actor, "/_stcore/health") == "ok"
+    client = dashboard_client(env, admin["command"], monkeypatch)
+    assert client.scope() == "admin"
+    with pytest.raises(AdminApiError) as missing:
+        client.revoke_key(absent_key)
+    assert missing.value.status_code == 404, missing.value.message
+    proxy = compose["services"]["oauth2-proxy"]["environment"]
+    public = urlsplit(interpolate(proxy["OAUTH2_PROXY_REDIRECT_URL"], VARIABLES)).netloc
+    assert host_status(actor, public) == 200  # the Host of the browser, passed through
+    assert host_status(actor, "127.0.0.1:8501") == 403
+    assert host_status(actor, "dashboard-admin:8501") == 403
 
 
 def _serve_through(client: openai.OpenAI, sims: set[str]) -> str:

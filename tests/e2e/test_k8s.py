@@ -1,6 +1,7 @@
 """The sim overlay of deploy/k8s run as local processes: its migrate Job, its five simulated
-backends and its gateway, each with the command and environment its manifest gives it, on
-loopback ports in place of pod IPs and Service names, on the real PostgreSQL."""
+backends, its gateway and its read-only dashboard, each with the command and environment its
+manifest gives it, on loopback ports in place of pod IPs and Service names, on the real
+PostgreSQL; then the login overlay's admin dashboard against that gateway."""
 
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ import httpx
 import pytest
 import yaml
 
+from dashboard.client import AdminApiError
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     CLI_TIMEOUT_S,
     DRAFTGATE,
     POLL_INTERVAL_S,
+    READ_TOKEN,
     Server,
     draftgate_env,
     free_port,
 )
-from tests.unit.k8s_queries import SIM, only_container
+from tests.e2e.test_compose_stack import dashboard_client, host_status
+from tests.unit.k8s_queries import LOGIN, SIM, only_container
 from tests.unit.kustomize_build import Build, Manifest, build
 
 READY_TIMEOUT_S = 90.0  # five simulators and a gateway starting on a busy machine
@@ -118,10 +122,17 @@ def _wait_ready(server: Server, path: str) -> None:
 
 
 def test_sim_overlay_runs_as_its_manifests_say(
-    postgres_schema: str, tmp_path: Path, servers: list[Server]
+    postgres_schema: str,
+    tmp_path: Path,
+    servers: list[Server],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     stack = build(SIM)
-    secrets = {"admin-token": ADMIN_TOKEN, "database-url": postgres_schema}
+    secrets = {
+        "admin-token": ADMIN_TOKEN,
+        "admin-read-token": READ_TOKEN,
+        "database-url": postgres_schema,
+    }
 
     job = only_container(stack.named("Job", "draftgate-migrate"))
     migrate = subprocess.run(
@@ -152,6 +163,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
     }
     servers.append(_spawn(gateway["command"], port, draftgate_env(**env), tmp_path, "gateway"))
     _wait_ready(servers[-1], gateway["readinessProbe"]["httpGet"]["path"])
+    gateway_server = servers[-1]
 
     # API keys are required, as in the manifest: create one the way the README says.
     created = subprocess.run(
@@ -201,8 +213,40 @@ def test_sim_overlay_runs_as_its_manifests_say(
     _wait_ready(servers[-1], probe_path)
     # Streamlit answers any path with its page; only its health endpoint says "ok".
     assert httpx.get(servers[-1].base_url + probe_path, timeout=10.0).text == "ok"
-    with servers[-2].client(ADMIN_TOKEN) as admin:
-        backends = admin.get("/admin/v1/backends").json()["data"]
+    # Read-only: the client its pages make holds the read token, and changes are refused.
+    assert "DRAFTGATE_ADMIN_TOKEN" not in dashboard_env
+    reader = dashboard_client(dashboard_env, dashboard["command"], monkeypatch)
+    assert reader.scope() == "read"
+    with pytest.raises(AdminApiError) as forbidden:
+        reader.revoke_key(10**9)  # an admin would get a 404
+    assert forbidden.value.status_code == 403, forbidden.value.message
+    # It answers `kubectl port-forward` (Host localhost) and its Service's name; the
+    # kubelet's probe, whose Host is the pod's IP, gets its health path and nothing else.
+    pod_port = dashboard["ports"][0]["containerPort"]
+    assert host_status(servers[-1], f"localhost:{pod_port}") == 200
+    assert host_status(servers[-1], f"draftgate-dashboard:{pod_port}") == 200
+    assert host_status(servers[-1], f"10.1.2.3:{pod_port}") == 403
+    assert host_status(servers[-1], f"10.1.2.3:{pod_port}", probe_path) == 200
+
+    # overlays/login's dashboard, against the same gateway: the admin token, and only the
+    # public name oauth2-proxy passes through (and port-forward's localhost) answered.
+    login = build(LOGIN)
+    admin = only_container(login.named("Deployment", "draftgate-dashboard"))
+    admin_env = _pod_env(admin, secrets)
+    assert "DRAFTGATE_ADMIN_READ_TOKEN" not in admin_env
+    admin_env["DRAFTGATE_DASHBOARD_GATEWAY_URL"] = gateway_server.base_url
+    admin_port = free_port()
+    argv = _on_loopback(admin["command"], admin_port)
+    servers.append(_spawn(argv, admin_port, draftgate_env(**admin_env), tmp_path, "ui-admin"))
+    _wait_ready(servers[-1], probe_path)
+    actor = dashboard_client(admin_env, admin["command"], monkeypatch)
+    assert actor.scope() == "admin"
+    public = urlsplit(login.named("ConfigMap", "oauth2-proxy")["data"]["redirect-url"])
+    assert host_status(servers[-1], public.netloc) == 200
+    assert host_status(servers[-1], f"localhost:{pod_port}") == 200
+    assert host_status(servers[-1], f"draftgate-dashboard:{pod_port}") == 403
+    with gateway_server.client(ADMIN_TOKEN) as http:
+        backends = http.get("/admin/v1/backends").json()["data"]
     by_url = {b["url"]: b for b in backends}
     assert set(by_url) == set(urls.values())
     assert served_by in {b["name"] for b in backends}

@@ -1,5 +1,6 @@
 """Questions the Kubernetes checks ask of built manifests: pods, containers, ports,
-environment, the fleet file the gateway mounts, and draftgate command lines."""
+environment, label selectors, the fleet file the gateway mounts, draftgate command lines and
+oauth2-proxy's options."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 BASE = K8S / "base"
 SIM = K8S / "overlays" / "sim"
 AUTOSCALE = K8S / "overlays" / "autoscale"
+LOGIN = K8S / "overlays" / "login"
+NAMESPACE = "draftgate"
 MODEL = "Qwen/Qwen3-8B"
 # The published Qwen3-8B drafter of each method the GPU fleet serves.
 DRAFTERS = {
@@ -42,6 +45,41 @@ def pod_specs(result: Build) -> Iterator[tuple[str, Manifest]]:
     for kind in WORKLOAD_KINDS:
         for obj in result.of_kind(kind):
             yield f"{kind}/{obj['metadata']['name']}", obj["spec"]["template"]["spec"]
+
+
+def workloads(result: Build) -> list[Manifest]:
+    """Every object with a pod template (Deployments, StatefulSets, Jobs)."""
+    return [obj for kind in WORKLOAD_KINDS for obj in result.of_kind(kind)]
+
+
+def selects(selector: Manifest, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels and matchExpressions) matches `labels`; the
+    empty selector matches everything, as Kubernetes reads it."""
+    unknown = set(selector) - {"matchLabels", "matchExpressions"}
+    assert not unknown, f"not a LabelSelector (a Service's plain labels?): {selector}"
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def selected_workloads(result: Build, selector: Manifest) -> list[Manifest]:
+    """The workloads whose pods `selector` matches."""
+    return [
+        w
+        for w in workloads(result)
+        if selects(selector, w["spec"]["template"]["metadata"]["labels"])
+    ]
 
 
 def containers(pod: Manifest) -> list[Manifest]:
@@ -139,3 +177,58 @@ def backend_deployment(result: Build, url: str) -> tuple[Manifest, Manifest]:
 
 
 # --- schemas and resolution --------------------------------------------------------------
+
+
+# --- oauth2-proxy ----------------------------------------------------------------------------
+
+# What oauth2-proxy needs to sign users in with OpenID Connect and forward them upstream, by
+# its option names (a flag `--email-domain` is the option `email_domains`, the environment
+# variable OAUTH2_PROXY_EMAIL_DOMAINS).
+OAUTH2_PROXY_REQUIRED = frozenset(
+    {
+        "provider",
+        "oidc_issuer_url",
+        "client_id",
+        "client_secret",
+        "cookie_secret",
+        "redirect_url",
+        "email_domains",
+        "upstreams",
+        "http_address",
+    }
+)
+_OAUTH2_PROXY_FLAG_OPTIONS = {"email-domain": "email_domains", "upstream": "upstreams"}
+OAUTH2_PROXY_PING = "/ping"  # its default ping path, answered without a session
+OAUTH2_PROXY_COOKIE_SECRET_BYTES = (16, 24, 32)  # AES key sizes; anything else is refused
+
+
+def oauth2_proxy_options(flags: list[str], env: dict[str, str]) -> dict[str, str]:
+    """oauth2-proxy's options from its `--flag=value` arguments over its OAUTH2_PROXY_*
+    environment (flags win, as in oauth2-proxy), by option name."""
+    options = {
+        name.removeprefix("OAUTH2_PROXY_").lower(): value
+        for name, value in env.items()
+        if name.startswith("OAUTH2_PROXY_")
+    }
+    for flag in flags:
+        name, sep, value = flag.removeprefix("--").partition("=")
+        assert flag.startswith("--"), f"not a flag: {flag}"
+        assert sep, f"not --flag=value: {flag}"
+        options[_OAUTH2_PROXY_FLAG_OPTIONS.get(name, name.replace("-", "_"))] = value
+    return options
+
+
+def resolved_env(result: Build, container: Manifest) -> dict[str, str]:
+    """A container's environment, ConfigMap and Secret references read from the build."""
+    env = {}
+    for entry in container.get("env", []):
+        source = entry.get("valueFrom", {})
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            env[entry["name"]] = secret_value(result, ref["name"], ref["key"])
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            env[entry["name"]] = result.named("ConfigMap", ref["name"])["data"][ref["key"]]
+        else:
+            env[entry["name"]] = entry["value"]
+    return env

@@ -184,7 +184,7 @@ def _matches(obj: Manifest, target: Manifest) -> bool:
 
 
 def _json6902(obj: Manifest, operations: list[Manifest]) -> Manifest:
-    """`obj` with RFC 6902 add/replace/remove operations applied."""
+    """`obj` with RFC 6902 add/replace/remove/test operations applied."""
     result = copy.deepcopy(obj)
     for operation in operations:
         *parents, last = [
@@ -208,6 +208,11 @@ def _json6902_step(node: Any, key: str, operation: Manifest) -> None:
             raise KustomizeError(f"{op} {operation['path']}: no such element")
     elif op != "add" and key not in node:
         raise KustomizeError(f"{op} {operation['path']}: no such key")
+    if op == "test":  # kustomize refuses the whole patch when a test fails
+        found = node[index if isinstance(node, list) else key]
+        if found != operation["value"]:
+            raise KustomizeError(f"test {operation['path']}: {found!r} != {operation['value']!r}")
+        return
     if op in ("add", "replace"):
         node[index if isinstance(node, list) else key] = copy.deepcopy(operation["value"])
     elif op == "remove":

@@ -1,5 +1,6 @@
 """deploy/k8s, checked offline: every object against the Kubernetes schemas, kustomize
-resolution, Services, probes and references, draftgate commands, and the README's commands."""
+resolution, Services, probes and references, NetworkPolicies against the pods they name,
+draftgate commands, and the README's commands."""
 
 from __future__ import annotations
 
@@ -25,19 +26,25 @@ from tests.unit.k8s_queries import (
     BASE,
     DOCKERFILE,
     K8S,
+    LOGIN,
     MODEL,
+    NAMESPACE,
     ROOT,
     SIM,
     containers,
     draftgate_commands,
+    env_value,
     fleet,
     only_container,
     parse_draftgate,
     pod_specs,
     port_number,
     probes,
+    selected_workloads,
+    selects,
+    workloads,
 )
-from tests.unit.kustomize_build import Build, KustomizeError, Manifest, build
+from tests.unit.kustomize_build import CLUSTER_SCOPED_KINDS, Build, KustomizeError, Manifest, build
 
 # The oldest Kubernetes release still commonly run, and the newest the validator knows.
 K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())
@@ -53,9 +60,20 @@ def sim() -> Build:
     return build(SIM)
 
 
-@pytest.fixture(scope="module", params=[BASE, SIM], ids=["base", "sim"])
-def any_build(request: pytest.FixtureRequest) -> Build:
-    return build(request.param)
+@pytest.fixture(scope="module")
+def login() -> Build:
+    return build(LOGIN)
+
+
+@pytest.fixture(scope="module", params=[BASE, SIM, LOGIN], ids=["base", "sim", "login"])
+def any_directory(request: pytest.FixtureRequest) -> Path:
+    directory: Path = request.param
+    return directory
+
+
+@pytest.fixture(scope="module")
+def any_build(any_directory: Path) -> Build:
+    return build(any_directory)
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -84,9 +102,26 @@ def test_the_schema_check_rejects_broken_manifests(base: Build) -> None:
         kubernetes_validate.validate({**gateway, "kind": "Deploymnet"}, version, strict=True)
 
 
-def test_every_file_in_the_tree_is_read_by_a_kustomization(base: Build, sim: Build) -> None:
+def test_every_file_in_the_tree_is_read_by_a_kustomization(
+    base: Build, sim: Build, login: Build
+) -> None:
     on_disk = {p.resolve() for p in K8S.rglob("*") if p.is_file() and p.name != "README.md"}
-    assert on_disk == base.files | sim.files | build(AUTOSCALE).files
+    assert on_disk == base.files | sim.files | login.files | build(AUTOSCALE).files
+
+
+@pytest.mark.parametrize(
+    "directory", [BASE, SIM, LOGIN, AUTOSCALE], ids=["base", "sim", "login", "autoscale"]
+)
+def test_every_namespaced_object_lands_in_the_stack_s_namespace(directory: Path) -> None:
+    """An overlay's own objects get the namespace only when its kustomization sets one: a
+    ScaledObject or a login proxy elsewhere would find no Deployment or Service to act on."""
+    result = build(directory)
+    [namespace] = result.of_kind("Namespace")
+    assert namespace["metadata"]["name"] == NAMESPACE
+    for obj in result.objects:
+        if obj["kind"] not in CLUSTER_SCOPED_KINDS:
+            where = f"{obj['kind']}/{obj['metadata']['name']}"
+            assert obj["metadata"].get("namespace") == NAMESPACE, where
 
 
 # The ScaledObject fields KEDA documents (keda.sh, v2 "Scaling Deployments"); a custom
@@ -135,6 +170,24 @@ def test_a_missing_resource_or_unknown_feature_is_refused(tmp_path: Path) -> Non
         build(tmp_path)
 
 
+def test_a_json_patch_whose_test_fails_is_refused(tmp_path: Path) -> None:
+    """overlays/login/ guards each replaced list entry with a `test`: kustomize refuses the
+    patch when the entry moved, and so must the resolver."""
+    (tmp_path / "map.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: m}\ndata: {a: one}\n"
+    )
+    patch = (
+        "resources: [map.yaml]\npatches:\n  - target: {kind: ConfigMap, name: m}\n"
+        "    patch: |-\n      - {op: test, path: /data/a, value: %s}\n"
+        "      - {op: replace, path: /data/a, value: two}\n"
+    )
+    (tmp_path / "kustomization.yaml").write_text(patch % "one")
+    assert build(tmp_path).named("ConfigMap", "m")["data"] == {"a": "two"}
+    (tmp_path / "kustomization.yaml").write_text(patch % "other")
+    with pytest.raises(KustomizeError, match="test /data/a"):
+        build(tmp_path)
+
+
 def _comparable(objects: list[Manifest], hashed: dict[str, str]) -> list[Manifest]:
     """Objects with kustomize's hashed names mapped back, Secret data decoded, sorted."""
 
@@ -153,7 +206,9 @@ def _comparable(objects: list[Manifest], hashed: dict[str, str]) -> list[Manifes
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) absent")
-@pytest.mark.parametrize("directory", [BASE, SIM], ids=["base", "sim"])
+@pytest.mark.parametrize(
+    "directory", [BASE, SIM, LOGIN, AUTOSCALE], ids=["base", "sim", "login", "autoscale"]
+)
 def test_resolution_matches_kubectl_kustomize(directory: Path) -> None:
     ours = build(directory)
     out = subprocess.run(
@@ -177,9 +232,12 @@ def test_resolution_matches_kubectl_kustomize(directory: Path) -> None:
 # --- names, labels, ports and references -------------------------------------------------
 
 
-def test_each_service_selects_one_workload_and_targets_its_port(any_build: Build) -> None:
+def test_each_service_selects_one_workload_and_targets_its_port(
+    any_build: Build, any_directory: Path
+) -> None:
     services = any_build.of_kind("Service")
-    assert len(services) == 8  # gateway, dashboard, postgres, five backends
+    # gateway, dashboard, postgres, five backends; and the login proxy in overlays/login
+    assert len(services) == (9 if any_directory == LOGIN else 8)
     for service in services:
         selector = service["spec"]["selector"]
         workloads = [
@@ -257,14 +315,173 @@ def test_every_secret_configmap_claim_and_volume_reference_resolves(any_build: B
         any_build.named("Service", statefulset["spec"]["serviceName"])
 
 
+# --- network policies ----------------------------------------------------------------------
+
+
+def _rules(policy: Manifest) -> list[tuple[str, Manifest]]:
+    """("ingress" | "egress", rule) of a NetworkPolicy, in order."""
+    return [(kind, rule) for kind in ("ingress", "egress") for rule in policy["spec"].get(kind, [])]
+
+
+def _peers(rule: Manifest) -> list[Manifest]:
+    peers: list[Manifest] = rule["from"] if "from" in rule else rule.get("to", [])
+    return peers
+
+
+def _admits(policy: Manifest, kind: str, peer: Manifest, port: int) -> bool:
+    """Whether some `kind` rule of `policy` lets pods labelled like `peer` (a workload) in
+    (ingress) or be reached (egress) on TCP `port`."""
+    labels = peer["spec"]["template"]["metadata"]["labels"]
+    for rule_kind, rule in _rules(policy):
+        ports = [(p.get("protocol", "TCP"), p["port"]) for p in rule.get("ports", [])]
+        if rule_kind != kind or (ports and ("TCP", port) not in ports):
+            continue
+        # Without a namespaceSelector a podSelector means pods of the policy's own namespace.
+        if any(
+            "podSelector" in p
+            and "namespaceSelector" not in p
+            and selects(p["podSelector"], labels)
+            for p in _peers(rule)
+        ):
+            return True
+    return False
+
+
+def test_each_network_policy_selects_pods_and_names_pods_of_the_stack(
+    any_build: Build, login: Build
+) -> None:
+    """A selector with a label the pods do not carry selects nothing, silently: each policy
+    must apply to a pod of this build, and each peer it names must be a pod of the stack (the
+    login overlay's, which holds every pod, the login proxy included), on a port it declares."""
+    policies = any_build.of_kind("NetworkPolicy")
+    assert {p["metadata"]["name"] for p in policies} == {"draftgate-dashboard", "postgres"}
+    for policy in policies:
+        name, spec = policy["metadata"]["name"], policy["spec"]
+        targets = selected_workloads(any_build, spec["podSelector"])
+        assert targets, f"NetworkPolicy {name} selects no pod"
+        assert set(spec["policyTypes"]) == {
+            k.capitalize() for k in ("ingress", "egress") if k in spec
+        }
+        for kind, rule in _rules(policy):
+            ports = rule.get("ports", [])
+            assert ports, f"{name}: a {kind} rule without ports opens every port"
+            for peer in _peers(rule):
+                if "podSelector" not in peer:
+                    assert peer == {"namespaceSelector": {}}, f"{name}: {peer}"
+                    assert {p["port"] for p in ports} == {53}, (
+                        f"{name}: only DNS leaves the namespace"
+                    )
+                    continue
+                assert "namespaceSelector" not in peer, f"{name}: {peer}"
+                matched = selected_workloads(login, peer["podSelector"])
+                assert matched, f"NetworkPolicy {name}: {kind} peer {peer} is no pod of the stack"
+                # Ingress ports are the selected pods'; egress ports the peers'.
+                for workload in targets if kind == "ingress" else matched:
+                    for port in ports:
+                        port_number(only_container(workload), port["port"])
+    nowhere = {"matchLabels": {"app.kubernetes.io/name": "draftgat"}}
+    assert selected_workloads(login, nowhere) == []  # the matcher is not always true
+    assert len(selected_workloads(login, {})) == len(workloads(login))
+
+
+def test_only_the_login_proxy_may_open_the_dashboard(base: Build, login: Build) -> None:
+    policy = base.named("NetworkPolicy", "draftgate-dashboard")
+    assert login.named("NetworkPolicy", "draftgate-dashboard") == policy
+    dashboard = base.named("Deployment", "draftgate-dashboard")
+    assert selected_workloads(base, policy["spec"]["podSelector"]) == [dashboard]
+    port = port_number(only_container(dashboard), "http")
+    # In the base no pod may: the dashboard is reached by `kubectl port-forward` alone.
+    assert [w for w in workloads(base) if _admits(policy, "ingress", w, port)] == []
+    proxy = login.named("Deployment", "oauth2-proxy")
+    assert [w for w in workloads(login) if _admits(policy, "ingress", w, port)] == [proxy]
+
+
+def test_the_dashboard_may_reach_its_gateway_and_dns_only(any_build: Build) -> None:
+    policy = any_build.named("NetworkPolicy", "draftgate-dashboard")
+    container = only_container(any_build.named("Deployment", "draftgate-dashboard"))
+    url = urlsplit(env_value(container, "DRAFTGATE_DASHBOARD_GATEWAY_URL")["value"])
+    service = any_build.named("Service", str(url.hostname))
+    [gateway] = selected_workloads(any_build, {"matchLabels": service["spec"]["selector"]})
+    [target] = [p["targetPort"] for p in service["spec"]["ports"] if p["port"] == url.port]
+    assert _admits(policy, "egress", gateway, port_number(only_container(gateway), target))
+    reachable = {
+        w["metadata"]["name"]
+        for w in workloads(any_build)
+        for port in {
+            p["containerPort"]
+            for c in containers(w["spec"]["template"]["spec"])
+            for p in c.get("ports", [])
+        }
+        if _admits(policy, "egress", w, port)
+    }
+    assert reachable == {"draftgate-gateway"}
+    # Name lookups go to the cluster's DNS pods, in whichever namespace they run.
+    anywhere: list[Manifest] = [{"namespaceSelector": {}}]
+    lookups = [r for kind, r in _rules(policy) if kind == "egress" and _peers(r) == anywhere]
+    assert [sorted((p["protocol"], p["port"]) for p in r["ports"]) for r in lookups] == [
+        [("TCP", 53), ("UDP", 53)]
+    ]
+
+
+def test_postgres_admits_every_pod_with_a_database_url_and_no_other(any_build: Build) -> None:
+    policy = any_build.named("NetworkPolicy", "postgres")
+    postgres = any_build.named("StatefulSet", "postgres")
+    assert selected_workloads(any_build, policy["spec"]["podSelector"]) == [postgres]
+    port = port_number(only_container(postgres), "postgres")
+    clients = {
+        w["metadata"]["name"]
+        for w in workloads(any_build)
+        if any(
+            e["name"] == "DRAFTGATE_DATABASE_URL"
+            for c in containers(w["spec"]["template"]["spec"])
+            for e in c.get("env", [])
+        )
+    }
+    assert clients == {"draftgate-gateway", "draftgate-migrate"}
+    admitted = {
+        w["metadata"]["name"] for w in workloads(any_build) if _admits(policy, "ingress", w, port)
+    }
+    assert admitted == clients
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # its egress (answers) is left alone
+
+
+# --- the login overlay ----------------------------------------------------------------------
+
+
+def test_login_overlay_is_the_base_with_a_proxy_and_an_admin_dashboard(
+    base: Build, login: Build
+) -> None:
+    added = {(kind, "oauth2-proxy") for kind in ("Deployment", "Service", "ConfigMap", "Secret")}
+    changed = ("Deployment", "draftgate-dashboard")
+
+    def key(obj: Manifest) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    assert {key(o) for o in login.objects} == {key(o) for o in base.objects} | added
+    for obj in base.objects:
+        if key(obj) != changed:
+            assert login.named(*key(obj)) == obj, key(obj)
+    before = copy.deepcopy(base.named(*changed))
+    after = copy.deepcopy(login.named(*changed))
+    old, new = only_container(before), only_container(after)
+    assert new["command"] == [*old["command"], "--admin"]
+    assert {e["name"] for e in old["env"]} - {e["name"] for e in new["env"]} == {
+        "DRAFTGATE_ADMIN_READ_TOKEN"
+    }
+    for container in (old, new):
+        del container["command"], container["env"]
+    assert after == before  # nothing else of the dashboard changes
+
+
 # --- draftgate commands and settings ------------------------------------------------------
 
 
 def test_every_draftgate_command_is_a_real_subcommand_with_valid_flags(
-    base: Build, sim: Build
+    base: Build, sim: Build, login: Build
 ) -> None:
-    commands = draftgate_commands(base) + draftgate_commands(sim)
-    assert len(commands) == 3 + 3 + 5  # gateway, dashboard, migrate twice; five simulators
+    commands = draftgate_commands(base) + draftgate_commands(sim) + draftgate_commands(login)
+    # gateway, dashboard, migrate in each of the three; five simulators
+    assert len(commands) == 3 + 3 + 3 + 5
     for where, argv in commands:
         try:
             parse_draftgate(argv)

@@ -1,10 +1,12 @@
 """deploy/k8s's stack, checked offline: the gateway's settings in its pod, secrets, the
-dashboard, and each backend's command against its fleet.yaml entry and backends/methods.py."""
+read-only dashboard and, in overlays/login, the admin one behind oauth2-proxy, and each
+backend's command against its fleet.yaml entry and backends/methods.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -12,6 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from backends.methods import make_spec, render_speculative_config, render_vllm_args
+from dashboard.server import HEALTH_PATH, host_allowed
+from dashboard.settings import DashboardSettings
 from gateway.services.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from tests.unit.k8s_queries import (
@@ -20,18 +24,26 @@ from tests.unit.k8s_queries import (
     DRAFTERS,
     GPU,
     K8S,
+    LOGIN,
     MODEL,
+    NAMESPACE,
+    OAUTH2_PROXY_COOKIE_SECRET_BYTES,
+    OAUTH2_PROXY_PING,
+    OAUTH2_PROXY_REQUIRED,
     SIM,
     backend_deployment,
     env_value,
     fleet,
+    oauth2_proxy_options,
     only_container,
     parse_draftgate,
     port_number,
     probes,
+    resolved_env,
     secret_value,
+    selected_workloads,
 )
-from tests.unit.kustomize_build import Build, build
+from tests.unit.kustomize_build import Build, Manifest, build
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +54,11 @@ def base() -> Build:
 @pytest.fixture(scope="module")
 def sim() -> Build:
     return build(SIM)
+
+
+@pytest.fixture(scope="module")
+def login() -> Build:
+    return build(LOGIN)
 
 
 def test_gateway_runs_replicated_and_ready_on_its_settings_port(
@@ -65,10 +82,15 @@ def test_gateway_runs_replicated_and_ready_on_its_settings_port(
         value = secret_value(base, ref["name"], ref["key"]) if ref else entry["value"]
         monkeypatch.setenv(entry["name"], value)
     monkeypatch.setenv("DRAFTGATE_ADMIN_TOKEN", "a-real-token-of-32-characters-xx")
+    monkeypatch.setenv("DRAFTGATE_ADMIN_READ_TOKEN", "a-real-read-token-of-32-chars-xx")
     # What `draftgate gateway` would run with: its flags over the pod's environment.
     params = parse_draftgate(container["command"])
     settings = Settings(**{k: v for k, v in params.items() if v is not None})
     assert (settings.host, settings.port) == (ALL_INTERFACES, port)
+    assert settings.admin_token is not None
+    assert settings.admin_read_token is not None
+    read = env_value(container, "DRAFTGATE_ADMIN_READ_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert read == {"name": "draftgate-secrets", "key": "admin-read-token"}
     assert settings.database_url.startswith("postgresql+psycopg://")
     assert settings.fleet is not None
     assert fleet(base).backends, "DRAFTGATE_FLEET names the mounted ConfigMap's fleet.yaml"
@@ -89,6 +111,9 @@ def test_secret_placeholders_are_refused_and_agree_with_postgres(base: Build) ->
     token = secret_value(base, "draftgate-secrets", "admin-token")
     with pytest.raises(ValidationError, match="placeholder or shorter"):
         Settings(admin_token=token)
+    read = secret_value(base, "draftgate-secrets", "admin-read-token")
+    with pytest.raises(ValidationError, match="ADMIN_READ_TOKEN is empty, a placeholder"):
+        Settings(admin_token="a-real-token-of-32-characters-xx", admin_read_token=read)
     url = urlsplit(secret_value(base, "draftgate-secrets", "database-url"))
     postgres = only_container(base.named("StatefulSet", "postgres"))
     service = base.named("Service", "postgres")
@@ -113,8 +138,107 @@ def test_dashboard_reads_the_gateway_service_on_its_default_port(base: Build) ->
     gateway = base.named("Service", str(url.hostname))
     assert [p["port"] for p in gateway["spec"]["ports"]] == [url.port]
     assert gateway["spec"]["selector"]["app.kubernetes.io/component"] == "gateway"
+
+
+def _dashboard_settings(
+    result: Build, container: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> DashboardSettings:
+    """The dashboard's settings as its pod gives them: its environment, and `--admin`."""
+    for name in [n for n in os.environ if n.startswith("DRAFTGATE_")]:
+        monkeypatch.delenv(name)
+    for name, value in resolved_env(result, container).items():
+        monkeypatch.setenv(name, value)
+    if parse_draftgate(container["command"])["admin"]:
+        monkeypatch.setenv("DRAFTGATE_DASHBOARD_ADMIN", "true")  # what the flag does
+    return DashboardSettings()
+
+
+def test_base_dashboard_is_read_only_and_answers_its_own_names(
+    base: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    container = only_container(base.named("Deployment", "draftgate-dashboard"))
+    assert parse_draftgate(container["command"])["admin"] is False
+    names = {e["name"] for e in container["env"]}
+    assert "DRAFTGATE_ADMIN_TOKEN" not in names  # no change is possible from its pages
+    token = env_value(container, "DRAFTGATE_ADMIN_READ_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert token == {"name": "draftgate-secrets", "key": "admin-read-token"}
+    settings = _dashboard_settings(base, container, monkeypatch)
+    assert settings.dashboard_admin is False
+    assert settings.admin_token is None
+    assert settings.admin_read_token is not None
+    # `kubectl port-forward` (Host localhost) and its Service's names, in-cluster; no other.
+    service = base.named("Service", "draftgate-dashboard")["metadata"]["name"]
+    for host in ("localhost:8501", service, f"{service}.{NAMESPACE}.svc:8501"):
+        assert host_allowed(host, settings.allowed_hosts), host
+    for host in ("dashboard.example.com", "10.0.0.7:8501", f"{service}.evil.example"):
+        assert not host_allowed(host, settings.allowed_hosts), host
+    # The kubelet's probes carry the pod's IP as Host: they ask the path always answered.
+    assert {p["httpGet"]["path"] for p in probes(container).values()} == {HEALTH_PATH}
+
+
+def test_login_dashboard_acts_as_admin_for_the_host_users_sign_in_at(
+    login: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    container = only_container(login.named("Deployment", "draftgate-dashboard"))
+    assert parse_draftgate(container["command"])["admin"] is True
     token = env_value(container, "DRAFTGATE_ADMIN_TOKEN")["valueFrom"]["secretKeyRef"]
     assert token == {"name": "draftgate-secrets", "key": "admin-token"}
+    settings = _dashboard_settings(login, container, monkeypatch)
+    assert settings.dashboard_admin is True
+    assert settings.admin_token is not None
+    # oauth2-proxy passes the browser's Host through: the redirect URL's host.
+    proxy = only_container(login.named("Deployment", "oauth2-proxy"))
+    options = oauth2_proxy_options(proxy.get("args", []), resolved_env(login, proxy))
+    public = urlsplit(options["redirect_url"])
+    assert (public.scheme, public.path) == ("https", "/oauth2/callback")
+    assert host_allowed(public.netloc, settings.allowed_hosts)
+    assert host_allowed("localhost:8501", settings.allowed_hosts)  # kubectl port-forward
+    assert not host_allowed("draftgate-dashboard", settings.allowed_hosts)
+
+
+def test_oauth2_proxy_signs_users_in_and_forwards_them_to_the_dashboard(login: Build) -> None:
+    deployment = login.named("Deployment", "oauth2-proxy")
+    container = only_container(deployment)
+    repository, _, tag = container["image"].rpartition(":")
+    assert repository == "quay.io/oauth2-proxy/oauth2-proxy"
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", tag), "pin the image to a release"
+    options = oauth2_proxy_options(container.get("args", []), resolved_env(login, container))
+    assert options.keys() >= OAUTH2_PROXY_REQUIRED, OAUTH2_PROXY_REQUIRED - options.keys()
+    assert options["provider"] == "oidc"
+    assert urlsplit(options["oidc_issuer_url"]).scheme == "https"
+    # The dashboard needs the browser's Host (its allow-list) and its WebSocket.
+    assert options.get("pass_host_header", "true") == "true"
+    assert options.get("proxy_websockets", "true") == "true"
+    # It listens on every interface of the pod, on the port its Service and probes name.
+    host, _, listen = options["http_address"].rpartition(":")
+    assert host == ALL_INTERFACES
+    service = login.named("Service", "oauth2-proxy")
+    assert selected_workloads(login, {"matchLabels": service["spec"]["selector"]}) == [deployment]
+    assert [port_number(container, p["targetPort"]) for p in service["spec"]["ports"]] == [
+        int(listen)
+    ]
+    for probe in probes(container).values():
+        assert probe["httpGet"]["path"] == OAUTH2_PROXY_PING
+        assert port_number(container, probe["httpGet"]["port"]) == int(listen)
+    assert {"readinessProbe", "livenessProbe"} <= probes(container).keys()
+    # Its one upstream is the dashboard's Service, on the port the dashboard listens on.
+    upstream = urlsplit(options["upstreams"])
+    target = login.named("Service", str(upstream.hostname))
+    [dashboard] = selected_workloads(login, {"matchLabels": target["spec"]["selector"]})
+    assert dashboard["metadata"]["name"] == "draftgate-dashboard"
+    [mapped] = [p for p in target["spec"]["ports"] if p["port"] == upstream.port]
+    dashboard_port = parse_draftgate(only_container(dashboard)["command"])["port"]
+    assert port_number(only_container(dashboard), mapped["targetPort"]) == dashboard_port
+    # Its secrets are placeholders it refuses (no cookie secret of an AES key's size).
+    for key in ("client-id", "client-secret", "cookie-secret"):
+        assert secret_value(login, "oauth2-proxy", key) == "REPLACE-ME"
+    cookie = secret_value(login, "oauth2-proxy", "cookie-secret")
+    assert len(cookie.encode()) not in OAUTH2_PROXY_COOKIE_SECRET_BYTES
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
 # --- the fleet and its backends -----------------------------------------------------------
