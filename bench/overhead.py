@@ -291,8 +291,9 @@ def preflight(target: Target, timeout_s: float) -> str | None:
     deadline, why = time.monotonic() + timeout_s, ""
     while time.monotonic() < deadline:
         try:
-            plain = httpx.post(url, content=request_body(False), timeout=30)
-            streamed = httpx.post(url, content=request_body(True), timeout=30)
+            headers = {"content-type": "application/json"}  # as every OpenAI client sends
+            plain = httpx.post(url, content=request_body(False), headers=headers, timeout=30)
+            streamed = httpx.post(url, content=request_body(True), headers=headers, timeout=30)
         except httpx.HTTPError as exc:
             why = f"{type(exc).__name__}: {exc}"
         else:
