@@ -108,16 +108,21 @@ def _wait_for_data(admin: httpx.Client, requests: int) -> None:
     pytest.fail(f"no ledger or measurement data after {DATA_TIMEOUT_S} s: {rows}, {points}")
 
 
-def _wait_for_dashboard(url: str) -> None:
+def wait_for_dashboard(url: str, server: Server | None = None) -> None:
+    """Poll the dashboard's health path until it answers (failing with the output of
+    `server`, the dashboard's process, if it exits first)."""
     deadline = time.monotonic() + DATA_TIMEOUT_S
     while time.monotonic() < deadline:
+        if server is not None:
+            assert server.process.poll() is None, server.output()
         try:
             if httpx.get(f"{url}/_stcore/health", timeout=1.0).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    pytest.fail(f"the dashboard at {url} did not answer within {DATA_TIMEOUT_S} s")
+    output = "" if server is None else f":\n{server.output()}"
+    pytest.fail(f"the dashboard at {url} did not answer within {DATA_TIMEOUT_S} s{output}")
 
 
 def stack_env(database_url: str) -> dict[str, str]:
@@ -150,7 +155,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             _wait_for_data(admin, REQUESTS)
             _sweep(admin)
         dashboard_url = f"http://127.0.0.1:{dashboard_port}"
-        _wait_for_dashboard(dashboard_url)
+        wait_for_dashboard(dashboard_url)
         yield Stack(server, REQUESTS, dashboard_url)
     finally:
         server.close()

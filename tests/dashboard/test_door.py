@@ -15,10 +15,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from dashboard.server import host_allowed
+from tests.dashboard.conftest import wait_for_dashboard
 from tests.e2e.conftest import READ_TOKEN, Server, closed_url, draftgate_env, spawn_server
 
 READ_TIMEOUT_S = 1.0
-START_TIMEOUT_S = 60.0  # a deadline: Streamlit imports slowly on a busy machine
 HOSTS = "localhost,127.0.0.1,dashboard.example.com,*.corp.example"
 
 
@@ -32,23 +32,10 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     server = spawn_server(("dashboard",), env, tmp_path_factory.mktemp("door"))
     try:
-        _wait_until_up(server)
+        wait_for_dashboard(server.base_url, server)
         yield server
     finally:
         server.close()
-
-
-def _wait_until_up(server: Server) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert server.process.poll() is None, server.output()
-        try:
-            if httpx.get(f"{server.base_url}/_stcore/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"the dashboard did not answer within {START_TIMEOUT_S} s:\n{server.output()}")
 
 
 def _get(server: Server, path: str, host: str) -> httpx.Response:
