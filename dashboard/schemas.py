@@ -75,6 +75,7 @@ class Policy(Record):
     k: int | None = None
     itl_objective_ms: float | None = None
     explore_fraction: float = 0.0
+    rules: list[dict[str, Any]] = []  # kept as they are when the form saves the rest
 
 
 class ModelInfo(Record):

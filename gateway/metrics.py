@@ -83,6 +83,12 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        self.rule_matches = Counter(
+            "draftgate_rule_matches",
+            "Requests whose method a policy rule picked, by the rule's position in the policy.",
+            ["model", "rule"],
+            registry=r,
+        )
         self.clients_cut = Counter(
             "draftgate_clients_cut",
             "Streams cut because their client read nothing for DRAFTGATE_CLIENT_WRITE_TIMEOUT_S "

@@ -25,6 +25,7 @@ from gateway.curves import Aggregate, Band, CurveKey, Prefill, Rejections, Serve
 from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from gateway.reports import FleetNow
+from gateway.rules import RuleView, compile_rules
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class PolicyView:
     k: int | None = None
     explore_fraction: float = 0.0
     itl_objective_ms: float | None = None
+    rules: tuple[RuleView, ...] = ()  # checked before the policy's own choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +216,9 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
         )
         backends[b.model].append(view)
     policies = {
-        m.name: PolicyView(m.mode, m.method, m.k, m.explore_fraction, m.itl_objective_ms)
+        m.name: PolicyView(
+            m.mode, m.method, m.k, m.explore_fraction, m.itl_objective_ms, compile_rules(m.rules)
+        )
         for m in session.scalars(select(ModelPolicy))
     }
     keys = {

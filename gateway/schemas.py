@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from backends.methods import METHOD_IDS, MethodSpec, spec_from_options
+from gateway.rules import MAX_RULES, feature_test
 from gateway.urls import check_backend_url
 
 SPECULATIVE_OPTIONS_DEPTH = 8  # vLLM's speculative_config is flat but for a few small maps
@@ -195,14 +196,40 @@ class BackendPublic(Public):
     runtime: BackendRuntime | None = None  # on reads, for enabled backends this replica knows
 
 
+class PolicyRule(Strict):
+    """Requests with every feature in `when` go to `method` (at `k`, if given); the
+    vocabulary is in gateway/rules.py and docs/fleet.md."""
+
+    when: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        min_length=1, max_length=8
+    )
+    method: Method
+    k: int | None = Field(default=None, ge=1, le=64)
+
+    @field_validator("when")
+    @classmethod
+    def _known_features(cls, features: list[str]) -> list[str]:
+        for feature in features:
+            feature_test(feature)  # ValueError names the vocabulary
+        return features
+
+    @model_validator(mode="after")
+    def _plain_takes_no_k(self) -> Self:
+        if self.method == "plain" and self.k is not None:
+            raise ValueError(f"method 'plain' takes no k, got k={self.k}")
+        return self
+
+
 class Policy(Strict):
-    """How a model's traffic picks a method: pinned to one, or the planner's choice by load."""
+    """How a model's traffic picks a method: pinned to one, or the planner's choice by load;
+    `rules` first send requests with given features to a method of their own."""
 
     mode: Literal["auto", "pinned"] = "auto"
     method: Method | None = None
     k: int | None = Field(default=None, ge=1, le=64)
     itl_objective_ms: float | None = Field(default=None, gt=0)
     explore_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    rules: list[PolicyRule] = Field(default_factory=list, max_length=MAX_RULES)
 
     @model_validator(mode="after")
     def _pinned_names_method(self) -> Self:

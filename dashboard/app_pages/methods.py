@@ -204,6 +204,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> Policy | None:
         k=int(k) if pinned and k and method != "plain" else None,
         itl_objective_ms=float(itl) or None,
         explore_fraction=float(explore),
+        rules=current.rules,  # edited through the admin API; a save keeps them
     )
 
 
@@ -217,6 +218,7 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
         current = api.set_policy(model, wanted)
         st.success(f"Policy of {model} set to {_describe(current)}")
     shown.write(f"Current: **{_describe(current)}**")
+    _rules(current)
     entries = api.audit("model", model, limit=5)
     if entries:
         st.caption("Recent changes (audit log)")
@@ -227,6 +229,23 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
             ],
             hide_index=True,
         )
+
+
+def _rules(policy: Policy) -> None:
+    """The policy's rules, in the order they are checked."""
+    if not policy.rules:
+        st.caption(
+            "No rules: every request follows the policy. Rules (PUT the policy's `rules`) send "
+            "requests with given features, such as structured output, to a method of their own."
+        )
+        return
+    st.caption("Rules, checked in order before the policy (the first match picks the method)")
+    rows = [
+        {"#": i, "when": " and ".join(r.get("when", [])), "method": r.get("method"),
+         "K": r.get("k") or "—"}
+        for i, r in enumerate(policy.rules)
+    ]  # fmt: skip
+    st.dataframe(rows, hide_index=True)
 
 
 def _describe(policy: Policy) -> str:

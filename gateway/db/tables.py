@@ -76,6 +76,8 @@ class ModelPolicy(Timestamps, Base):
     k: Mapped[int | None]
     itl_objective_ms: Mapped[float | None]
     explore_fraction: Mapped[float] = mapped_column(default=0.0)
+    # [{"when": [feature, ...], "method": m, "k": k}, ...], the first match picks the method
+    rules: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
 
 
 class ApiKey(Base):

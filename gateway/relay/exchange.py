@@ -21,6 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, Snapshot
 from gateway.relay.checks import BYTES_PER_TOKEN, worst_case_tokens
 from gateway.relay.usage import Tokens, tokens_of
+from gateway.rules import RuleView
 
 # A name no backend serves is the client's to choose: its refusals are recorded under this
 # one name (as /metrics labels them), never under theirs.
@@ -60,6 +61,7 @@ class Exchange:
     tokens_estimated: bool = False  # usage is the gateway's estimate, not the backend's
     costs: Costs | None = None  # priced once the usage is known
     forward: dict[str, str] = field(default_factory=dict)  # client headers passed upstream
+    rule: RuleView | None = None  # the policy rule that picked the method, if one did
 
 
 def admit(

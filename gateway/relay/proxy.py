@@ -52,6 +52,8 @@ from gateway.relay.exchange import Exchange, admit, estimate_abandoned, price, s
 from gateway.relay.routing import route
 from gateway.relay.sse import UsageTap
 from gateway.relay.usage import tokens_of
+from gateway.rules import CLASS_HEADER, DEFAULT_CLASS, first_match
+from gateway.rules import Request as RuleRequest
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -140,6 +142,10 @@ class Relay:
             raise ModelNotFound(message, param="model")
         if path in COMPLETION_PATHS:
             check_completion(path, payload)
+        policy = x.snapshot.policies.get(model)
+        if policy is not None and policy.rules:  # no rules, no cost
+            request_class = headers.get(CLASS_HEADER, b"").decode("latin-1") or DEFAULT_CLASS
+            x.rule = first_match(policy.rules, RuleRequest(payload, request_class))
         stream = payload.get("stream") is True
         asked = usage_asked(path, payload)
         if stream and path in COMPLETION_PATHS:
@@ -206,7 +212,9 @@ class Relay:
         assert snapshot is not None
         policy = snapshot.policies.get(x.model) or PolicyView()
         auto_method = self.registry.auto_method(x.model, snapshot)
-        plan = route(backends, policy, auto_method, states, time.monotonic(), self.rng)
+        plan = route(backends, policy, auto_method, states, time.monotonic(), self.rng, x.rule)
+        if x.rule is not None:
+            self.metrics.rule_matches.labels(x.model, str(x.rule.index)).inc()
         if plan.fallback:
             self.metrics.fallbacks.labels(x.model, plan.fallback).inc()
         if plan.panic:
@@ -270,7 +278,7 @@ class Relay:
         try:
             response = await self._send_upstream(request, state)
             try:
-                headers = _response_headers(response, backend, fallback, x.request_id)
+                headers = _response_headers(response, backend, fallback, x)
                 headers += self._limit_headers(x)
                 if stream and response.status_code < 400:
                     await self._relay_stream(response, headers, x, asked, send)
@@ -430,16 +438,18 @@ def _upstream_headers(x: Exchange, backend: BackendView) -> dict[str, str]:
 
 
 def _response_headers(
-    response: httpx.Response, backend: BackendView, fallback: str | None, request_id: str
+    response: httpx.Response, backend: BackendView, fallback: str | None, x: Exchange
 ) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"content-type", response.headers.get("content-type", "application/json").encode()),
         (b"x-draftgate-backend", backend.name.encode()),
         (b"x-draftgate-method", backend.method.encode()),
-        (b"x-request-id", request_id.encode()),
+        (b"x-request-id", x.request_id.encode()),
     ]
     if fallback:
         headers.append((b"x-draftgate-fallback", fallback.encode()))
+    if x.rule is not None:  # its position in the policy's rules, from 0
+        headers.append((b"x-draftgate-rule", b"%d" % x.rule.index))
     return headers
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.registry import BackendState, BackendView, PolicyView
+from gateway.rules import RuleView
 
 WAITING_WEIGHT = 2.0  # a queued request at the backend weighs more than one in flight
 KV_WEIGHT = 4.0  # a full KV cache weighs like four requests in flight
@@ -68,16 +69,22 @@ def route(
     states: Mapping[str, BackendState],
     now: float,
     rng: random.Random,
+    rule: RuleView | None = None,
 ) -> Route:
     """Decide which backends serve one request of a model, in order of preference: the
-    policy's method (at the pinned K first), then the model's other methods."""
+    matching rule's method or else the policy's (at the rule's or pinned K first), then the
+    model's other methods."""
     healthy = [b for b in backends if states[b.name].available(now)]
     panic = not healthy
     if panic:
         healthy = list(backends)
     methods = {b.method for b in backends}
-    method, explored = choose_method(policy, auto_method, methods, rng)
-    k = policy.k if policy.mode == "pinned" and not explored else None
+    method: str | None
+    if rule is not None:
+        method, explored, k = rule.method, False, rule.k
+    else:
+        method, explored = choose_method(policy, auto_method, methods, rng)
+        k = policy.k if policy.mode == "pinned" and not explored else None
     exact = [b for b in healthy if b.method == method and (k is None or b.k == k)]
     near = [b for b in healthy if b.method == method and b not in exact]  # another K
     others = [b for b in healthy if b.method != method]

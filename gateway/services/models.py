@@ -22,6 +22,7 @@ def policy_of(row: ModelPolicy) -> Policy:
         k=row.k,
         itl_objective_ms=row.itl_objective_ms,
         explore_fraction=row.explore_fraction,
+        rules=row.rules or [],
     )
 
 

@@ -22,6 +22,7 @@ async def test_backend_creates_its_model_with_the_auto_policy(client: httpx.Asyn
         "k": None,
         "itl_objective_ms": None,
         "explore_fraction": 0.0,
+        "rules": [],
     }
 
 
@@ -31,13 +32,29 @@ async def test_put_policy_pins_a_method_and_is_audited(client: httpx.AsyncClient
     response = await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)
     assert response.status_code == 200, response.text
     stored = (await client.get(f"/admin/v1/models/{MODEL}/policy")).json()
-    assert stored == {**policy, "explore_fraction": 0.0}
+    assert stored == {**policy, "explore_fraction": 0.0, "rules": []}
     [entry, *_] = (await client.get("/admin/v1/audit", params={"resource_type": "model"})).json()[
         "data"
     ]
     assert (entry["action"], entry["resource_id"]) == ("update", MODEL)
     assert entry["before"]["policy"]["mode"] == "auto"
     assert entry["after"]["policy"]["method"] == "eagle3"
+
+
+async def test_rules_are_stored_in_order_and_audited(client: httpx.AsyncClient) -> None:
+    await client.post("/admin/v1/backends", json=EAGLE3)
+    rules = [
+        {"when": ["structured_output"], "method": "plain", "k": None},
+        {"when": ["class:batch", "temperature_above:0.7"], "method": "eagle3", "k": 3},
+    ]
+    response = await client.put(f"/admin/v1/models/{MODEL}/policy", json={"rules": rules})
+    assert response.status_code == 200, response.text
+    assert (await client.get(f"/admin/v1/models/{MODEL}/policy")).json()["rules"] == rules
+    [entry, *_] = (await client.get("/admin/v1/audit", params={"resource_type": "model"})).json()[
+        "data"
+    ]
+    assert entry["before"]["policy"]["rules"] == []
+    assert entry["after"]["policy"]["rules"] == rules
 
 
 async def test_put_policy_creates_an_unknown_model(client: httpx.AsyncClient) -> None:
@@ -56,6 +73,9 @@ async def test_put_policy_creates_an_unknown_model(client: httpx.AsyncClient) ->
         ({"mode": "pinned", "method": "dflash", "k": 0}, "k", "greater than or equal to 1"),
         ({"mode": "pinned", "method": "plain", "k": 2}, "body", "'plain' takes no k"),
         ({"mode": "auto", "itl_objective_ms": -1}, "itl_objective_ms", "greater than 0"),
+        ({"rules": [{"when": ["json"], "method": "plain"}]}, "rules.0.when", "structured_output"),
+        ({"rules": [{"when": ["logprobs"], "method": "plain", "k": 1}]}, "rules.0", "no k"),
+        ({"rules": [{"when": [], "method": "plain"}]}, "rules.0.when", "at least 1"),
     ],
 )
 async def test_invalid_policy_is_422(
