@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import streamlit as st
 
@@ -195,8 +196,22 @@ def _policy_from_form(current: Policy, methods: list[str]) -> Policy | None:
         explore = st.slider(
             "Explore fraction", 0.0, 0.5, current.explore_fraction, 0.01, key="policy-explore"
         )
+        text = st.text_area(
+            "Rules, checked in order (JSON list; features in docs/fleet.md)",
+            json.dumps(current.rules),
+            help='e.g. [{"when": ["structured_output"], "method": "plain"}]',
+            key="policy-rules",
+        )
         if not st.form_submit_button("Save policy", key="policy-save"):
             return None
+    try:
+        rules = json.loads(text or "[]")
+    except json.JSONDecodeError as exc:
+        st.error(f"Rules are not JSON: {exc}")
+        return None
+    if not isinstance(rules, list):
+        st.error("Rules are a JSON list of {when, method, k} objects")
+        return None
     pinned = mode == "pinned"
     return Policy(
         mode="pinned" if pinned else "auto",
@@ -204,7 +219,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> Policy | None:
         k=int(k) if pinned and k and method != "plain" else None,
         itl_objective_ms=float(itl) or None,
         explore_fraction=float(explore),
-        rules=current.rules,  # edited through the admin API; a save keeps them
+        rules=rules,  # the admin API checks each feature (422 naming the vocabulary)
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -130,10 +131,20 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
     at.radio(key="policy-mode").set_value("auto")
     at.number_input(key="policy-itl").set_value(0.0)
     at.slider(key="policy-explore").set_value(0.0)
+    edited = [{"when": ["logprobs", "class:batch"], "method": "eagle3", "k": 3}]
+    at.text_area(key="policy-rules").set_value(json.dumps(edited))
     at.button(key="policy-save").click().run()
     with dashboard_env.admin() as admin:
         policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
     assert policy["mode"] == "auto"
     assert policy["method"] is None
+    assert policy["rules"] == edited
+
+    at.text_area(key="policy-rules").set_value('[{"when": ["json"], "method": "plain"}]')
+    at.button(key="policy-save").click().run()
+    assert not at.exception
+    assert "structured_output" in at.error[-1].value  # the admin API's 422, as a message
+    with dashboard_env.admin() as admin:
+        assert admin.get(f"/admin/v1/models/{MODEL}/policy").json() == policy  # unchanged
     with dashboard_env.admin() as admin:
         assert admin.put(f"/admin/v1/models/{MODEL}/policy", json={}).status_code == 200
