@@ -36,6 +36,19 @@ GENERATION_TOKENS = MetricName("vllm:generation_tokens", "Number of generation t
 REQUEST_SUCCESS = MetricName("vllm:request_success", "Count of successfully processed requests.")
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # its `finished_reason`
 PREEMPTIONS = MetricName("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+PREFIX_CACHE_QUERIES = MetricName(
+    "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+)
+PREFIX_CACHE_HITS = MetricName(
+    "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+)
+PROMPT_TOKENS_BY_SOURCE = MetricName(
+    "vllm:prompt_tokens_by_source", "Number of prompt tokens by source."
+)
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # its `source`
+PROMPT_TOKENS_CACHED = MetricName(
+    "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
+)
 
 # Gauges.
 REQUESTS_RUNNING = MetricName(
@@ -118,6 +131,8 @@ class VllmSnapshot:
     accepted_per_position: tuple[float, ...] | None
     e2e_latency_sum_s: float | None = None  # Σ latency of finished requests (Little's law)
     e2e_latency_count: float | None = None  # requests finished
+    prefix_cache_queries: float | None = None  # tokens looked up (None: caching not exposed)
+    prefix_cache_hits: float | None = None  # of which found cached
 
 
 def parse_metrics(text: str) -> VllmSnapshot:
@@ -153,6 +168,8 @@ def parse_metrics(text: str) -> VllmSnapshot:
         accepted_per_position=positions if spec else None,
         e2e_latency_sum_s=sums.get(E2E_LATENCY.name + "_sum"),
         e2e_latency_count=sums.get(E2E_LATENCY.name + "_count"),
+        prefix_cache_queries=sums.get(PREFIX_CACHE_QUERIES.name),
+        prefix_cache_hits=sums.get(PREFIX_CACHE_HITS.name),
     )
 
 

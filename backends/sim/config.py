@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from backends.methods import METHODS, method_info
 from backends.sim.engine import EngineCore, EngineLimits
+from backends.sim.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
 from planner import calibration, catalog
 from planner.acceptance import AcceptanceProfile
 from planner.specdec import StepTimeModel
@@ -73,6 +74,8 @@ class SimConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True  # vLLM's default
+    block_size: int = DEFAULT_BLOCK_SIZE
     adaptive_verification: bool = False
     per_request_spec_metrics: bool = False
     seed: int = 0
@@ -105,6 +108,12 @@ class SimConfig:
             raise ValueError(f"adaptive verification needs method dspark, got {self.method!r}")
         if self.time_scale <= 0:
             raise ValueError(f"--time-scale must be > 0, got {self.time_scale}")
+        if self.block_size < 1:
+            raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
 
 
 def step_time_model(config: SimConfig) -> StepTimeModel:
@@ -151,6 +160,16 @@ def build_engine(config: SimConfig) -> EngineCore:
         kv_cache_bytes=kv_cache_bytes,
         max_model_len=max_model_len(config),
     )
+    block_bytes = model.model.kv_bytes_for_context(config.block_size)
+    cache = (
+        PrefixCache(config.block_size, int(kv_cache_bytes // block_bytes))
+        if config.enable_prefix_caching
+        else None
+    )
     return EngineCore(
-        model, limits, adaptive_verification=config.adaptive_verification, seed=config.seed
+        model,
+        limits,
+        adaptive_verification=config.adaptive_verification,
+        prefix_cache=cache,
+        seed=config.seed,
     )

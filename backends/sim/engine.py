@@ -14,6 +14,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from backends.sim.prefix_cache import PrefixCache
 from planner.acceptance import AcceptanceProfile
 from planner.specdec import StepShape, StepTimeModel
 
@@ -48,6 +49,8 @@ class SimRequest:
     last_token_s: float | None = None
     finish_reason: FinishReason | None = None
     spec: SpecStats = field(default_factory=SpecStats)
+    block_hashes: tuple[bytes, ...] = ()  # the prompt's full blocks, for the prefix cache
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its last admission
 
     def __post_init__(self) -> None:
         self.prefill_needed = self.prefill_needed or self.prompt_tokens
@@ -82,6 +85,10 @@ class StepResult:
     finished: list[SimRequest]
     preempted: int
     prompt_tokens_done: int
+    cache_queries: int = 0  # tokens looked up in the prefix cache at admission
+    cache_hits: int = 0  # of which found cached
+    computed_prompt_tokens: int = 0  # prompt tokens of first admissions that were computed
+    cached_prompt_tokens: int = 0  # and that were found cached
     drafts: int = 0
     draft_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
@@ -96,10 +103,12 @@ class EngineCore:
         limits: EngineLimits,
         *,
         adaptive_verification: bool = False,
+        prefix_cache: PrefixCache | None = None,
         seed: int = 0,
     ) -> None:
         self.step_model = step_model
         self.limits = limits
+        self.prefix_cache = prefix_cache
         self.k = step_model.k
         self.adaptive_verification = adaptive_verification
         self.waiting: deque[SimRequest] = deque()
@@ -130,12 +139,11 @@ class EngineCore:
 
     def step(self, now_s: float) -> StepResult:
         """Plan and account one engine step starting at `now_s` (simulated seconds)."""
-        preempted = self._make_room()
-        self._admit(now_s)
+        result = StepResult(0.0, [], [], self._make_room(), 0, accepted_per_pos=[0] * self.k)
+        self._admit(now_s, result)
         decoding = [r for r in self.running if r.decoding]
         prefill = self._prefill_chunks(budget=self.limits.max_num_batched_tokens)
         verify_lengths = self._verify_lengths(decoding)
-        result = StepResult(0.0, [], [], preempted, 0, accepted_per_pos=[0] * self.k)
         for request, length in zip(decoding, verify_lengths, strict=True):
             result.outputs.append((request, self._advance(request, length, result)))
         for request, chunk in prefill:
@@ -143,6 +151,8 @@ class EngineCore:
             if request.decoding:
                 if request.first_token_s is None:
                     result.prompt_tokens_done += request.prompt_tokens
+                if self.prefix_cache is not None:
+                    self.prefix_cache.insert(request.block_hashes, self._private_blocks())
                 result.outputs.append((request, self._advance(request, 0, result)))
         result.duration_s = self.step_model.step_s(
             StepShape(
@@ -156,7 +166,7 @@ class EngineCore:
         self._finish(result, now_s + result.duration_s)
         return result
 
-    def _admit(self, now_s: float) -> None:
+    def _admit(self, now_s: float, result: StepResult) -> None:
         """Move waiting requests into the batch while sequences and KV cache allow."""
         model, limits = self.step_model.model, self.limits
         used = sum(model.kv_bytes_for_context(r.context_tokens) for r in self.running)
@@ -166,9 +176,34 @@ class EngineCore:
             if self.running and used + need > limits.kv_cache_bytes:
                 break
             self.waiting.popleft()
+            self._skip_cached_prefill(request, result)
             request.scheduled_s = request.scheduled_s if request.scheduled_s else now_s
             used += need
             self.running.append(request)
+
+    def _skip_cached_prefill(self, request: SimRequest, result: StepResult) -> None:
+        """Start the prefill after the prompt's cached blocks, counting the lookup as vLLM
+        does: queried tokens are the tokens to prefill, hits those found."""
+        if self.prefix_cache is None:
+            return
+        cached = self.prefix_cache.cached_tokens(request.block_hashes, request.prompt_tokens)
+        request.prefilled, request.cached_tokens = cached, cached
+        result.cache_queries += request.prefill_needed
+        result.cache_hits += cached
+        if request.scheduled_s is None:  # the first admission: where its prompt came from
+            result.computed_prompt_tokens += request.prompt_tokens - cached
+            result.cached_prompt_tokens += cached
+
+    def _private_blocks(self) -> int:
+        """KV blocks running requests hold beyond their cached prompt blocks."""
+        cache = self.prefix_cache
+        assert cache is not None
+        size = cache.block_size
+        held = 0
+        for r in self.running:
+            shared = len(r.block_hashes) if r.decoding else r.cached_tokens // size
+            held += max(-(-r.context_tokens // size) - shared, 0)
+        return held
 
     def _make_room(self) -> int:
         """Preempt the newest requests (recompute) while the KV cache is over capacity."""

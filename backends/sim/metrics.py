@@ -3,11 +3,12 @@
 The families simulated are those draftgate reads and the request-latency histograms:
 prompt/generation tokens, request successes by finished reason, preemptions, running and
 waiting requests, KV-cache usage, TTFT/ITL/TPOT/e2e/queue-time and token-count histograms,
-tokens per engine step, and the four spec-decode counters (only when the method
-speculates). vLLM 0.32 exposes more (prefix and multi-modal caches, prompt tokens by
-source, FLOPs estimates, per-phase request times, cache config info); those are not
-simulated. tests/vllm checks every simulated family against a real vLLM server of the same
-method: same name, type, help and label names.
+tokens per engine step, the prefix cache's queries and hits with prompt tokens by source
+(when prefix caching is on, as in vLLM), and the four spec-decode counters (only when
+the method speculates). vLLM 0.32 exposes more (external and multi-modal caches, FLOPs
+estimates, per-phase request times, cache config info); those are not simulated.
+tests/vllm checks every simulated family against a real vLLM server of the same method:
+same name, type, help and label names.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def _histogram(
 class SimMetrics:
     """Every metric one simulated vLLM server exposes, with its label values bound."""
 
-    def __init__(self, model: str, max_model_len: int, num_spec_positions: int) -> None:
+    def __init__(
+        self, model: str, max_model_len: int, num_spec_positions: int, prefix_caching: bool
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
@@ -72,6 +75,7 @@ class SimMetrics:
         iteration = [float(b) for b in vm.ITERATION_TOKENS_BUCKETS]
         self.iteration_tokens = _histogram(r, vm.ITERATION_TOKENS, iteration).labels(**labels)
         self.spec = SpecMetrics(r, labels, num_spec_positions) if num_spec_positions else None
+        self.prefix = PrefixCacheMetrics(r, labels) if prefix_caching else None
 
     def success(self, finished_reason: str) -> None:
         """Count one finished request by its reason (stop, length, abort)."""
@@ -108,3 +112,26 @@ class SpecMetrics:
         for counter, accepted in zip(self.accepted_per_pos, accepted_per_pos, strict=False):
             if accepted:
                 counter.inc(accepted)
+
+
+class PrefixCacheMetrics:
+    """vLLM's prefix-cache counters and where prompt tokens came from."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.queries = _counter(registry, vm.PREFIX_CACHE_QUERIES).labels(**labels)
+        self.hits = _counter(registry, vm.PREFIX_CACHE_HITS).labels(**labels)
+        self.cached = _counter(registry, vm.PROMPT_TOKENS_CACHED).labels(**labels)
+        by_source = _counter(registry, vm.PROMPT_TOKENS_BY_SOURCE, ["source"])
+        self.by_source = {s: by_source.labels(**labels, source=s) for s in vm.PROMPT_SOURCES}
+
+    def record(self, queries: int, hits: int, computed: int, cached: int) -> None:
+        """One step's lookups, and the prompt tokens of requests admitted the first time."""
+        if queries:
+            self.queries.inc(queries)
+        if hits:
+            self.hits.inc(hits)
+        if computed:
+            self.by_source["local_compute"].inc(computed)
+        if cached:
+            self.by_source["local_cache_hit"].inc(cached)
+            self.cached.inc(cached)

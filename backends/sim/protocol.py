@@ -9,7 +9,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from backends.sim.text import CHAT_PROMPT_TOKENS, CHAT_TEMPLATE_TOKENS, count_tokens
+from backends.sim.text import (
+    CHAT_PROMPT_TOKENS,
+    CHAT_TEMPLATE_TOKENS,
+    count_tokens,
+    prompt_words,
+    template_words,
+)
 
 _json = functools.partial(json.dumps, separators=(",", ":"))
 
@@ -57,6 +63,12 @@ class Generation:
     workload: str | None
     responses: bool = False  # the Responses API: named events, input/output token usage
     messages: bool = False  # Anthropic-style /v1/messages: named events, input/output usage
+    parts: tuple[tuple[str, str], ...] = ()  # a chat prompt's (role, content) per message
+
+    def prompt_words(self) -> list[str]:
+        """The prompt as the engine sees it, one string per token: a chat prompt's
+        messages each behind their template tokens, then the assistant prefix."""
+        return template_words(self.parts) if self.chat else prompt_words(self.prompt_text)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -84,12 +96,13 @@ def parse_generation(
 ) -> Generation:
     """Validate a chat or text completion request the way vLLM does."""
     _check_model(body, served_model)
-    text = _messages_text(body.get("messages")) if chat else _prompt_text(body.get("prompt"))
+    parts = _messages(body.get("messages")) if chat else ()
+    text = _joined(parts) if chat else _prompt_text(body.get("prompt"))
     if len(text) > max_model_len * MAX_CHARS_PER_TOKEN:
         raise _too_long(max_model_len, len(text) // MAX_CHARS_PER_TOKEN, 0, chat)
     prompt_tokens = count_tokens(text)
     if chat:
-        prompt_tokens += CHAT_TEMPLATE_TOKENS * max(1, len(body["messages"])) + CHAT_PROMPT_TOKENS
+        prompt_tokens += CHAT_TEMPLATE_TOKENS * len(parts) + CHAT_PROMPT_TOKENS
     max_tokens = _max_tokens(body, max_model_len - prompt_tokens)
     if prompt_tokens + max_tokens > max_model_len:
         raise _too_long(max_model_len, prompt_tokens, max_tokens, chat)
@@ -112,6 +125,7 @@ def parse_generation(
         continuous_usage=_flag(options, "continuous_usage_stats"),
         ignore_eos=_flag(body, "ignore_eos"),
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
+        parts=parts,
     )
 
 
@@ -122,16 +136,16 @@ def parse_responses(body: dict[str, Any], *, served_model: str, max_model_len: i
     messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
     if isinstance(body.get("instructions"), str):
         messages = [{"role": "system", "content": body["instructions"]}, *(messages or [])]
-    text = _messages_text(messages)
+    parts = _messages(messages)
+    text = _joined(parts)
     if len(text) > max_model_len * MAX_CHARS_PER_TOKEN:
         raise _too_long(max_model_len, len(text) // MAX_CHARS_PER_TOKEN, 0, True)
-    assert isinstance(messages, list)  # _messages_text refused anything else
-    prompt_tokens = count_tokens(text) + CHAT_TEMPLATE_TOKENS * len(messages) + CHAT_PROMPT_TOKENS
+    prompt_tokens = count_tokens(text) + CHAT_TEMPLATE_TOKENS * len(parts) + CHAT_PROMPT_TOKENS
     room = max_model_len - prompt_tokens
     max_tokens = _integer(body, "max_output_tokens", room)
     if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
         raise _too_long(max_model_len, prompt_tokens, max_tokens, True)
-    return _named_events(body, served_model, text, prompt_tokens, max_tokens, responses=True)
+    return _named_events(body, served_model, parts, prompt_tokens, max_tokens, responses=True)
 
 
 def parse_messages(body: dict[str, Any], *, served_model: str, max_model_len: int) -> Generation:
@@ -144,21 +158,21 @@ def parse_messages(body: dict[str, Any], *, served_model: str, max_model_len: in
         system = " ".join(str(b.get("text", "")) for b in system if isinstance(b, dict))
     if isinstance(system, str) and isinstance(messages, list):
         messages = [{"role": "system", "content": system}, *messages]
-    text = _messages_text(messages)
-    assert isinstance(messages, list)  # _messages_text refused anything else
-    prompt_tokens = count_tokens(text) + CHAT_TEMPLATE_TOKENS * len(messages) + CHAT_PROMPT_TOKENS
+    parts = _messages(messages)
+    prompt_tokens = count_tokens(_joined(parts)) + CHAT_TEMPLATE_TOKENS * len(parts)
+    prompt_tokens += CHAT_PROMPT_TOKENS
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise ApiError(400, "max_tokens: Field required (an integer)", "max_tokens")
     if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
         raise _too_long(max_model_len, prompt_tokens, max_tokens, True)
-    return _named_events(body, served_model, text, prompt_tokens, max_tokens, messages=True)
+    return _named_events(body, served_model, parts, prompt_tokens, max_tokens, messages=True)
 
 
 def _named_events(
     body: dict[str, Any],
     served_model: str,
-    text: str,
+    parts: tuple[tuple[str, str], ...],
     prompt_tokens: int,
     max_tokens: int,
     **api: bool,
@@ -168,7 +182,7 @@ def _named_events(
     return Generation(
         chat=True,
         model=served_model,
-        prompt_text=text,
+        prompt_text=_joined(parts),
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         stream=_flag(body, "stream"),
@@ -176,11 +190,13 @@ def _named_events(
         continuous_usage=False,
         ignore_eos=_flag(body, "ignore_eos"),
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
+        parts=parts,
         **api,
     )
 
 
-def _messages_text(messages: object) -> str:
+def _messages(messages: object) -> tuple[tuple[str, str], ...]:
+    """Each message's (role, content as text), or a 400."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", "messages")
     parts = []
@@ -192,8 +208,13 @@ def _messages_text(messages: object) -> str:
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         if content is not None and not isinstance(content, str):
             raise ApiError(400, "message content must be a string or a list of parts", "messages")
-        parts.append(content or "")
-    return "\n".join(parts)
+        parts.append((message["role"], content or ""))
+    return tuple(parts)
+
+
+def _joined(parts: tuple[tuple[str, str], ...]) -> str:
+    """The messages' contents, one per line: the text that seeds the reply."""
+    return "\n".join(content for _, content in parts)
 
 
 def _prompt_text(prompt: object) -> str:

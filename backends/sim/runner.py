@@ -110,6 +110,13 @@ class EngineRunner:
         m.iteration_tokens.observe(new_tokens + result.prompt_tokens_done)
         if result.preempted:
             m.preemptions.inc(result.preempted)
+        if m.prefix is not None:
+            m.prefix.record(
+                result.cache_queries,
+                result.cache_hits,
+                result.computed_prompt_tokens,
+                result.cached_prompt_tokens,
+            )
         if m.spec is not None:
             m.spec.record(result.drafts, result.draft_tokens, result.accepted_per_pos)
 

@@ -17,6 +17,7 @@ from backends.sim import config as sim_config
 from backends.sim.config import SimConfig
 from backends.sim.engine import SimRequest, natural_length
 from backends.sim.metrics import SimMetrics
+from backends.sim.prefix_cache import block_hashes
 from backends.sim.protocol import (
     ApiError,
     Generation,
@@ -57,7 +58,9 @@ class SimServer:
         self.faults = config.faults
         self.max_model_len = sim_config.max_model_len(config)
         core = sim_config.build_engine(config)
-        self.metrics = SimMetrics(config.name, self.max_model_len, core.k)
+        self.metrics = SimMetrics(
+            config.name, self.max_model_len, core.k, prefix_caching=core.prefix_cache is not None
+        )
         self.runner = EngineRunner(core, self.metrics, config.time_scale)
         self._rng = random.Random(config.seed)
         self._task: asyncio.Task[None] | None = None
@@ -183,6 +186,10 @@ class SimServer:
         if not generation.ignore_eos:
             stop_at = min(stop_at, natural_length(random.Random(seed), mean_output))
         profile = sim_config.acceptance_profile(self.config, workload.name if workload else None)
+        cache = self.runner.core.prefix_cache
+        blocks = (
+            block_hashes(generation.prompt_words(), cache.block_size) if cache is not None else ()
+        )
         request = SimRequest(
             request_id=f"req-{seed:x}",
             prompt_tokens=generation.prompt_tokens,
@@ -190,6 +197,7 @@ class SimServer:
             stop_at=stop_at,
             acceptance=profile,
             arrived_s=self.runner.now_s(),
+            block_hashes=blocks,
         )
         return request, self.runner.submit(request, PseudoText(seed))
 

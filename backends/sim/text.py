@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Sequence
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 # A small vocabulary; the words carry no meaning, only a plausible shape.
@@ -23,6 +24,23 @@ CHAT_PROMPT_TOKENS = 3  # the assistant prefix after the last message
 def count_tokens(text: str) -> int:
     """Approximate token count: words and punctuation marks."""
     return len(_TOKEN.findall(text))
+
+
+def prompt_words(text: str) -> list[str]:
+    """The tokens `count_tokens` counts, as strings."""
+    return _TOKEN.findall(text)
+
+
+def template_words(parts: Sequence[tuple[str, str]]) -> list[str]:
+    """A chat prompt's tokens: each message's template tokens (its role, then markers) and
+    content, then the assistant prefix; as many as the chat accounting counts."""
+    words: list[str] = []
+    for role, content in parts:
+        words.append(f"<|{role}|>")
+        words.extend(["<|>"] * (CHAT_TEMPLATE_TOKENS - 1))
+        words.extend(_TOKEN.findall(content))
+    words.extend(["<|assistant|>"] * CHAT_PROMPT_TOKENS)
+    return words
 
 
 def seed_of(text: str) -> int:

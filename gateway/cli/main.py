@@ -339,6 +339,13 @@ def sim(
     time_scale: Annotated[float, typer.Option(help="Run simulated time X times as fast.")] = 1.0,
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
     max_model_len: Annotated[int | None, typer.Option(min=16)] = None,
+    gpu_memory_utilization: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="Share of GPU memory for weights + KV.")
+    ] = 0.9,
+    enable_prefix_caching: Annotated[
+        bool, typer.Option(help="Cache prompt blocks and skip their prefill (vLLM's default).")
+    ] = True,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
     adaptive_verification: bool = False,
     per_request_spec_metrics: bool = False,
     seed: int = 0,
@@ -375,6 +382,9 @@ def sim(
         time_scale=time_scale,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_prefix_caching=enable_prefix_caching,
+        block_size=block_size,
         adaptive_verification=adaptive_verification,
         per_request_spec_metrics=per_request_spec_metrics,
         seed=seed,

@@ -30,7 +30,7 @@ SPEC_SERVER = sim_args(
 PLAIN_NAME = "sim-plain"
 PLAIN_SERVER = sim_args(
     "--method", "plain", "--served-model-name", PLAIN_NAME, "--max-num-seqs", "2",
-    "--time-scale", "4",
+    "--time-scale", "4", "--no-enable-prefix-caching",
 )  # fmt: skip
 SPEC_KEYS = {
     "mean_acceptance_length",
@@ -58,7 +58,8 @@ def spec_server(servers: list[Server]) -> Server:
 
 @pytest.fixture(scope="module")
 def plain_server(servers: list[Server]) -> Server:
-    """The plain server: served as `sim-plain`, at most 2 sequences, time scale 4."""
+    """The plain server: served as `sim-plain`, at most 2 sequences, time scale 4, no
+    prefix caching."""
     return servers[1]
 
 
@@ -336,6 +337,47 @@ def test_spec_decode_counters_are_exposed(http: httpx.Client) -> None:
     totals = [s for s in per_pos.samples if s.name.endswith("_total")]
     assert sorted(s.labels["position"] for s in totals) == [str(i) for i in range(K)]
     assert all(s.labels.items() >= labels.items() for s in totals)
+
+
+def test_a_shared_prefix_is_served_from_the_prefix_cache(
+    http: httpx.Client, plain_server: Server
+) -> None:
+    """vLLM's prefix-cache counters: the second turn of a chat finds the first turn's
+    prompt cached (every full 16-token block but the one holding the last token)."""
+    system = {"role": "system", "content": " ".join(f"rule{i}." for i in range(200))}
+    first = [system, {"role": "user", "content": "What is rule 7?"}]
+    second = [
+        *first,
+        {"role": "assistant", "content": "Rule 7."},
+        {"role": "user", "content": "8?"},
+    ]
+    before = samples(http)
+    usage = []
+    for messages in (first, second):
+        response = http.post(
+            "/v1/chat/completions", json=chat_body(max_tokens=4) | {"messages": messages}
+        )
+        assert response.status_code == 200, response.text
+        usage.append(response.json()["usage"]["prompt_tokens"])
+    after = samples(http)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    # The first prompt's tokens: 9 template tokens per message, its content, and 3 more.
+    shared = 9 + 400 + 9 + 6  # the system message, then the user's up to where they differ
+    assert delta("vllm:prefix_cache_queries_total") == sum(usage)
+    assert delta("vllm:prefix_cache_hits_total") == shared // 16 * 16
+    local = delta("vllm:prompt_tokens_by_source_total", source="local_compute")
+    hit = delta("vllm:prompt_tokens_by_source_total", source="local_cache_hit")
+    assert (local + hit, hit) == (sum(usage), shared // 16 * 16)
+    assert delta("vllm:prompt_tokens_cached_total") == hit
+    assert delta("vllm:prompt_tokens_total") == sum(usage)
+    by_name = families(http)
+    assert by_name["vllm:prefix_cache_hits"].type == "counter"
+    with plain_server.client() as plain:
+        assert_serving(plain, PLAIN_NAME)
+        assert not any(name.startswith("vllm:prefix_cache") for name in families(plain))
 
 
 def test_generation_tokens_and_successes_count_requests(

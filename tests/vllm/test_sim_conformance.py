@@ -48,6 +48,16 @@ READ_BY_DRAFTGATE = {
         vm.E2E_LATENCY,
     )
 }
+# vLLM caches prefixes by default, and so does the simulator.
+PREFIX_FAMILIES = {
+    m.name
+    for m in (
+        vm.PREFIX_CACHE_QUERIES,
+        vm.PREFIX_CACHE_HITS,
+        vm.PROMPT_TOKENS_BY_SOURCE,
+        vm.PROMPT_TOKENS_CACHED,
+    )
+}
 Family = tuple[str, str, frozenset[str]]  # type, help, label names
 
 
@@ -80,7 +90,7 @@ def test_the_simulators_metrics_are_real_vllms(
     speculates = key != "plain"
     assert (simulated.keys() >= SPEC_FAMILIES) is speculates
     assert (real.keys() >= SPEC_FAMILIES) is speculates
-    assert simulated.keys() >= READ_BY_DRAFTGATE
+    assert simulated.keys() >= READ_BY_DRAFTGATE | PREFIX_FAMILIES
     assert {name: real.get(name) for name in simulated} == simulated
 
 
