@@ -89,6 +89,13 @@ class GatewayMetrics:
             ["model", "rule"],
             registry=r,
         )
+        self.affinity_routes = Counter(
+            "draftgate_affinity_routes",
+            "Requests routed by session key: to the key's own backend (home) or, that one "
+            "being past its load bound, to the key's next choice (spilled).",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.clients_cut = Counter(
             "draftgate_clients_cut",
             "Streams cut because their client read nothing for DRAFTGATE_CLIENT_WRITE_TIMEOUT_S "

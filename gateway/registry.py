@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.affinity import stable_hash
 from gateway.curves import Aggregate, Band, CurveKey, Prefill, Rejections, Served, build_curves
 from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
@@ -45,6 +46,10 @@ class BackendView:
     gpu_type: str
     gpu_count: int
     api_key: str | None = field(default=None, repr=False)
+    seed: int = field(init=False, repr=False, compare=False)  # its rendezvous-hash seed
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", stable_hash(self.name.encode()))
 
     def auth(self) -> dict[str, str]:
         """The headers every request to it carries: its key, if it has one."""

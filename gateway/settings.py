@@ -156,6 +156,44 @@ class Settings(BaseSettings):
             "`pool_timeout_s`. Default 1024: above any concurrency one replica serves."
         ),
     )
+    affinity: bool = Field(
+        default=True,
+        description=(
+            "Cache affinity: within the method a request goes to, a request with a session "
+            "key goes to the backend that key prefers (rendezvous hashing), which holds its "
+            "conversation's prefix in the KV cache, unless that backend is past its load "
+            "bound. The key is the `affinity_header`, else the OpenAI `user` field, else the "
+            "conversation's opening (see `affinity_prefix_chars`). Off: power of two "
+            "choices on load for every request. Default on."
+        ),
+    )
+    affinity_header: str = Field(
+        default="x-session-id",
+        min_length=1,
+        description="The request header naming a session, the first source of its key.",
+    )
+    affinity_prefix_chars: int = Field(
+        default=512,
+        ge=0,
+        le=65536,
+        description=(
+            "Without a session header or `user`: the key is a hash of the conversation's "
+            "opening (its messages up to the first user message, each cut to this many "
+            "characters; a text prompt's first characters), which every later turn repeats. "
+            "0: such requests have no key and are balanced on load. Default 512."
+        ),
+    )
+    affinity_balance: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "The load bound's slack: a backend at or past ceil((1 + this) x the pool's mean "
+            "load, this request included) takes no more keys that prefer it; they go to their "
+            "next choice. Lower balances load more evenly, higher keeps more affinity. "
+            "Default 0.25."
+        ),
+    )
     max_attempts: int = Field(
         default=3,
         ge=1,
@@ -465,6 +503,11 @@ class Settings(BaseSettings):
         """`keyless_allowed_hosts` as the relay looks them up (lower-case bytes)."""
         names = self.keyless_allowed_hosts.split(",")
         return frozenset(n.strip().lower().strip("[]").encode() for n in names if n.strip())
+
+    @property
+    def affinity_header_name(self) -> bytes:
+        """`affinity_header` as the relay looks it up (lower-case bytes)."""
+        return self.affinity_header.strip().lower().encode()
 
     @property
     def relayed(self) -> frozenset[str]:

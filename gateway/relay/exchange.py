@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.accounting import Ledger, UsageEntry
+from gateway.affinity import Affinity
 from gateway.errors import GatewayError
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
@@ -62,6 +63,7 @@ class Exchange:
     costs: Costs | None = None  # priced once the usage is known
     forward: dict[str, str] = field(default_factory=dict)  # client headers passed upstream
     rule: RuleView | None = None  # the policy rule that picked the method, if one did
+    affinity: Affinity | None = None  # its session key, when it has one and affinity is on
 
 
 def admit(

@@ -20,6 +20,7 @@ import httpx
 import orjson
 
 from gateway.accounting import Ledger
+from gateway.affinity import Affinity, session_key
 from gateway.apikeys import hash_key
 from gateway.errors import (
     BodyTooLarge,
@@ -93,6 +94,7 @@ class Relay:
         # Without keys any web page could spend the fleet through a browser on this machine
         # (a form post, or DNS rebinding): then only listed hosts and JSON bodies are served.
         self.keyless_hosts = None if settings.require_api_key else settings.keyless_hosts
+        self.affinity_header = settings.affinity_header_name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -146,6 +148,11 @@ class Relay:
         if policy is not None and policy.rules:  # no rules, no cost
             request_class = headers.get(CLASS_HEADER, b"").decode("latin-1") or DEFAULT_CLASS
             x.rule = first_match(policy.rules, RuleRequest(payload, request_class))
+        if self.settings.affinity:
+            header = headers.get(self.affinity_header, b"")
+            found = session_key(header, payload, self.settings.affinity_prefix_chars)
+            if found is not None:
+                x.affinity = Affinity(found[0], self.settings.affinity_balance)
         stream = payload.get("stream") is True
         asked = usage_asked(path, payload)
         if stream and path in COMPLETION_PATHS:
@@ -212,7 +219,10 @@ class Relay:
         assert snapshot is not None
         policy = snapshot.policies.get(x.model) or PolicyView()
         auto_method = self.registry.auto_method(x.model, snapshot)
-        plan = route(backends, policy, auto_method, states, time.monotonic(), self.rng, x.rule)
+        now = time.monotonic()
+        plan = route(backends, policy, auto_method, states, now, self.rng, x.rule, x.affinity)
+        if plan.affinity is not None:
+            self.metrics.affinity_routes.labels(x.model, plan.affinity).inc()
         if x.rule is not None:
             self.metrics.rule_matches.labels(x.model, str(x.rule.index)).inc()
         if plan.fallback:

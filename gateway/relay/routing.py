@@ -1,8 +1,11 @@
 """Routing, pure: model policy → method → the order in which to try its backends.
 
 Every method is lossless, so when the chosen method has no healthy backend another method of
-the same model serves the request (a fallback, reported). Within a method, two random
-backends are compared by load and the lighter goes first (power of two choices). When no
+the same model serves the request (a fallback, reported). Within a method, a request with a
+session key goes to the backend its key prefers unless that one is past its load bound
+(gateway/affinity.py: the backend most likely to hold its prefix in the KV cache); one
+without, or on a fallback method, goes to the lighter of two random backends (power of two
+choices). When no
 backend of the model looks healthy, every one is tried anyway (a panic route, as Envoy's
 panic threshold does): probes and breakers judge from a distance, and an overloaded fleet
 that answers late is better served slowly than refused whole.
@@ -14,6 +17,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.affinity import Affinity, by_affinity
 from gateway.registry import BackendState, BackendView, PolicyView
 from gateway.rules import RuleView
 
@@ -30,6 +34,7 @@ class Route:
     fallback: str | None = None  # "no_healthy_backend" when another method serves
     explored: bool = False
     panic: bool = False  # no backend looked healthy: all are tried
+    affinity: str | None = None  # "home": the key's own backend; "spilled": it was full
 
 
 def load(state: BackendState) -> float:
@@ -70,10 +75,11 @@ def route(
     now: float,
     rng: random.Random,
     rule: RuleView | None = None,
+    affinity: Affinity | None = None,
 ) -> Route:
     """Decide which backends serve one request of a model, in order of preference: the
     matching rule's method or else the policy's (at the rule's or pinned K first), then the
-    model's other methods."""
+    model's other methods. Within the chosen method, by affinity when the request has a key."""
     healthy = [b for b in backends if states[b.name].available(now)]
     panic = not healthy
     if panic:
@@ -88,7 +94,20 @@ def route(
     exact = [b for b in healthy if b.method == method and (k is None or b.k == k)]
     near = [b for b in healthy if b.method == method and b not in exact]  # another K
     others = [b for b in healthy if b.method != method]
-    preferred = exact + near
-    ordered = [x for group in (exact, near, others) for x in order_by_load(group, states, rng)]
-    fallback = "no_healthy_backend" if not preferred and others else None
-    return Route(tuple(ordered), method, fallback, explored, panic)
+    fallback = "no_healthy_backend" if not exact and not near and others else None
+    home: str | None = None
+    if affinity is not None and (exact or near):
+        pool = exact or near
+        ranked, own = by_affinity(
+            pool, affinity.key, _seed, lambda b: load(states[b.name]), affinity.balance
+        )
+        rest = near if exact else []
+        ordered = [*ranked, *order_by_load(rest, states, rng), *order_by_load(others, states, rng)]
+        home = "home" if own else "spilled"
+    else:
+        ordered = [x for group in (exact, near, others) for x in order_by_load(group, states, rng)]
+    return Route(tuple(ordered), method, fallback, explored, panic, home)
+
+
+def _seed(backend: BackendView) -> int:
+    return backend.seed
