@@ -64,6 +64,7 @@ class Exchange:
     forward: dict[str, str] = field(default_factory=dict)  # client headers passed upstream
     rule: RuleView | None = None  # the policy rule that picked the method, if one did
     affinity: Affinity | None = None  # its session key, when it has one and affinity is on
+    affinity_outcome: str | None = None  # "home" or "spilled", when routed by its key
 
 
 def admit(

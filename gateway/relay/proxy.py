@@ -222,6 +222,7 @@ class Relay:
         now = time.monotonic()
         plan = route(backends, policy, auto_method, states, now, self.rng, x.rule, x.affinity)
         if plan.affinity is not None:
+            x.affinity_outcome = plan.affinity
             self.metrics.affinity_routes.labels(x.model, plan.affinity).inc()
         if x.rule is not None:
             self.metrics.rule_matches.labels(x.model, str(x.rule.index)).inc()
@@ -460,6 +461,8 @@ def _response_headers(
         headers.append((b"x-draftgate-fallback", fallback.encode()))
     if x.rule is not None:  # its position in the policy's rules, from 0
         headers.append((b"x-draftgate-rule", b"%d" % x.rule.index))
+    if x.affinity_outcome is not None:
+        headers.append((b"x-draftgate-affinity", x.affinity_outcome.encode()))
     return headers
 
 
