@@ -207,6 +207,7 @@ async def _running(
         switch_margin=settings.selector_switch_margin,
         sizing=Sizing.of(settings),
         desired_replicas=metrics.desired_replicas,
+        move_steps=(settings.move_step_share, settings.move_step_s),
     )
     stoppable = [
         asyncio.create_task(c)

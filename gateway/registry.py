@@ -25,6 +25,7 @@ from gateway.affinity import stable_hash
 from gateway.curves import Aggregate, Band, CurveKey, Prefill, Rejections, Served, build_curves
 from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
+from gateway.moves import Move, stored_move
 from gateway.reports import FleetNow
 from gateway.rules import RuleView, compile_rules
 from planner.cost import ThroughputCurve, usd_per_mtok
@@ -110,6 +111,7 @@ class PolicyView:
     explore_fraction: float = 0.0
     itl_objective_ms: float | None = None
     rules: tuple[RuleView, ...] = ()  # checked before the policy's own choice
+    move: Move | None = None  # a gradual move to the pinned method (maybe already over)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +224,13 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
         backends[b.model].append(view)
     policies = {
         m.name: PolicyView(
-            m.mode, m.method, m.k, m.explore_fraction, m.itl_objective_ms, compile_rules(m.rules)
+            m.mode,
+            m.method,
+            m.k,
+            m.explore_fraction,
+            m.itl_objective_ms,
+            compile_rules(m.rules),
+            stored_move(m.move, m.method) if m.mode == "pinned" else None,
         )
         for m in session.scalars(select(ModelPolicy))
     }
@@ -318,11 +326,17 @@ class Registry:
         self.on_load_start: list[Callable[[], None]] = []  # told before each read
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
+        self.auto_moves: dict[str, Move] = {}  # the selector's gradual moves, per auto model
         self.fleet_now: dict[str, FleetNow] = {}  # the selector's sizing per model, this round
 
     def auto_method(self, model: str, snapshot: Snapshot) -> str | None:
         """The method an `auto` model uses now: the selector's choice, else the snapshot's."""
         return self.auto_choice.get(model) or snapshot.auto_method(model)
+
+    def move_of(self, model: str, policy: PolicyView, now: float) -> Move | None:
+        """The gradual move under way for `model` at `now` (epoch seconds), if any."""
+        move = policy.move if policy.mode == "pinned" else self.auto_moves.get(model)
+        return move if move is not None and not move.done(now) else None
 
     def load(self) -> None:
         """Replace the snapshot with a fresh read (blocking; call from a thread).

@@ -249,11 +249,25 @@ class ModelCreate(Strict):
     policy: Policy = Field(default_factory=Policy)
 
 
+class MovePublic(BaseModel):
+    """A gradual move of a pinned model's traffic to its method, under way: the target's
+    share is `min(1, step_share x (1 + floor((now - started_at) / step_s)))`."""
+
+    source: str  # the method the traffic is leaving
+    target: str  # the pinned method
+    started_at: dt.datetime
+    step_share: float
+    step_s: float
+    target_share: float  # the target's share now
+    ends_at: dt.datetime  # when the target takes everything
+
+
 class ModelPublic(BaseModel):
     """A model and its policy."""
 
     name: str
     policy: Policy
+    move: MovePublic | None = None  # a gradual move to the pinned method, while under way
     created_at: dt.datetime
     updated_at: dt.datetime
 

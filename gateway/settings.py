@@ -194,6 +194,25 @@ class Settings(BaseSettings):
             "Default 0.25."
         ),
     )
+    move_step_share: float = Field(
+        default=0.25,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Gradual method moves: when `auto` or an admin moves a model to another method, "
+            "the new method takes this share of the model's traffic at once and another "
+            "share every `move_step_s`, each step in the audit log, so its pool's KV cache "
+            "warms up (sessions move once, by their affinity key). 1: every move is "
+            "immediate. An admin forces one immediate move with `?immediate=true` on "
+            "`PUT /admin/v1/models/{model}/policy`. Default 0.25 (four steps)."
+        ),
+    )
+    move_step_s: float = Field(
+        default=15.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds between the steps of a gradual move. Default 15.",
+    )
     max_attempts: int = Field(
         default=3,
         ge=1,

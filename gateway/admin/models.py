@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 
 from gateway.db import queries
-from gateway.deps import SessionDep
+from gateway.deps import ServicesDep, SessionDep
 from gateway.schemas import ListOf, ModelCreate, ModelPublic, Policy
 from gateway.services.models import (
     create_model,
@@ -38,9 +40,22 @@ def get_policy(name: str, session: SessionDep) -> Policy:
 
 
 @router.put("/{name:path}/policy")
-def put_policy(name: str, policy: Policy, session: SessionDep) -> ModelPublic:
-    """Set a model's policy: auto by load, or pinned to a method and K."""
-    return model_public(set_policy(session, name, policy, ACTOR))
+def put_policy(
+    name: str,
+    policy: Policy,
+    session: SessionDep,
+    services: ServicesDep,
+    immediate: Annotated[
+        bool, Query(description="Move all traffic to a newly pinned method at once.")
+    ] = False,
+) -> ModelPublic:
+    """Set a model's policy: auto by load, or pinned to a method and K. Pinning another
+    method than the one serving starts a gradual move (`DRAFTGATE_MOVE_STEP_SHARE` of the
+    traffic every `DRAFTGATE_MOVE_STEP_S`), shown as `move` until it ends."""
+    registry, settings = services.registry, services.settings
+    steps = None if immediate else (settings.move_step_share, settings.move_step_s)
+    auto = registry.auto_method(name, registry.snapshot)
+    return model_public(set_policy(session, name, policy, ACTOR, auto_method=auto, steps=steps))
 
 
 @router.get("/{name:path}")

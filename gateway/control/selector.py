@@ -4,7 +4,10 @@ Every `selector_interval_s` the selector averages each auto model's in-flight re
 exponential moving average), prices every method with a healthy backend at that concurrency
 from the measured throughput curves, and moves the model to the cheapest one — only when it
 is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on its method
-for `min_dwell_s`. Each move is written to the audit log with the numbers behind it.
+for `min_dwell_s`. Each move is written to the audit log with the numbers behind it, and
+goes in steps (gateway/moves.py: `move_step_share` of the traffic every `move_step_s`);
+each step of every move under way, the selector's and an admin's, is audited as it is
+reached (within one interval).
 
 The same round sizes every model's method pools for its current load (the autoscaling
 signal `draftgate_desired_replicas{model,method}`): the output tokens/s the model's
@@ -29,9 +32,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.session import transaction
+from gateway.moves import Move
 from gateway.registry import BackendView, Registry, Snapshot
 from gateway.reports import FleetNow
-from gateway.services.models import record_method_switch
+from gateway.services.models import record_method_switch, record_move_step
 from gateway.services.rightsizing import Sizing, pools
 from planner.rightsize import replica_capacity, replicas_needed
 
@@ -88,6 +92,7 @@ class Selector:
         switch_margin: float,
         sizing: Sizing,
         desired_replicas: Gauge,
+        move_steps: tuple[float, float] = (1.0, 0.0),
     ) -> None:
         self.registry, self.sessions = registry, sessions
         self.interval_s, self.min_dwell_s, self.switch_margin = (
@@ -99,6 +104,8 @@ class Selector:
         self._load: dict[str, float] = {}
         self._throughput: dict[str, float] = {}
         self._switched_at: dict[str, float] = {}
+        self.move_steps = move_steps  # (share per step, seconds between steps)
+        self._steps_seen: dict[str, tuple[Move, int]] = {}  # the last step audited per model
 
     async def run(self, stop: asyncio.Event) -> None:
         """Decide on an interval until `stop`."""
@@ -134,14 +141,46 @@ class Selector:
             if decision is not None:
                 self.registry.auto_choice[model] = decision.after
                 self._switched_at[model] = now
+                self._start_move(decision)
                 decisions.append(decision)
         self._publish_desired(snapshot)
-        if decisions:
+        steps = self._steps_reached(snapshot, time.time())
+        if decisions or steps:
             try:
-                await asyncio.to_thread(self._audit, decisions)
+                await asyncio.to_thread(self._audit, decisions, steps)
             except SQLAlchemyError as exc:
                 logger.warning("automatic switches not audited: %s", exc)
         return decisions
+
+    def _start_move(self, decision: Decision) -> None:
+        """Move an auto model's traffic to its new method in steps (at once without a
+        method before, or with a step of everything)."""
+        share, step_s = self.move_steps
+        if decision.before is None or share >= 1:
+            self.registry.auto_moves.pop(decision.model, None)
+            return
+        move = Move(decision.before, decision.after, time.time(), share, step_s)
+        self.registry.auto_moves[decision.model] = move
+
+    def _steps_reached(self, snapshot: Snapshot, wall: float) -> list[tuple[str, Move, int]]:
+        """Steps of moves under way reached since the last round: (model, move, step). A move
+        first seen already over (a restart, an old row) is not audited again."""
+        reached = []
+        for model, policy in snapshot.policies.items():
+            move = policy.move if policy.mode == "pinned" else self.registry.auto_moves.get(model)
+            if move is None:
+                self._steps_seen.pop(model, None)
+                continue
+            step = move.steps_taken(wall)
+            seen = self._steps_seen.get(model)
+            if seen is None and move.done(wall) and wall > move.started + move.duration_s + 60:
+                self._steps_seen[model] = (move, step)
+            elif seen is None or seen[0] != move or seen[1] < step:
+                self._steps_seen[model] = (move, step)
+                reached.append((model, move, step))
+            if move.done(wall) and self.registry.auto_moves.get(model) == move:
+                del self.registry.auto_moves[model]  # over: the auto choice serves alone
+        return reached
 
     @staticmethod
     def _smooth(averages: dict[str, float], model: str, sample: float) -> float:
@@ -229,9 +268,12 @@ class Selector:
         fastest = min(itls, key=itls.__getitem__)
         return {fastest: costs[fastest]}
 
-    def _audit(self, decisions: list[Decision]) -> None:
+    def _audit(self, decisions: list[Decision], steps: list[tuple[str, Move, int]]) -> None:
         with transaction(self.sessions) as session:
             for d in decisions:
                 record_method_switch(
                     session, d.model, d.before, d.after, d.concurrency, d.usd_per_mtok, ACTOR
                 )
+            for model, move, step in steps:
+                share = min(1.0, step * move.step_share)
+                record_move_step(session, model, move.source, move.target, step, share, ACTOR)

@@ -78,6 +78,9 @@ class ModelPolicy(Timestamps, Base):
     explore_fraction: Mapped[float] = mapped_column(default=0.0)
     # [{"when": [feature, ...], "method": m, "k": k}, ...], the first match picks the method
     rules: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # A gradual move to `method` under way: {"from", "started_at" (epoch s), "step_share",
+    # "step_s"}; None when the pinned method takes all the traffic.
+    move: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ApiKey(Base):

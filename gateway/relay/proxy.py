@@ -40,6 +40,7 @@ from gateway.errors import (
 from gateway.http_limits import STALLED
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
+from gateway.moves import position_of
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry, Snapshot
 from gateway.relay.checks import (
     COMPLETION_PATHS,
@@ -219,8 +220,16 @@ class Relay:
         assert snapshot is not None
         policy = snapshot.policies.get(x.model) or PolicyView()
         auto_method = self.registry.auto_method(x.model, snapshot)
+        held_back, wall = None, time.time()
+        move = self.registry.move_of(x.model, policy, wall) if x.rule is None else None
+        if move is not None:  # a gradual move: this request's place says which side serves it
+            key = x.affinity.key if x.affinity is not None else None
+            if not move.goes_to_target(wall, position_of(key, self.rng.random())):
+                held_back = (move.target, move.source)
         now = time.monotonic()
-        plan = route(backends, policy, auto_method, states, now, self.rng, x.rule, x.affinity)
+        plan = route(
+            backends, policy, auto_method, states, now, self.rng, x.rule, x.affinity, held_back
+        )
         if plan.affinity is not None:
             x.affinity_outcome = plan.affinity
             self.metrics.affinity_routes.labels(x.model, plan.affinity).inc()

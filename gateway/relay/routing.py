@@ -76,10 +76,13 @@ def route(
     rng: random.Random,
     rule: RuleView | None = None,
     affinity: Affinity | None = None,
+    held_back: tuple[str, str] | None = None,
 ) -> Route:
     """Decide which backends serve one request of a model, in order of preference: the
     matching rule's method or else the policy's (at the rule's or pinned K first), then the
-    model's other methods. Within the chosen method, by affinity when the request has a key."""
+    model's other methods. Within the chosen method, by affinity when the request has a key.
+    `held_back` (target, source): a gradual move has not reached this request yet, so the
+    policy's choice of the target means the source, at any K."""
     healthy = [b for b in backends if states[b.name].available(now)]
     panic = not healthy
     if panic:
@@ -91,6 +94,8 @@ def route(
     else:
         method, explored = choose_method(policy, auto_method, methods, rng)
         k = policy.k if policy.mode == "pinned" and not explored else None
+        if held_back is not None and method == held_back[0] and not explored:
+            method, k = held_back[1], None
     exact = [b for b in healthy if b.method == method and (k is None or b.k == k)]
     near = [b for b in healthy if b.method == method and b not in exact]  # another K
     others = [b for b in healthy if b.method != method]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +13,8 @@ from sqlalchemy.orm import Session
 from gateway.db import queries
 from gateway.db.tables import ModelPolicy
 from gateway.errors import Conflict, validation_failed
-from gateway.schemas import ModelCreate, ModelPublic, Policy
+from gateway.moves import move_record, stored_move
+from gateway.schemas import ModelCreate, ModelPublic, MovePublic, Policy
 
 
 def policy_of(row: ModelPolicy) -> Policy:
@@ -26,15 +29,38 @@ def policy_of(row: ModelPolicy) -> Policy:
     )
 
 
-def model_public(row: ModelPolicy) -> ModelPublic:
-    """A model as the API shows it."""
+def model_public(row: ModelPolicy, now: float | None = None) -> ModelPublic:
+    """A model as the API shows it, with its gradual move if one is under way."""
     return ModelPublic(
-        name=row.name, policy=policy_of(row), created_at=row.created_at, updated_at=row.updated_at
+        name=row.name,
+        policy=policy_of(row),
+        move=move_public(row, time.time() if now is None else now),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def move_public(row: ModelPolicy, now: float) -> MovePublic | None:
+    """The row's move toward its pinned method, unless it is over."""
+    move = stored_move(row.move, row.method) if row.mode == "pinned" else None
+    if move is None or move.done(now):
+        return None
+    return MovePublic(
+        source=move.source,
+        target=move.target,
+        started_at=dt.datetime.fromtimestamp(move.started, dt.UTC),
+        step_share=move.step_share,
+        step_s=move.step_s,
+        target_share=move.share(now),
+        ends_at=dt.datetime.fromtimestamp(move.started + move.duration_s, dt.UTC),
     )
 
 
 def _snapshot(row: ModelPolicy) -> dict[str, Any]:
-    return {"name": row.name, "policy": policy_of(row).model_dump(mode="json")}
+    snapshot = {"name": row.name, "policy": policy_of(row).model_dump(mode="json")}
+    if row.move:
+        snapshot["move"] = row.move
+    return snapshot
 
 
 def _assign(row: ModelPolicy, policy: Policy) -> None:
@@ -64,8 +90,21 @@ def ensure_model(session: Session, name: str, actor: str) -> ModelPolicy:
     return row or create_model(session, ModelCreate(name=name), actor)
 
 
-def set_policy(session: Session, name: str, policy: Policy, actor: str) -> ModelPolicy:
-    """Replace a model's policy, creating the model if it is new."""
+def set_policy(
+    session: Session,
+    name: str,
+    policy: Policy,
+    actor: str,
+    *,
+    auto_method: str | None = None,
+    steps: tuple[float, float] | None = None,
+) -> ModelPolicy:
+    """Replace a model's policy, creating the model if it is new.
+
+    Pinning another method than the one serving now (the pinned one, or `auto_method` for
+    an auto model) starts a gradual move in `steps` (share per step, seconds between);
+    without `steps` the move is immediate.
+    """
     row = queries.find_model(session, name)
     if row is None:
         try:
@@ -74,7 +113,14 @@ def set_policy(session: Session, name: str, policy: Policy, actor: str) -> Model
             raise validation_failed(exc.errors()) from None
         return create_model(session, model, actor)
     before = _snapshot(row)
+    serving = row.method if row.mode == "pinned" else auto_method
+    same = (row.mode, row.method) == (policy.mode, policy.method)
+    kept = row.move if same and steps is not None else None  # immediate: a move ends now
     _assign(row, policy)
+    row.move = kept
+    repinned = policy.mode == "pinned" and serving != policy.method
+    if repinned and serving is not None and steps is not None and steps[0] < 1:
+        row.move = move_record(serving, time.time(), *steps)
     session.flush()
     queries.record_audit(
         session,
@@ -99,6 +145,20 @@ def delete_model(session: Session, name: str, actor: str) -> None:
     session.flush()
     queries.record_audit(
         session, actor=actor, action="delete", resource=("model", name), before=before, after=None
+    )
+
+
+def record_move_step(
+    session: Session, model: str, source: str, target: str, step: int, share: float, actor: str
+) -> None:
+    """Audit one step of a gradual move: the target's share of the traffic from now on."""
+    queries.record_audit(
+        session,
+        actor=actor,
+        action="move_step",
+        resource=("model", model),
+        before={"method": source},
+        after={"method": target, "step": step, "target_share": round(share, 4)},
     )
 
 

@@ -57,6 +57,42 @@ async def test_rules_are_stored_in_order_and_audited(client: httpx.AsyncClient) 
     assert entry["after"]["policy"]["rules"] == rules
 
 
+async def test_pinning_another_method_starts_a_gradual_move(client: httpx.AsyncClient) -> None:
+    """Auto serves plain (nothing measured); pinning EAGLE-3 moves the traffic in steps of
+    the default 25% every 15 s, shown on the model and in the audit entry; a change that
+    keeps the method keeps the move, and `?immediate=true` ends it."""
+    await client.post("/admin/v1/backends", json=EAGLE3)
+    plain = {**EAGLE3, "name": "qwen-plain", "method": "plain", "k": None, "drafter": None}
+    assert (await client.post("/admin/v1/backends", json=plain)).status_code == 201
+    url = f"/admin/v1/models/{MODEL}/policy"
+    response = await client.put(url, json={"mode": "pinned", "method": "eagle3", "k": 3})
+    move = response.json()["move"]
+    assert {k: move[k] for k in ("source", "target", "step_share", "step_s", "target_share")} == {
+        "source": "plain",
+        "target": "eagle3",
+        "step_share": 0.25,
+        "step_s": 15.0,
+        "target_share": 0.25,
+    }
+    assert (await client.get(f"/admin/v1/models/{MODEL}")).json()["move"] == move
+    [entry, *_] = (await client.get("/admin/v1/audit", params={"resource_type": "model"})).json()[
+        "data"
+    ]
+    assert entry["after"]["move"]["from"] == "plain"
+    kept = await client.put(
+        url, json={"mode": "pinned", "method": "eagle3", "explore_fraction": 0.1}
+    )
+    assert kept.json()["move"] == move
+    ended = await client.put(
+        url, params={"immediate": "true"}, json={"mode": "pinned", "method": "eagle3"}
+    )
+    assert ended.json()["move"] is None
+    back = await client.put(
+        url, params={"immediate": "true"}, json={"mode": "pinned", "method": "plain"}
+    )
+    assert back.json()["move"] is None
+
+
 async def test_put_policy_creates_an_unknown_model(client: httpx.AsyncClient) -> None:
     response = await client.put("/admin/v1/models/org/new-model/policy", json={"mode": "auto"})
     assert response.status_code == 200

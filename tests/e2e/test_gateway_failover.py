@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ DEAD_MODEL = "failover/dead"  # only backends where nothing listens
 POISON_MODEL = "failover/poison"  # two sims that fail any prompt with a marker in it
 BREAKER_FAILURES = 3
 CHAT = [{"role": "user", "content": "Are you there?"}]
+ASKED = itertools.count()  # each chat a conversation of its own: its own affinity key
 POLICY_PATH = f"/admin/v1/models/{SIM_MODEL}/policy"
 PROBE_TIMEOUT_S = 5.0
 PIN_TIMEOUT_S = 15.0  # a pinned policy applies at the next registry refresh; busy machine
@@ -101,8 +103,12 @@ def wait_marked_down(fleet: Fleet, *backends: str) -> None:
 
 
 def chat_headers(client: openai.OpenAI, model: str = SIM_MODEL) -> httpx.Headers:
-    """The response headers of one successful short chat."""
-    raw = client.chat.completions.with_raw_response.create(model=model, messages=CHAT, max_tokens=3)
+    """The response headers of one successful short chat, a new conversation each time (so
+    keys spread over the backends as many clients' would)."""
+    messages = [{"role": "user", "content": f"Are you there? ({next(ASKED)})"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, max_tokens=3
+    )
     assert raw.parse().choices[0].message.content
     return raw.headers
 
