@@ -243,10 +243,10 @@ class AdminClient:
 
     # --- changes ---
 
-    def set_policy(self, model: str, policy: Policy) -> Policy:
+    def set_policy(self, model: str, policy: Policy, immediate: bool = False) -> ModelInfo:
         body = policy.model_dump(mode="json")
-        answer = self._write("PUT", f"/models/{_path_name(model)}/policy", body)
-        return _parse(ModelInfo, answer).policy
+        path = f"/models/{_path_name(model)}/policy" + ("?immediate=true" if immediate else "")
+        return _parse(ModelInfo, self._write("PUT", path, body))
 
     def add_backend(self, fields: dict[str, object]) -> Backend:
         return _parse(Backend, self._write("POST", "/backends", fields))

@@ -76,11 +76,23 @@ class Policy(Record):
     itl_objective_ms: float | None = None
     explore_fraction: float = 0.0
     rules: list[dict[str, Any]] = []  # kept as they are when the form saves the rest
+    classes: dict[str, dict[str, Any]] = {}  # request classes' objectives under auto
+
+
+class Move(Record):
+    source: str
+    target: str
+    started_at: dt.datetime
+    step_share: float
+    step_s: float
+    target_share: float
+    ends_at: dt.datetime
 
 
 class ModelInfo(Record):
     name: str
     policy: Policy
+    move: Move | None = None  # a gradual move to the pinned method, while under way
 
 
 class Price(Record):

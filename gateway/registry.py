@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.affinity import stable_hash
+from gateway.classes import ClassView, compile_classes
 from gateway.curves import Aggregate, Band, CurveKey, Prefill, Rejections, Served, build_curves
 from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
@@ -112,6 +113,7 @@ class PolicyView:
     itl_objective_ms: float | None = None
     rules: tuple[RuleView, ...] = ()  # checked before the policy's own choice
     move: Move | None = None  # a gradual move to the pinned method (maybe already over)
+    classes: Mapping[str, ClassView] = field(default_factory=dict)  # objectives for auto
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,7 @@ class KeyView:
     budget_period: str
     allowed_models: frozenset[str] | None
     max_concurrent_requests: int | None = None  # on each replica
+    request_class: str | None = None  # its requests' class without a class header
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,7 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
             m.itl_objective_ms,
             compile_rules(m.rules),
             stored_move(m.move, m.method) if m.mode == "pinned" else None,
+            compile_classes(m.classes),
         )
         for m in session.scalars(select(ModelPolicy))
     }
@@ -244,6 +248,7 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
             k.budget_period,
             frozenset(k.allowed_models) if k.allowed_models is not None else None,
             k.max_concurrent_requests,
+            k.request_class,
         )
         for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
     }
@@ -327,10 +332,19 @@ class Registry:
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
         self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
         self.auto_moves: dict[str, Move] = {}  # the selector's gradual moves, per auto model
+        # the selector's choice per (auto model, request class with an objective of its own)
+        self.class_choice: dict[tuple[str, str], str] = {}
         self.fleet_now: dict[str, FleetNow] = {}  # the selector's sizing per model, this round
 
-    def auto_method(self, model: str, snapshot: Snapshot) -> str | None:
-        """The method an `auto` model uses now: the selector's choice, else the snapshot's."""
+    def auto_method(
+        self, model: str, snapshot: Snapshot, request_class: str | None = None
+    ) -> str | None:
+        """The method an `auto` model uses now for `request_class`: the selector's choice for
+        that class, else for the model, else the snapshot's."""
+        if request_class is not None:
+            chosen = self.class_choice.get((model, request_class))
+            if chosen is not None:
+                return chosen
         return self.auto_choice.get(model) or snapshot.auto_method(model)
 
     def move_of(self, model: str, policy: PolicyView, now: float) -> Move | None:

@@ -18,7 +18,8 @@ The vocabulary, read from the request body (chat, completions and the Responses 
   `repetition_penalty` other than 1;
 - `n_gt_1`: `n` or `best_of` above 1;
 - `temperature_above:<x>`: `temperature` above x (absent, it is 1, the OpenAI default);
-- `class:<name>`: the request's class, the `x-draftgate-class` header (absent: `interactive`).
+- `class:<name>`: the request's class (gateway/classes.py): the `x-draftgate-class` header,
+  else its key's class, else the first of `DRAFTGATE_REQUEST_CLASSES` (`interactive`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 CLASS_HEADER = b"x-draftgate-class"
-DEFAULT_CLASS = "interactive"
 MAX_RULES = 32
 STRUCTURED_TYPES = frozenset({"json_object", "json_schema", "structural_tag"})
 GUIDED_FIELDS = (

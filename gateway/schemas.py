@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from backends.methods import METHOD_IDS, MethodSpec, spec_from_options
+from gateway.classes import CLASS_PATTERN, MAX_CLASSES
 from gateway.rules import MAX_RULES, feature_test
 from gateway.urls import check_backend_url
 
@@ -44,6 +45,7 @@ SpeculativeOptions = Annotated[dict[str, Any], AfterValidator(_shallow)]
 # A backend's vLLM `--api-key`: one printable token (it goes into an Authorization header).
 BackendKey = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^[!-~]+$")]
 # Printable: a key's name goes into tables and logs, where CR/LF could forge lines.
+ClassName = Annotated[str, Field(pattern=CLASS_PATTERN)]
 KeyName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 SpeculativeK = Annotated[int, Field(ge=0, le=64)]  # num_speculative_tokens; 0 for plain
 
@@ -220,9 +222,27 @@ class PolicyRule(Strict):
         return self
 
 
+class ClassObjective(Strict):
+    """What `auto` optimises for one request class (gateway/classes.py): the lowest $/1M
+    within an ITL ceiling (`cost`), or the lowest ITL within a cost ceiling (`latency`)."""
+
+    objective: Literal["cost", "latency"] = "cost"
+    itl_objective_ms: float | None = Field(default=None, gt=0)
+    max_usd_per_mtok: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _ceiling_fits_the_objective(self) -> Self:
+        if self.objective == "cost" and self.max_usd_per_mtok is not None:
+            raise ValueError("objective 'cost' takes itl_objective_ms, not max_usd_per_mtok")
+        if self.objective == "latency" and self.itl_objective_ms is not None:
+            raise ValueError("objective 'latency' takes max_usd_per_mtok, not itl_objective_ms")
+        return self
+
+
 class Policy(Strict):
     """How a model's traffic picks a method: pinned to one, or the planner's choice by load;
-    `rules` first send requests with given features to a method of their own."""
+    `rules` first send requests with given features to a method of their own; under `auto`,
+    `classes` give request classes objectives of their own."""
 
     mode: Literal["auto", "pinned"] = "auto"
     method: Method | None = None
@@ -230,6 +250,7 @@ class Policy(Strict):
     itl_objective_ms: float | None = Field(default=None, gt=0)
     explore_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     rules: list[PolicyRule] = Field(default_factory=list, max_length=MAX_RULES)
+    classes: dict[ClassName, ClassObjective] = Field(default_factory=dict, max_length=MAX_CLASSES)
 
     @model_validator(mode="after")
     def _pinned_names_method(self) -> Self:
@@ -317,6 +338,9 @@ class KeyLimits(Strict):
     budget_usd: float | None = Field(default=None, ge=0)
     budget_period: Literal["daily", "monthly", "total"] = "monthly"
     allowed_models: list[Name] | None = None
+    request_class: ClassName | None = Field(
+        default=None, description="The class of its requests without an x-draftgate-class."
+    )
 
 
 class KeyCreate(KeyLimits):
@@ -335,6 +359,7 @@ class KeyUpdate(Strict):
     budget_usd: float | None = Field(default=None, ge=0)
     budget_period: Literal["daily", "monthly", "total"] | None = None
     allowed_models: list[Name] | None = None
+    request_class: ClassName | None = None
 
 
 class KeyPublic(Public):
@@ -349,6 +374,7 @@ class KeyPublic(Public):
     budget_usd: float | None
     budget_period: str
     allowed_models: list[str] | None
+    request_class: str | None = None
     created_at: dt.datetime
     revoked_at: dt.datetime | None
 

@@ -170,7 +170,10 @@ class Settings(BaseSettings):
     affinity_header: str = Field(
         default="x-session-id",
         min_length=1,
-        description="The request header naming a session, the first source of its key.",
+        description=(
+            "The request header naming a session, the first source of its affinity key. "
+            "Default `x-session-id`."
+        ),
     )
     affinity_prefix_chars: int = Field(
         default=512,
@@ -192,6 +195,17 @@ class Settings(BaseSettings):
             "load, this request included) takes no more keys that prefer it; they go to their "
             "next choice. Lower balances load more evenly, higher keeps more affinity. "
             "Default 0.25."
+        ),
+    )
+    request_classes: str = Field(
+        default="interactive,batch",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}(,[a-z0-9][a-z0-9_-]{0,31})*$",
+        description=(
+            "The request classes this gateway accepts, comma-separated; the first is the "
+            "class of a request without an `x-draftgate-class` header whose key names none. "
+            "A header naming another class is a 400 `unknown_request_class`. A policy's "
+            "`classes` give a class its own objective under `auto`; rules match `class:<name>`. "
+            "Default `interactive,batch`."
         ),
     )
     move_step_share: float = Field(
@@ -522,6 +536,11 @@ class Settings(BaseSettings):
         """`keyless_allowed_hosts` as the relay looks them up (lower-case bytes)."""
         names = self.keyless_allowed_hosts.split(",")
         return frozenset(n.strip().lower().strip("[]").encode() for n in names if n.strip())
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """`request_classes` in order; the first is the default."""
+        return tuple(self.request_classes.split(","))
 
     @property
     def affinity_header_name(self) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 import streamlit as st
 
@@ -171,8 +172,9 @@ def _traffic(api: AdminClient, model: str) -> None:
         st.info("No requests for this model in the last hour.")
 
 
-def _policy_from_form(current: Policy, methods: list[str]) -> Policy | None:
-    """The policy form; the policy to save when it is submitted, else None."""
+def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool] | None:
+    """The policy form; when it is submitted, the policy to save and whether to move to a
+    newly pinned method at once; else None."""
     with st.form("policy"):
         mode = st.radio(
             "Mode",
@@ -202,25 +204,48 @@ def _policy_from_form(current: Policy, methods: list[str]) -> Policy | None:
             help='e.g. [{"when": ["structured_output"], "method": "plain"}]',
             key="policy-rules",
         )
+        classes_text = st.text_area(
+            "Request classes' objectives under auto (JSON object; docs/fleet.md)",
+            json.dumps(current.classes),
+            help='e.g. {"interactive": {"objective": "latency", "max_usd_per_mtok": 0.5}, '
+            '"batch": {"objective": "cost"}}',
+            key="policy-classes",
+        )
+        immediate = st.checkbox(
+            "Move to a newly pinned method at once (else in steps)", key="policy-immediate"
+        )
         if not st.form_submit_button("Save policy", key="policy-save"):
             return None
-    try:
-        rules = json.loads(text or "[]")
-    except json.JSONDecodeError as exc:
-        st.error(f"Rules are not JSON: {exc}")
-        return None
-    if not isinstance(rules, list):
-        st.error("Rules are a JSON list of {when, method, k} objects")
+    rules = _json_field(text or "[]", list, "Rules are a JSON list of {when, method, k} objects")
+    classes = _json_field(
+        classes_text or "{}", dict, "Classes are a JSON object of {name: {objective, ...}}"
+    )
+    if rules is None or classes is None:
         return None
     pinned = mode == "pinned"
-    return Policy(
+    policy = Policy(
         mode="pinned" if pinned else "auto",
         method=method if pinned else None,
         k=int(k) if pinned and k and method != "plain" else None,
         itl_objective_ms=float(itl) or None,
         explore_fraction=float(explore),
         rules=rules,  # the admin API checks each feature (422 naming the vocabulary)
+        classes=classes,  # and each objective
     )
+    return policy, immediate
+
+
+def _json_field(text: str, kind: type, wrong: str) -> Any:
+    """A form field's JSON of the given kind, or None after saying what is wrong with it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        st.error(f"{wrong}; this is not JSON: {exc}")
+        return None
+    if not isinstance(value, kind):
+        st.error(wrong)
+        return None
+    return value
 
 
 def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: list[str]) -> None:
@@ -228,12 +253,21 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     st.subheader("Policy")
     current = next((m.policy for m in models if m.name == model), Policy())
     shown = st.empty()  # filled once the form is handled, so a saved change shows at once
+    move = next((m.move for m in models if m.name == model), None)
     wanted = _policy_from_form(current, methods) if offers_changes(api) else None
     if wanted is not None:
-        current = api.set_policy(model, wanted)
+        saved = api.set_policy(model, *wanted)
+        current, move = saved.policy, saved.move
         st.success(f"Policy of {model} set to {_describe(current)}")
     shown.write(f"Current: **{_describe(current)}**")
+    if move is not None:
+        st.info(
+            f"Moving from {move.source} to {move.target}: {move.target_share:.0%} of the "
+            f"traffic now, {move.step_share:.0%} more every {move.step_s:g} s, all of it at "
+            f"{move.ends_at:%H:%M:%S} UTC"
+        )
     _rules(current)
+    _classes(current)
     entries = api.audit("model", model, limit=5)
     if entries:
         st.caption("Recent changes (audit log)")
@@ -259,6 +293,20 @@ def _rules(policy: Policy) -> None:
         {"#": i, "when": " and ".join(r.get("when", [])), "method": r.get("method"),
          "K": r.get("k") or "—"}
         for i, r in enumerate(policy.rules)
+    ]  # fmt: skip
+    st.dataframe(rows, hide_index=True)
+
+
+def _classes(policy: Policy) -> None:
+    """The request classes with an objective of their own under auto."""
+    if not policy.classes:
+        return
+    st.caption("Request classes (x-draftgate-class, else the key's): what auto optimises")
+    rows = [
+        {"class": name, "objective": c.get("objective", "cost"),
+         "ITL ceiling (ms)": c.get("itl_objective_ms") or "—",
+         "cost ceiling ($/1M)": c.get("max_usd_per_mtok") or "—"}
+        for name, c in policy.classes.items()
     ]  # fmt: skip
     st.dataframe(rows, hide_index=True)
 

@@ -25,12 +25,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import Gauge
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.classes import ClassView, candidates
 from gateway.db.session import transaction
 from gateway.moves import Move
 from gateway.registry import BackendView, Registry, Snapshot
@@ -53,6 +54,9 @@ class Decision:
     after: str
     concurrency: float
     usd_per_mtok: Mapping[str, float]
+    itl_ms: Mapping[str, float] = field(default_factory=dict)
+    request_class: str | None = None  # a class with an objective of its own, or the model's
+    objective: str = "cost"
 
 
 def decide(
@@ -103,7 +107,7 @@ class Selector:
         self.sizing, self.desired_replicas = sizing, desired_replicas
         self._load: dict[str, float] = {}
         self._throughput: dict[str, float] = {}
-        self._switched_at: dict[str, float] = {}
+        self._switched_at: dict[tuple[str, str | None], float] = {}
         self.move_steps = move_steps  # (share per step, seconds between steps)
         self._steps_seen: dict[str, tuple[Move, int]] = {}  # the last step audited per model
 
@@ -126,23 +130,27 @@ class Selector:
             self._smooth(self._throughput, model, self._delivering(snapshot, model, backends))
             if policy is not None and policy.mode != "auto":
                 continue
-            objective = policy.itl_objective_ms if policy is not None else None
-            costs = self._costs(snapshot, model, backends, load, objective, now)
+            costs, itls = self._prices(snapshot, model, backends, load, now)
+            own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
             current = self.registry.auto_method(model, snapshot)
-            decision = decide(
-                model,
-                current,
-                costs,
-                load,
-                since_switch_s=now - self._switched_at.get(model, 0.0),
-                min_dwell_s=self.min_dwell_s,
-                switch_margin=self.switch_margin,
-            )
+            decision = self._decide(model, None, current, candidates(own, costs, itls), load, now)
             if decision is not None:
                 self.registry.auto_choice[model] = decision.after
-                self._switched_at[model] = now
                 self._start_move(decision)
-                decisions.append(decision)
+                decisions.append(
+                    replace(decision, itl_ms={m: itls[m] for m in decision.usd_per_mtok})
+                )
+            for name, objective in (policy.classes if policy is not None else {}).items():
+                current = self.registry.class_choice.get((model, name))  # None: first choice
+                scores = candidates(objective, costs, itls)
+                decision = self._decide(model, name, current, scores, load, now)
+                if decision is not None:  # a class's own choice moves at once
+                    self.registry.class_choice[(model, name)] = decision.after
+                    priced = {m: costs[m] for m in scores}  # the candidates, both ways
+                    decision = replace(
+                        decision, usd_per_mtok=priced, itl_ms={m: itls[m] for m in scores}
+                    )
+                    decisions.append(replace(decision, objective=objective.objective))
         self._publish_desired(snapshot)
         steps = self._steps_reached(snapshot, time.time())
         if decisions or steps:
@@ -151,6 +159,31 @@ class Selector:
             except SQLAlchemyError as exc:
                 logger.warning("automatic switches not audited: %s", exc)
         return decisions
+
+    def _decide(
+        self,
+        model: str,
+        request_class: str | None,
+        current: str | None,
+        scores: Mapping[str, float],
+        load: float,
+        now: float,
+    ) -> Decision | None:
+        """`decide` for one (model, class), with its own dwell time."""
+        since = now - self._switched_at.get((model, request_class), 0.0)
+        decision = decide(
+            model,
+            current,
+            scores,
+            load,
+            since_switch_s=since,
+            min_dwell_s=self.min_dwell_s,
+            switch_margin=self.switch_margin,
+        )
+        if decision is not None:
+            self._switched_at[(model, request_class)] = now
+            decision = replace(decision, request_class=request_class)
+        return decision
 
     def _start_move(self, decision: Decision) -> None:
         """Move an auto model's traffic to its new method in steps (at once without a
@@ -233,20 +266,16 @@ class Selector:
                 desired_replicas=desired,
             )
 
-    def _costs(
+    def _prices(
         self,
         snapshot: Snapshot,
         model: str,
         backends: Sequence[BackendView],
         load: float,
-        itl_objective_ms: float | None,
         now: float,
-    ) -> dict[str, float]:
-        """$/1M tokens per method with a healthy backend, among those within the objective.
-
-        When no method meets the ITL objective at this load, the fastest one is the only
-        candidate: it is the closest the fleet can get.
-        """
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """$/1M output tokens and ITL ms per method with a healthy backend, at this load
+        split over the method's replicas (gateway/classes.py chooses among them)."""
         healthy = [b for b in backends if self.registry.states[b.name].available(now)]
         replicas = Counter(b.method for b in healthy)  # a method's load is split over these
         costs: dict[str, float] = {}
@@ -260,19 +289,22 @@ class Selector:
             if cost is not None and itl is not None:
                 costs[b.method] = min(cost, costs.get(b.method, cost))
                 itls[b.method] = min(itl, itls.get(b.method, itl))
-        if itl_objective_ms is None or not costs:
-            return costs
-        within = {m: v for m, v in costs.items() if itls[m] <= itl_objective_ms}
-        if within:
-            return within
-        fastest = min(itls, key=itls.__getitem__)
-        return {fastest: costs[fastest]}
+        return costs, itls
 
     def _audit(self, decisions: list[Decision], steps: list[tuple[str, Move, int]]) -> None:
         with transaction(self.sessions) as session:
             for d in decisions:
                 record_method_switch(
-                    session, d.model, d.before, d.after, d.concurrency, d.usd_per_mtok, ACTOR
+                    session,
+                    d.model,
+                    d.before,
+                    d.after,
+                    d.concurrency,
+                    d.usd_per_mtok,
+                    ACTOR,
+                    itl_ms=d.itl_ms,
+                    request_class=d.request_class,
+                    objective=d.objective,
                 )
             for model, move, step in steps:
                 share = min(1.0, step * move.step_share)

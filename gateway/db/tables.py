@@ -81,6 +81,8 @@ class ModelPolicy(Timestamps, Base):
     # A gradual move to `method` under way: {"from", "started_at" (epoch s), "step_share",
     # "step_s"}; None when the pinned method takes all the traffic.
     move: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # {class name: {"objective", "itl_objective_ms", "max_usd_per_mtok"}} for `auto`
+    classes: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ApiKey(Base):
@@ -97,6 +99,7 @@ class ApiKey(Base):
     max_concurrent_requests: Mapped[int | None]
     budget_usd: Mapped[float | None]
     budget_period: Mapped[str] = mapped_column(String(16), default="monthly")
+    request_class: Mapped[str | None] = mapped_column(String(32))
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -63,6 +63,7 @@ class Exchange:
     costs: Costs | None = None  # priced once the usage is known
     forward: dict[str, str] = field(default_factory=dict)  # client headers passed upstream
     rule: RuleView | None = None  # the policy rule that picked the method, if one did
+    request_class: str = "interactive"  # x-draftgate-class, else the key's, else the default
     affinity: Affinity | None = None  # its session key, when it has one and affinity is on
     affinity_outcome: str | None = None  # "home" or "spilled", when routed by its key
 

@@ -54,7 +54,7 @@ from gateway.relay.exchange import Exchange, admit, estimate_abandoned, price, s
 from gateway.relay.routing import route
 from gateway.relay.sse import UsageTap
 from gateway.relay.usage import tokens_of
-from gateway.rules import CLASS_HEADER, DEFAULT_CLASS, first_match
+from gateway.rules import CLASS_HEADER, first_match
 from gateway.rules import Request as RuleRequest
 from gateway.settings import Settings
 
@@ -96,6 +96,7 @@ class Relay:
         # (a form post, or DNS rebinding): then only listed hosts and JSON bodies are served.
         self.keyless_hosts = None if settings.require_api_key else settings.keyless_hosts
         self.affinity_header = settings.affinity_header_name
+        self.classes = settings.classes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -145,10 +146,10 @@ class Relay:
             raise ModelNotFound(message, param="model")
         if path in COMPLETION_PATHS:
             check_completion(path, payload)
+        x.request_class = self._request_class(headers.get(CLASS_HEADER), x.key)
         policy = x.snapshot.policies.get(model)
         if policy is not None and policy.rules:  # no rules, no cost
-            request_class = headers.get(CLASS_HEADER, b"").decode("latin-1") or DEFAULT_CLASS
-            x.rule = first_match(policy.rules, RuleRequest(payload, request_class))
+            x.rule = first_match(policy.rules, RuleRequest(payload, x.request_class))
         if self.settings.affinity:
             header = headers.get(self.affinity_header, b"")
             found = session_key(header, payload, self.settings.affinity_prefix_chars)
@@ -187,6 +188,20 @@ class Relay:
             if not message.get("more_body"):
                 return b"".join(chunks)
 
+    def _request_class(self, header: bytes | None, key: KeyView | None) -> str:
+        """The header's class, else the key's, else the default; an unknown one is a 400."""
+        if header is None:
+            return key.request_class if key is not None and key.request_class else self.classes[0]
+        name = header.decode("latin-1").strip().lower()
+        if name not in self.classes:
+            known = ", ".join(self.classes)
+            raise InvalidRequest(
+                f"Unknown request class {name[:40]!r} in x-draftgate-class; known: {known}",
+                param="x-draftgate-class",
+                code="unknown_request_class",
+            )
+        return name
+
     def _authorize(
         self, headers: dict[bytes, bytes], model: str, snapshot: Snapshot
     ) -> KeyView | None:
@@ -219,7 +234,8 @@ class Relay:
         assert x.model is not None
         assert snapshot is not None
         policy = snapshot.policies.get(x.model) or PolicyView()
-        auto_method = self.registry.auto_method(x.model, snapshot)
+        own = x.request_class if x.request_class in policy.classes else None
+        auto_method = self.registry.auto_method(x.model, snapshot, own)
         held_back, wall = None, time.time()
         move = self.registry.move_of(x.model, policy, wall) if x.rule is None else None
         if move is not None:  # a gradual move: this request's place says which side serves it

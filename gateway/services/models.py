@@ -26,6 +26,7 @@ def policy_of(row: ModelPolicy) -> Policy:
         itl_objective_ms=row.itl_objective_ms,
         explore_fraction=row.explore_fraction,
         rules=row.rules or [],
+        classes=row.classes or {},
     )
 
 
@@ -170,18 +171,27 @@ def record_method_switch(
     concurrency: float,
     usd_per_mtok: Mapping[str, float],
     actor: str,
+    *,
+    itl_ms: Mapping[str, float] | None = None,
+    request_class: str | None = None,
+    objective: str = "cost",
 ) -> None:
-    """Audit an automatic move of `model` to another method, with the load and every
-    candidate's $/1M output tokens behind it."""
+    """Audit an automatic move of a model (or of one of its request classes) to another
+    method, with the load and every candidate's $/1M output tokens and ITL behind it."""
+    entry: dict[str, Any] = {
+        "method": after,
+        "concurrency": round(concurrency, 2),
+        "usd_per_mtok": {m: round(v, 6) for m, v in usd_per_mtok.items()},
+    }
+    if itl_ms:
+        entry["itl_ms"] = {m: round(v, 3) for m, v in itl_ms.items()}
+    if request_class is not None:
+        entry |= {"request_class": request_class, "objective": objective}
     queries.record_audit(
         session,
         actor=actor,
         action="switch",
         resource=("model", model),
         before={"method": before},
-        after={
-            "method": after,
-            "concurrency": round(concurrency, 2),
-            "usd_per_mtok": {m: round(v, 6) for m, v in usd_per_mtok.items()},
-        },
+        after=entry,
     )

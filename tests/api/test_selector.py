@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from gateway.classes import ClassView, candidates
 from gateway.control.selector import Selector, decide
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
@@ -142,3 +143,67 @@ async def test_desired_replicas_follow_the_smoothed_load_of_the_routed_pool(
         assert desired("p-eagle") == 1
     finally:
         engine.dispose()
+
+
+async def test_each_request_class_gets_its_objectives_choice(database_url: str) -> None:
+    """Plain on cheap H100s, P-EAGLE on B200s at 10x the price and twice the speed: the
+    latency class takes P-EAGLE, the cost class plain, a latency class capped below
+    P-EAGLE's price the cheapest within its cap; each choice audited with its numbers."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        registry = Registry(sessions, refresh_s=60)
+        plain = BackendView("a", "http://a", "m", "plain", None, "H100", 1)
+        classes = {
+            "interactive": ClassView("latency"),
+            "batch": ClassView("cost"),
+            "thrifty": ClassView("latency", max_usd_per_mtok=5.0),
+        }
+        registry.snapshot = Snapshot(
+            backends={"m": (plain, backend("b", "p-eagle"))},
+            policies={"m": PolicyView("auto", classes=classes)},
+            prices={"B200": 10.0, "H100": 1.0},
+            curves={
+                ("m", "plain", "H100"): ThroughputCurve((1, 64), (100, 3000)),
+                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (200, 6000)),
+            },
+        )
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=1,
+            min_dwell_s=0,
+            switch_margin=0.05,
+            sizing=Sizing(0.2, 1),
+            desired_replicas=GatewayMetrics().desired_replicas,
+        )
+        decisions = await selector.step()
+        assert registry.auto_method("m", registry.snapshot, "interactive") == "p-eagle"
+        assert registry.auto_method("m", registry.snapshot, "batch") == "plain"
+        assert registry.auto_method("m", registry.snapshot, "thrifty") == "plain"
+        assert registry.auto_method("m", registry.snapshot) == "plain"  # the policy's: cost
+        assert {d.request_class for d in decisions} == {"interactive", "batch", "thrifty"}
+        with sessions() as session:
+            entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
+        audited = {
+            e.after["request_class"]: e.after
+            for e in entries
+            if e.after and "request_class" in e.after
+        }
+        assert audited["interactive"]["objective"] == "latency"
+        assert (
+            audited["interactive"]["itl_ms"]["p-eagle"] < audited["interactive"]["itl_ms"]["plain"]
+        )
+        assert audited["thrifty"]["usd_per_mtok"] == {"plain": pytest.approx(2.78, rel=0.01)}
+        assert await selector.step() == []  # nothing moved: nothing new to audit
+    finally:
+        engine.dispose()
+
+
+def test_candidates_fall_back_to_the_nearest_when_none_is_within() -> None:
+    costs, itls = {"plain": 1.0, "p-eagle": 2.0}, {"plain": 10.0, "p-eagle": 5.0}
+    assert candidates(ClassView("cost", itl_objective_ms=4.0), costs, itls) == {"p-eagle": 2.0}
+    assert candidates(ClassView("latency", max_usd_per_mtok=0.5), costs, itls) == {"plain": 10.0}
+    assert candidates(ClassView("latency"), costs, itls) == itls
+    assert candidates(ClassView("cost"), {}, {}) == {}

@@ -100,7 +100,10 @@ def test_methods_shows_measured_acceptance_from_the_sweeps(dashboard_env: Stack)
 def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: Stack) -> None:
     rules = [{"when": ["structured_output"], "method": "plain", "k": None}]
     with dashboard_env.admin() as admin:  # set through the API: the page shows and keeps them
-        put = admin.put(f"/admin/v1/models/{MODEL}/policy", json={"rules": rules})
+        # Pinned at once to p-eagle first, so the form's pin to dflash below is a move.
+        body = {"mode": "pinned", "method": "p-eagle", "rules": rules}
+        url = f"/admin/v1/models/{MODEL}/policy"
+        put = admin.put(url, json=body, params={"immediate": "true"})
     assert put.status_code == 200, put.text
     refresh_reads()  # a change made beside the dashboard: drop its cached reads
     at = AppTest.from_function(_methods, default_timeout=TIMEOUT_S).run()
@@ -125,20 +128,41 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
         "itl_objective_ms": 40.0,
         "explore_fraction": 0.1,
         "rules": rules,  # saving the form kept them
+        "classes": {},
     }
     assert any((e["after"] or {}).get("policy", {}).get("method") == "dflash" for e in audit)
+    # Pinned away from what auto served: the move goes in steps, and the page says so.
+    assert any("Moving from p-eagle to dflash: 25% " in i.value for i in at.info)
 
     at.radio(key="policy-mode").set_value("auto")
     at.number_input(key="policy-itl").set_value(0.0)
     at.slider(key="policy-explore").set_value(0.0)
     edited = [{"when": ["logprobs", "class:batch"], "method": "eagle3", "k": 3}]
     at.text_area(key="policy-rules").set_value(json.dumps(edited))
+    classes = {
+        "interactive": {"objective": "latency", "itl_objective_ms": None, "max_usd_per_mtok": 0.5},
+        "batch": {"objective": "cost", "itl_objective_ms": 80.0, "max_usd_per_mtok": None},
+    }
+    at.text_area(key="policy-classes").set_value(json.dumps(classes))
     at.button(key="policy-save").click().run()
     with dashboard_env.admin() as admin:
         policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
     assert policy["mode"] == "auto"
     assert policy["method"] is None
     assert policy["rules"] == edited
+    assert policy["classes"] == classes
+    assert any("Request classes" in c.value for c in at.caption)
+    table = next(d.value for d in at.dataframe if "objective" in d.value.columns)
+    assert list(zip(table["class"], table["objective"], strict=True)) == [
+        ("interactive", "latency"),
+        ("batch", "cost"),
+    ]
+
+    at.text_area(key="policy-classes").set_value('{"batch": {"objective": "fastest"}}')
+    at.button(key="policy-save").click().run()
+    assert not at.exception
+    assert "objective" in at.error[-1].value  # the admin API's 422, as a message
+    at.text_area(key="policy-classes").set_value(json.dumps(classes))
 
     at.text_area(key="policy-rules").set_value('[{"when": ["json"], "method": "plain"}]')
     at.button(key="policy-save").click().run()

@@ -190,12 +190,14 @@ def test_a_slow_backend_is_retried_elsewhere_then_skipped(sims: Sims, gateways: 
         BREAKER_FAILURES=str(BREAKER_FAILURES),
         BREAKER_COOLDOWN_S="300",
     )
-    body = {"model": SLOW_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     served: list[tuple[int, str | None]] = []
     with gateway.client() as http:
         http.timeout = httpx.Timeout(30.0)
         while not runtime(gateway, "slow-1")["circuit_open"]:
             assert len(served) < 60, "the breaker never opened"
+            # Each a conversation of its own, so affinity keys spread over both backends.
+            chat = [{"role": "user", "content": f"hi {len(served)}"}]
+            body = {"model": SLOW_MODEL, "messages": chat, "max_tokens": 4}
             response = http.post("/v1/chat/completions", json=body)
             served.append((response.status_code, response.headers.get("x-draftgate-backend")))
     retried = metric_value(gateway.base_url, "draftgate_upstream_retries_total", model=SLOW_MODEL)

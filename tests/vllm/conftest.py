@@ -19,7 +19,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.launcher import LaunchError, LocalServer, session_pids, vllm_argv, vllm_env
+from backends.launcher import (
+    CPU_SERVE_ARGS,
+    LaunchError,
+    LocalServer,
+    session_pids,
+    vllm_argv,
+    vllm_env,
+)
 from backends.methods import MethodSpec, make_spec
 from backends.tiny_models import TinyModels, build_tiny_models
 from backends.vllm_metrics import parse_metrics
@@ -34,6 +41,9 @@ START_TIMEOUT_S = 420.0  # five servers starting at once on two cores
 INSTALL_TIMEOUT_S = 900.0
 REQUEST_TIMEOUT_S = 120.0
 K = {"ngram": 4, "draft_model": 3, "p-eagle": 3, "dflash": 3}
+# Two plain servers also serve this name: a pool of one method, for cache affinity.
+POOL_MODEL = "tiny-pool"
+POOL_KEYS = ("plain", "plain-b")
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,7 @@ def tier_specs(models: TinyModels) -> dict[str, MethodSpec]:
     """The methods this tier serves, by key."""
     return {
         "plain": make_spec("plain"),
+        "plain-b": make_spec("plain"),
         "ngram": make_spec("ngram", K["ngram"], extra={"prompt_lookup_max": K["ngram"]}),
         # The target drafting for itself: high acceptance at temperature 0.
         "self-draft": make_spec("draft_model", K["draft_model"], str(models.target)),
@@ -125,12 +136,13 @@ def vllm_servers(
     base = free_port_block(len(specs))
     for i, (key, spec) in enumerate(specs.items()):
         port = base + i
+        names = [f"tiny-{key}", *([POOL_MODEL] if key in POOL_KEYS else [])]
         argv = vllm_argv(
             str(tiny_models.target),
             spec,
             port,
             vllm_python=vllm_python,
-            served_model_name=f"tiny-{key}",
+            extra_args=(*CPU_SERVE_ARGS, "--served-model-name", *names),
         )
         local = LocalServer(key, argv, port, logs / f"{key}.log", env=vllm_env(vllm_python))
         servers[key] = RealServer(key, spec, local)

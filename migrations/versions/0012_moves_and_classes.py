@@ -1,4 +1,5 @@
-"""gradual method moves: where a pinned model's traffic is moving from, since when, in steps
+"""gradual method moves and request classes: where a pinned model's traffic is moving from,
+since when, in steps; per-class objectives of a policy; an API key's request class
 
 Revision ID: 0012
 Revises: 0011
@@ -19,8 +20,14 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("models") as batch:
         batch.add_column(sa.Column("move", sa.JSON(), nullable=True))
+        batch.add_column(sa.Column("classes", sa.JSON(), nullable=True))
+    with op.batch_alter_table("api_keys") as batch:
+        batch.add_column(sa.Column("request_class", sa.String(32), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("api_keys") as batch:
+        batch.drop_column("request_class")
     with op.batch_alter_table("models") as batch:
+        batch.drop_column("classes")
         batch.drop_column("move")
