@@ -12,6 +12,11 @@ Workloads:
   (a unique opening, then each reply and a new question), all sessions at once;
 - shared-system: single-turn requests behind one long shared system prompt.
 
+Then a method move under multi-turn load: three P-EAGLE simulators join the pool and the
+affinity gateway's model, pinned to plain, is pinned to P-EAGLE a few seconds into the run,
+once in steps (DRAFTGATE_MOVE_STEP_SHARE 0.25 every 2 s) and once with ?immediate=true;
+TTFT p50/p99 of the turns sent from the move on, and the hit rate over the run.
+
 Run: .venv/bin/python bench/affinity.py [--sessions 48 --turns 6 --rounds 2]
 """
 
@@ -97,8 +102,10 @@ class Run:
     failures: int = 0
 
 
-async def turn(client: httpx.AsyncClient, messages: list[dict[str, str]], run: Run) -> str:
-    """One streamed chat turn; records its TTFT and returns the reply's text."""
+async def turn(
+    client: httpx.AsyncClient, messages: list[dict[str, str]], run: Run, timed: bool = True
+) -> str:
+    """One streamed chat turn; records its TTFT (if `timed`) and returns the reply's text."""
     body = {"model": MODEL, "messages": messages, "max_tokens": 32, "stream": True}
     started = time.perf_counter()
     first: float | None = None
@@ -119,17 +126,20 @@ async def turn(client: httpx.AsyncClient, messages: list[dict[str, str]], run: R
     if first is None:
         run.failures += 1
         return ""
-    run.ttft_s.append(first - started)
+    if timed:
+        run.ttft_s.append(first - started)
     return "".join(parts)
 
 
-async def session(client: httpx.AsyncClient, seed: str, turns: int, run: Run) -> None:
+async def session(
+    client: httpx.AsyncClient, seed: str, turns: int, run: Run, after: float = 0.0
+) -> None:
     messages = [
         {"role": "system", "content": text(f"{seed}s", 800)},
         {"role": "user", "content": text(f"{seed}u", 40)},
     ]
     for i in range(turns):
-        reply = await turn(client, messages, run)
+        reply = await turn(client, messages, run, timed=time.monotonic() >= after)
         messages += [
             {"role": "assistant", "content": reply},
             {"role": "user", "content": text(f"{seed}q{i}", 40)},
@@ -141,6 +151,37 @@ async def multi_turn(url: str, seed: str, sessions: int, turns: int) -> Run:
     async with httpx.AsyncClient(base_url=url, timeout=120.0) as client:
         await asyncio.gather(*(session(client, f"{seed}{n}x", turns, run) for n in range(sessions)))
     return run
+
+
+ADMIN = {"authorization": "Bearer bench-admin-token-0123456789"}
+
+
+def pin(url: str, method: str, immediate: bool) -> None:
+    params = {"immediate": "true"} if immediate else {}
+    body = {"mode": "pinned", "method": method}
+    path = f"{url}/admin/v1/models/{MODEL}/policy"
+    httpx.put(path, json=body, params=params, headers=ADMIN, timeout=30).raise_for_status()
+
+
+async def during_a_move(url: str, seed: str, sessions: int, turns: int, immediate: bool) -> Run:
+    """Multi-turn load on plain; `MOVE_AFTER_S` in, the model is pinned to P-EAGLE. Only the
+    turns sent from the move on are timed."""
+    pin(url, "plain", immediate=True)
+    run = Run()
+    moved_at = time.monotonic() + MOVE_AFTER_S
+
+    async def move() -> None:
+        await asyncio.sleep(MOVE_AFTER_S)
+        await asyncio.to_thread(pin, url, "p-eagle", immediate)
+
+    async with httpx.AsyncClient(base_url=url, timeout=120.0) as client:
+        talks = (session(client, f"{seed}{n}m", turns, run, moved_at) for n in range(sessions))
+        await asyncio.gather(move(), *talks)
+    pin(url, "plain", immediate=True)  # back, for the next round's other workloads
+    return run
+
+
+MOVE_AFTER_S = 4.0
 
 
 async def shared_system(url: str, seed: str, requests: int, concurrency: int) -> Run:
@@ -194,12 +235,27 @@ def main(argv: list[str]) -> int:
             argv_sim = [str(DRAFTGATE), "sim", *SIM, "--port", str(port), "--seed", str(i)]
             start(started, f"sim-{i}", argv_sim, dict(os.environ), work)
             sims.append(f"http://127.0.0.1:{port}")
-        fleet = work / "fleet.yaml"
-        lines = ["backends:"] + [
+        speculative = []
+        for i in range(3):
+            port = free_port()
+            argv_sim = [str(DRAFTGATE), "sim", *SIM, "--method", "p-eagle", "--k", "5",
+                        "--port", str(port), "--seed", str(10 + i)]  # fmt: skip
+            start(started, f"sim-p-eagle-{i}", argv_sim, dict(os.environ), work)
+            speculative.append(f"http://127.0.0.1:{port}")
+        plain_lines = [
             f'  - {{name: sim-{i}, url: "{u}", model: {MODEL}, method: plain, gpu_type: H100}}'
             for i, u in enumerate(sims)
         ]
-        fleet.write_text("\n".join(lines) + "\n")
+        spec_lines = [
+            f'  - {{name: sim-p-eagle-{i}, url: "{u}", model: {MODEL}, method: p-eagle, k: 5, '
+            "gpu_type: H100}"
+            for i, u in enumerate(speculative)
+        ]
+        pinned = f"models:\n  - {{name: {MODEL}, policy: {{mode: pinned, method: plain}}}}\n"
+        fleets = {}
+        for name, lines in (("plain", plain_lines), ("both", plain_lines + spec_lines)):
+            fleets[name] = work / f"fleet-{name}.yaml"
+            fleets[name].write_text("backends:\n" + "\n".join(lines) + "\n" + pinned)
         gateways = {}
         for mode, on in (("affinity", "true"), ("load only", "false")):
             port = free_port()
@@ -207,8 +263,10 @@ def main(argv: list[str]) -> int:
                 "DRAFTGATE_ADMIN_TOKEN": "bench-admin-token-0123456789",
                 "DRAFTGATE_REQUIRE_API_KEY": "false",
                 "DRAFTGATE_DATABASE_URL": f"sqlite:///{work}/{on}.db",
-                "DRAFTGATE_FLEET": str(fleet),
+                "DRAFTGATE_FLEET": str(fleets["both" if on == "true" else "plain"]),
                 "DRAFTGATE_AFFINITY": on,
+                "DRAFTGATE_MOVE_STEP_SHARE": "0.25",
+                "DRAFTGATE_MOVE_STEP_S": "2",
             }
             start(
                 started,
@@ -218,7 +276,7 @@ def main(argv: list[str]) -> int:
                 work,
             )
             gateways[mode] = f"http://127.0.0.1:{port}"
-        for url in [*sims, *gateways.values()]:
+        for url in [*sims, *speculative, *gateways.values()]:
             wait_healthy(url)
         time.sleep(2.0)  # the gateways' first probes mark the backends healthy
         results: dict[tuple[str, str], list[tuple[Run, float]]] = {}
@@ -236,11 +294,25 @@ def main(argv: list[str]) -> int:
                     after = cache_counters(sims)
                     rate = (after[1] - before[1]) / max(after[0] - before[0], 1.0)
                     results.setdefault((workload, mode), []).append((run, rate))
+            for kind, immediate in (("immediate", True), ("gradual", False)):
+                pool = [*sims, *speculative]
+                before = cache_counters(pool)
+                url = gateways["affinity"]
+                run = asyncio.run(
+                    during_a_move(url, f"r{r}{kind}", args.sessions, args.turns + 2, immediate)
+                )
+                after = cache_counters(pool)
+                rate = (after[1] - before[1]) / max(after[0] - before[0], 1.0)
+                results.setdefault(("move", kind), []).append((run, rate))
     print(f"\n{'workload':<14} {'routing':<10} {'turns':>6} {'fail':>5} {'TTFT p50 ms':>12} "
-          f"{'TTFT p99 ms':>12} {'hit rate':>9}   p50 vs load only")  # fmt: skip
-    for workload in ("multi-turn", "shared-system"):
+          f"{'TTFT p99 ms':>12} {'hit rate':>9}   p50 vs the first row")  # fmt: skip
+    for workload, modes in (
+        ("multi-turn", ("load only", "affinity")),
+        ("shared-system", ("load only", "affinity")),
+        ("move", ("immediate", "gradual")),
+    ):
         base = None
-        for mode in ("load only", "affinity"):
+        for mode in modes:
             runs = results[(workload, mode)]
             ttft = [t for run, _ in runs for t in run.ttft_s]
             fails = sum(run.failures for run, _ in runs)
