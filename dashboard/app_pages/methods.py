@@ -212,7 +212,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool
             key="policy-classes",
         )
         immediate = st.checkbox(
-            "Move to a newly pinned method at once (else in steps)", key="policy-immediate"
+            "Move all traffic at once (else in steps)", key="policy-immediate"
         )
         if not st.form_submit_button("Save policy", key="policy-save"):
             return None

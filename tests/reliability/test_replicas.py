@@ -70,6 +70,7 @@ PRICE_USD_PER_GPU_HOUR = 5.0
 WAIT_S = 60.0
 RPM_RUN_S = 45.0  # the longest a rate-limit run may take: it must fit in one clock minute
 REFUSED_FOR_S = 4 * LIMITS_SYNC_S
+IMMEDIATE = {"immediate": "true"}  # a move of all traffic at once
 PINNED_PLAIN = {"mode": "pinned", "method": "plain"}
 
 
@@ -265,14 +266,17 @@ def test_budget_holds_across_replicas(replicas: Replicas) -> None:
 
 
 def test_policy_change_through_one_replica_reaches_the_other(replicas: Replicas) -> None:
-    """Pinning p-eagle through A: A routes by it at once, B within its registry refresh."""
+    """Pinning p-eagle through A (at once, not in steps): A routes by it at once, B within
+    its registry refresh."""
     _, key = create_key(replicas, "policy")
     policy = {"mode": "pinned", "method": "p-eagle"}
     http = httpx.Client(timeout=60.0)
     try:
         assert stream_once(http, replicas.b.base_url, SIM_MODEL, 4, key).method == "plain"
         with replicas.admin(replicas.a) as admin:
-            response = admin.put(f"/admin/v1/models/{SIM_MODEL}/policy", json=policy)
+            response = admin.put(
+                f"/admin/v1/models/{SIM_MODEL}/policy", json=policy, params=IMMEDIATE
+            )
         assert response.status_code == 200, response.text
         changed = time.monotonic()
         on_a = stream_once(http, replicas.a.base_url, SIM_MODEL, 4, key)
@@ -285,7 +289,7 @@ def test_policy_change_through_one_replica_reaches_the_other(replicas: Replicas)
     finally:
         http.close()
         with replicas.admin(replicas.a) as admin:
-            admin.put(f"/admin/v1/models/{SIM_MODEL}/policy", json=PINNED_PLAIN)
+            admin.put(f"/admin/v1/models/{SIM_MODEL}/policy", json=PINNED_PLAIN, params=IMMEDIATE)
     print(
         f"\npolicy change through A: A routed {on_a.method} at once, B applied it after "
         f"{applied_s:.2f} s ({len(seen_on_b)} requests before; registry_refresh_s "
