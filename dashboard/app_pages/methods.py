@@ -211,9 +211,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool
             '"batch": {"objective": "cost"}}',
             key="policy-classes",
         )
-        immediate = st.checkbox(
-            "Move all traffic at once (else in steps)", key="policy-immediate"
-        )
+        immediate = st.checkbox("Move all traffic at once (else in steps)", key="policy-immediate")
         if not st.form_submit_button("Save policy", key="policy-save"):
             return None
     rules = _json_field(text or "[]", list, "Rules are a JSON list of {when, method, k} objects")
