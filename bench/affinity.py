@@ -14,7 +14,7 @@ Workloads:
 
 Then a method move under multi-turn load: three P-EAGLE simulators join the pool and the
 affinity gateway's model, pinned to plain, is pinned to P-EAGLE a few seconds into the run,
-once in steps (DRAFTGATE_MOVE_STEP_SHARE 0.25 every 2 s) and once with ?immediate=true;
+once in steps (DRAFTGATE_MOVE_STEP_SHARE 0.25 every 1 s) and once with ?immediate=true;
 TTFT p50/p99 of the turns sent from the move on, and the hit rate over the run.
 
 Run: .venv/bin/python bench/affinity.py [--sessions 48 --turns 6 --rounds 2]
@@ -81,7 +81,7 @@ def start(
     started.append(proc)
 
 
-def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+def wait_healthy(url: str, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with suppress(httpx.TransportError):
@@ -181,7 +181,7 @@ async def during_a_move(url: str, seed: str, sessions: int, turns: int, immediat
     return run
 
 
-MOVE_AFTER_S = 4.0
+MOVE_AFTER_S = 1.5
 
 
 async def shared_system(url: str, seed: str, requests: int, concurrency: int) -> Run:
@@ -212,6 +212,8 @@ def cache_counters(sims: list[str]) -> tuple[float, float]:
 
 
 def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -248,6 +250,7 @@ def main(argv: list[str]) -> int:
         ]
         spec_lines = [
             f'  - {{name: sim-p-eagle-{i}, url: "{u}", model: {MODEL}, method: p-eagle, k: 5, '
+            "drafter: bench/Llama-3.1-8B-P-EAGLE, "
             "gpu_type: H100}"
             for i, u in enumerate(speculative)
         ]
@@ -266,7 +269,7 @@ def main(argv: list[str]) -> int:
                 "DRAFTGATE_FLEET": str(fleets["both" if on == "true" else "plain"]),
                 "DRAFTGATE_AFFINITY": on,
                 "DRAFTGATE_MOVE_STEP_SHARE": "0.25",
-                "DRAFTGATE_MOVE_STEP_S": "2",
+                "DRAFTGATE_MOVE_STEP_S": "1",
             }
             start(
                 started,
@@ -299,7 +302,7 @@ def main(argv: list[str]) -> int:
                 before = cache_counters(pool)
                 url = gateways["affinity"]
                 run = asyncio.run(
-                    during_a_move(url, f"r{r}{kind}", args.sessions, args.turns + 2, immediate)
+                    during_a_move(url, f"r{r}{kind}", args.sessions, args.turns + 6, immediate)
                 )
                 after = cache_counters(pool)
                 rate = (after[1] - before[1]) / max(after[0] - before[0], 1.0)
