@@ -5,10 +5,9 @@ the same model serves the request (a fallback, reported). Within a method, a req
 session key goes to the backend its key prefers unless that one is past its load bound
 (gateway/affinity.py: the backend most likely to hold its prefix in the KV cache); one
 without, or on a fallback method, goes to the lighter of two random backends (power of two
-choices). When no
-backend of the model looks healthy, every one is tried anyway (a panic route, as Envoy's
-panic threshold does): probes and breakers judge from a distance, and an overloaded fleet
-that answers late is better served slowly than refused whole.
+choices). When no backend of the model looks healthy, every one is tried anyway (a panic
+route, as Envoy's panic threshold does): probes and breakers judge from a distance, and an
+overloaded fleet that answers late is better served slowly than refused whole.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from gateway.affinity import Affinity, by_affinity
 from gateway.registry import BackendState, BackendView, PolicyView
@@ -104,7 +104,7 @@ def route(
     if affinity is not None and (exact or near):
         pool = exact or near
         ranked, own = by_affinity(
-            pool, affinity.key, _seed, lambda b: load(states[b.name]), affinity.balance
+            pool, affinity.key, attrgetter("seed"), lambda b: load(states[b.name]), affinity.balance
         )
         rest = near if exact else []
         ordered = [*ranked, *order_by_load(rest, states, rng), *order_by_load(others, states, rng)]
@@ -112,7 +112,3 @@ def route(
     else:
         ordered = [x for group in (exact, near, others) for x in order_by_load(group, states, rng)]
     return Route(tuple(ordered), method, fallback, explored, panic, home)
-
-
-def _seed(backend: BackendView) -> int:
-    return backend.seed
