@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,6 +44,10 @@ VLLM_VERSION = "0.32.0"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+# The request headers kept of each generation request, for GET /sim/trace-context: the W3C
+# trace context (vLLM, built with OpenTelemetry, continues it) and the id to match them by.
+TRACE_HEADERS = (b"x-request-id", b"traceparent", b"tracestate")
+TRACE_CONTEXT_KEPT = 256  # requests, the newest
 
 
 class ConnectionDropped(Exception):
@@ -65,6 +70,7 @@ class SimServer:
         self._rng = random.Random(config.seed)
         self._task: asyncio.Task[None] | None = None
         self.created = int(time.time())
+        self.trace_context: deque[dict[str, str]] = deque(maxlen=TRACE_CONTEXT_KEPT)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -97,6 +103,8 @@ class SimServer:
         if self._refused(scope):
             await _respond(send, 401, b'{"error":"Unauthorized"}')
             return
+        if method == "POST" and path.startswith("/v1/"):
+            self._keep_trace_context(scope)
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             body = parse_body(await _read_body(receive))
             chat, name, room = (
@@ -127,8 +135,16 @@ class SimServer:
             await _respond(send, 200, self.metrics.exposition(), headers)
         elif method == "POST" and path == "/sim/faults":
             await self._set_faults(receive, send)
+        elif method == "GET" and path == "/sim/trace-context":
+            await _respond(send, 200, json.dumps(list(self.trace_context)).encode())
         else:
             raise ApiError(404, f"Not Found: {method} {path}")
+
+    def _keep_trace_context(self, scope: Scope) -> None:
+        """Keep the trace headers a request came with (not part of vLLM's API)."""
+        headers = dict(scope["headers"])
+        kept = {n.decode(): v.decode("latin-1") for n in TRACE_HEADERS if (v := headers.get(n))}
+        self.trace_context.append(kept)
 
     def _refused(self, scope: Scope) -> bool:
         """Whether vLLM's `--api-key` check refuses the request: a /v1 route without the
