@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
+from gateway.db.tables import AuditEntry
+
+logger = logging.getLogger(__name__)
+
+AUDIT_PENDING = "draftgate.audit_pending"  # session.info: audit entries flushed, not committed
 # Seconds to open a PostgreSQL connection. libpq waits forever by default, so a database
 # host that stopped answering would hang admin calls and /ready instead of a quick 503.
 POSTGRES_CONNECT_TIMEOUT_S = 5
@@ -52,6 +58,34 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     """A session factory whose objects stay readable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def on_audit_commit(factory: sessionmaker[Session], callback: Callable[[AuditEntry], None]) -> None:
+    """Call `callback` with every audit entry a session of `factory` commits, once committed
+    (an entry rolled back, with its savepoint or its transaction, is never passed). A failing
+    callback is logged; the commit stands."""
+
+    def flushed(session: Session, _: Any) -> None:
+        entries = [e for e in session.new if isinstance(e, AuditEntry)]
+        if entries:
+            session.info.setdefault(AUDIT_PENDING, []).extend(entries)
+
+    def committed(session: Session) -> None:
+        for entry in session.info.pop(AUDIT_PENDING, ()):
+            if not inspect(entry).persistent:  # its savepoint was rolled back
+                continue
+            try:
+                callback(entry)
+            except Exception:  # after the commit: nothing to undo, and the change stands
+                logger.exception("audit callback failed for entry %s", entry.id)
+
+    def ended(session: Session, transaction: SessionTransaction) -> None:
+        if transaction.parent is None:  # the outermost: committed and passed on, or rolled back
+            session.info.pop(AUDIT_PENDING, None)
+
+    event.listen(factory, "after_flush", flushed)
+    event.listen(factory, "after_commit", committed)
+    event.listen(factory, "after_transaction_end", ended)
 
 
 @contextmanager
