@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import httpx
@@ -28,7 +28,7 @@ from gateway.control.prober import probe_forever
 from gateway.control.retention import prune_forever
 from gateway.control.selector import Selector
 from gateway.db import migrate
-from gateway.db.session import make_engine, make_sessionmaker, transaction
+from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Services, authorize_admin
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
 from gateway.limits import Limiter
@@ -38,6 +38,9 @@ from gateway.relay.proxy import Relay
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.services.rightsizing import Sizing
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -91,6 +94,7 @@ class GatewayApp(FastAPI):
     """FastAPI for everything but `POST /v1/*`, which goes straight to the relay."""
 
     relay: Relay | None = None
+    tracing: Tracing | None = None  # set while running with tracing on
     max_body_bytes: int | None = None  # the relay checks /v1 bodies; this bounds the others
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -104,6 +108,10 @@ class GatewayApp(FastAPI):
             return
         if scope["type"] == "http" and self.max_body_bytes is not None:
             receive = _limited(receive, self.max_body_bytes)
+        tracing = self.tracing
+        if tracing is not None and scope["type"] == "http" and tracing.is_admin_change(scope):
+            await tracing.serve_admin(scope, receive, send, super().__call__)
+            return
         await super().__call__(scope, receive, send)
 
 
@@ -154,6 +162,18 @@ def create_app(settings: Settings, managed: ManagedBackends | None = None) -> Ga
     return app
 
 
+def start_tracing(settings: Settings) -> Tracing | None:
+    """The tracer when `settings.tracing` is on (the `otel` extra, imported only then)."""
+    if not settings.tracing:
+        return None
+    try:
+        from gateway import tracing
+    except ImportError as exc:
+        message = "DRAFTGATE_TRACING=true needs the otel extra: pip install 'draftgate[otel]'"
+        raise RuntimeError(f"{message} ({exc})") from exc
+    return tracing.start_tracing(settings, VERSION)
+
+
 @asynccontextmanager
 async def _running(
     settings: Settings, engine: Engine, app: GatewayApp, managed: ManagedBackends
@@ -186,7 +206,11 @@ async def _running(
         managed,
         asyncio.get_running_loop(),
     )
-    app.relay = Relay(settings, registry, ledger, limiter, metrics, client)
+    tracing = start_tracing(settings)
+    if tracing is not None:
+        on_audit_commit(sessions, tracing.audited)
+    app.relay = Relay(settings, registry, ledger, limiter, metrics, client, tracing)
+    app.tracing = tracing
     stop = asyncio.Event()
     # Loops that touch the database stop at `stop` (never mid-query, so no connection is
     # left behind); the prober only talks HTTP and is cancelled.
@@ -226,7 +250,7 @@ async def _running(
     try:
         yield
     finally:
-        app.relay = None
+        app.relay = app.tracing = None
         stop.set()
         registry.wake()
         ledger.wake()
@@ -237,3 +261,5 @@ async def _running(
         await ledger.drain()
         await client.aclose()
         await control.aclose()
+        if tracing is not None:
+            await anyio.to_thread.run_sync(tracing.shutdown)

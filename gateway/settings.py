@@ -497,6 +497,72 @@ class Settings(BaseSettings):
             "Default: none, meaning the `vllm` command on PATH."
         ),
     )
+    tracing: bool = Field(
+        default=False,
+        description=(
+            "Export OpenTelemetry traces over OTLP/HTTP: a span per relayed request (continuing "
+            "the client's `traceparent`, which the backend then gets from the gateway's own "
+            "span) and per admin change (docs/tracing.md). Needs the `otel` extra "
+            "(`pip install 'draftgate[otel]'`). Default off: the relay then does no tracing "
+            "work and passes the client's trace context on unchanged."
+        ),
+    )
+    otel_endpoint: str = Field(
+        default="http://127.0.0.1:4318/v1/traces",
+        pattern=r"^https?://[^\s/]+",
+        description=(
+            "OTLP/HTTP (protobuf) traces URL, the signal path included (as "
+            "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`). Default: an OpenTelemetry Collector on "
+            "this host's standard OTLP/HTTP port 4318."
+        ),
+    )
+    otel_headers: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Headers sent with every export, `name=value` pairs comma-separated, values "
+            "URL-encoded (as `OTEL_EXPORTER_OTLP_TRACES_HEADERS`): a tracing vendor's API key. "
+            "Default: none."
+        ),
+    )
+    otel_service_name: str = Field(
+        default="draftgate",
+        min_length=1,
+        description="The `service.name` of the gateway's spans. Default `draftgate`.",
+    )
+    otel_sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Share of new traces recorded (trace-id ratio); a request carrying a "
+            "`traceparent` follows its sampled flag instead (parent-based). Default 1: every "
+            "request, as a gateway's request rate is low next to its backends' token rate."
+        ),
+    )
+    otel_export_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between batched exports of ended spans (sooner when 512 are waiting). "
+            "Default 5 s, the OpenTelemetry SDK's."
+        ),
+    )
+    otel_export_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds one export may take before it is abandoned (its spans are dropped). "
+            "Default 10 s, the OpenTelemetry SDK's."
+        ),
+    )
+    otel_max_queue_spans: int = Field(
+        default=2048,
+        ge=1,
+        description=(
+            "Ended spans held for export; while the collector is slow or down, spans beyond "
+            "it are dropped, never the requests. Default 2048, the OpenTelemetry SDK's."
+        ),
+    )
 
     @field_validator("database_url")
     @classmethod

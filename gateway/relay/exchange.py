@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import Ledger, UsageEntry
 from gateway.affinity import Affinity
@@ -23,6 +23,9 @@ from gateway.registry import BackendState, BackendView, KeyView, Snapshot
 from gateway.relay.checks import BYTES_PER_TOKEN, worst_case_tokens
 from gateway.relay.usage import Tokens, tokens_of
 from gateway.rules import RuleView
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 # A name no backend serves is the client's to choose: its refusals are recorded under this
 # one name (as /metrics labels them), never under theirs.
@@ -66,6 +69,9 @@ class Exchange:
     request_class: str = "interactive"  # x-draftgate-class, else the key's, else the default
     affinity: Affinity | None = None  # its session key, when it has one and affinity is on
     affinity_outcome: str | None = None  # "home" or "spilled", when routed by its key
+    attempts: int = 0  # backends tried so far
+    fallback: str | None = None  # why routing left the policy's method, when it did
+    span: Span | None = None  # its trace span, when tracing is on
 
 
 def admit(

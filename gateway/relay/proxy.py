@@ -14,7 +14,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -58,6 +58,9 @@ from gateway.rules import CLASS_HEADER, first_match
 from gateway.rules import Request as RuleRequest
 from gateway.settings import Settings
 
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
+
 logger = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -82,6 +85,7 @@ class Relay:
         limiter: Limiter,
         metrics: GatewayMetrics,
         client: httpx.AsyncClient,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -89,6 +93,7 @@ class Relay:
         self.limiter = limiter
         self.metrics = metrics
         self.client = client
+        self.tracing = tracing  # None when tracing is off: then no tracing work at all
         self.rng = random.Random()  # noqa: S311  (load balancing, not secrets)
         self.forwarded = settings.forwarded_headers
         self.relayed = settings.relayed
@@ -104,6 +109,8 @@ class Relay:
         exchange = Exchange(supplied.decode() if REQUEST_ID.match(supplied) else "")
         exchange.request_id = exchange.request_id or exchange.ledger_id
         rid = exchange.request_id
+        if self.tracing is not None:
+            exchange.span = self.tracing.start_request(scope["path"], headers)
         try:
             await self._handle(scope["path"], headers, exchange, receive, send)
         except GatewayError as error:
@@ -122,6 +129,14 @@ class Relay:
                 settle(exchange, self.ledger, self.limiter, self.metrics)
             except Exception:  # the top of the relay: accounting must not drop the connection
                 logger.exception("settling request %s failed", exchange.request_id)
+            if self.tracing is not None:
+                self._end_span(exchange, self.tracing)
+
+    def _end_span(self, exchange: Exchange, tracing: Tracing) -> None:
+        try:
+            tracing.end_request(exchange)
+        except Exception:  # the top of the relay: a span must not drop the connection
+            logger.exception("ending the span of request %s failed", exchange.request_id)
 
     async def _handle(
         self, path: str, headers: dict[bytes, bytes], x: Exchange, receive: Receive, send: Send
@@ -252,6 +267,7 @@ class Relay:
         if x.rule is not None:
             self.metrics.rule_matches.labels(x.model, str(x.rule.index)).inc()
         if plan.fallback:
+            x.fallback = plan.fallback
             self.metrics.fallbacks.labels(x.model, plan.fallback).inc()
         if plan.panic:
             self.metrics.panic_routes.labels(x.model).inc()
@@ -301,13 +317,16 @@ class Relay:
     ) -> None:
         state = self.registry.states[backend.name]
         x.backend, x.method = backend, backend.method
+        x.attempts += 1
         state.in_flight += 1
         x.concurrency = state.load()  # the backend's load, alike on every replica
+        upstream = _upstream_headers(x, backend)
+        tracing = self.tracing if x.span is not None else None
+        # With tracing on, the backend gets our span's trace context, not the client's.
+        span = None if tracing is None else tracing.start_upstream(x, backend, path, upstream)
+        failure: GatewayError | None = None
         request = self.client.build_request(
-            "POST",
-            backend.url + path,
-            content=body,
-            headers=_upstream_headers(x, backend),
+            "POST", backend.url + path, content=body, headers=upstream
         )
         watcher = asyncio.ensure_future(_until_disconnect(receive, asyncio.current_task(), x))
         x.sent = time.perf_counter()
@@ -324,6 +343,9 @@ class Relay:
                 await response.aclose()
             if x.outcome != "upstream_error":  # a stream that broke counted as a failure
                 _record_success(state)
+        except _Retryable as retryable:
+            failure = retryable.error
+            raise
         except asyncio.CancelledError as exc:
             if watcher.done() and not watcher.cancelled():  # the watcher cancelled us
                 raise ClientGone from exc
@@ -332,6 +354,8 @@ class Relay:
         finally:
             watcher.cancel()
             state.in_flight -= 1
+            if tracing is not None and span is not None:
+                tracing.end_upstream(span, x, failure)
 
     async def _send_upstream(self, request: httpx.Request, state: BackendState) -> httpx.Response:
         """Send and wait for the response head; failures here are safe to retry."""

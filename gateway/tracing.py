@@ -1,0 +1,263 @@
+"""OpenTelemetry tracing (the `otel` extra): spans of relayed requests and admin changes.
+
+Imported only when `DRAFTGATE_TRACING` is on (the app imports it lazily), so with tracing off
+no process loads the SDK and the relay does no tracing work: its `tracing` is None.
+
+Per relayed request a SERVER span continues the client's W3C trace context and, per attempt
+on a backend, a CLIENT child span whose context the backend receives as its `traceparent`
+(the client's own header is replaced). Admin changes get a SERVER span per request and an
+INTERNAL span per audit entry committed, the selector's automatic moves included. Spans go
+to an OTLP/HTTP collector in batches from the SDK's own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway.relay.usage import tokens_of
+
+if TYPE_CHECKING:
+    from gateway.db.tables import AuditEntry
+    from gateway.registry import BackendView
+    from gateway.relay.exchange import Exchange
+    from gateway.settings import Settings
+
+logger = logging.getLogger(__name__)
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context
+INCOMING = tuple((name, name.encode()) for name in TRACE_HEADERS)  # as ASGI names them
+# OpenTelemetry's GenAI names for the endpoints that have one.
+OPERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "chat",
+    "/v1/messages": "chat",
+}
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+ADMIN_PREFIX = "/admin/v1"  # where the app mounts the admin routes
+MAX_BATCH_SPANS = 512  # the SDK's default export batch
+
+
+class Tracing:
+    """The gateway's tracer: starts and ends its spans; `shutdown` exports what is left."""
+
+    def __init__(self, provider: TracerProvider, relayed: frozenset[str]) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("draftgate")
+        self.propagator = TraceContextTextMapPropagator()
+        self.relayed = relayed
+
+    def start_request(self, path: str, headers: dict[bytes, bytes]) -> Span:
+        """The SERVER span of a relayed request, continuing the client's trace if it sent one."""
+        parent = self._parent(headers)
+        attributes: dict[str, str] = {"http.request.method": "POST", "url.path": path[:200]}
+        name = "POST"
+        if path in self.relayed:  # only known routes name a span: bounded names
+            name, attributes["http.route"] = f"POST {path}", path
+        if path in OPERATIONS:
+            attributes["gen_ai.operation.name"] = OPERATIONS[path]
+        return self.tracer.start_span(name, parent, kind=SpanKind.SERVER, attributes=attributes)
+
+    def start_upstream(
+        self, x: Exchange, backend: BackendView, path: str, headers: dict[str, str]
+    ) -> Span:
+        """The CLIENT span of one attempt on a backend; its context replaces the client's
+        trace context in `headers`, the request to the backend."""
+        assert x.span is not None
+        attributes: dict[str, str | int] = {
+            "http.request.method": "POST",
+            "url.path": path,
+            "draftgate.backend": backend.name,
+            "draftgate.method": backend.method,
+            "draftgate.attempt": x.attempts,
+        }
+        parent = trace.set_span_in_context(x.span)
+        span = self.tracer.start_span(
+            f"POST {path}", parent, kind=SpanKind.CLIENT, attributes=attributes
+        )
+        for name in TRACE_HEADERS:
+            headers.pop(name, None)
+        self.propagator.inject(headers, trace.set_span_in_context(span))
+        return span
+
+    def end_upstream(self, span: Span, x: Exchange, failure: Exception | None) -> None:
+        """End an attempt's span: the backend's status, or why the attempt failed."""
+        if failure is not None:
+            span.set_attribute("error.type", type(failure).__name__)
+            span.set_status(Status(StatusCode.ERROR, str(failure)[:200]))
+        elif x.status:
+            span.set_attribute("http.response.status_code", x.status)
+            if x.outcome == "upstream_error":  # the stream broke after it began
+                span.set_attribute("error.type", x.outcome)
+                span.set_status(Status(StatusCode.ERROR, "backend stream broke"))
+        span.end()
+
+    def end_request(self, x: Exchange) -> None:
+        """End a relayed request's span with what the ledger records of it."""
+        span = x.span
+        if span is None:
+            return
+        if span.is_recording():
+            span.set_attributes(request_attributes(x))
+            if x.status >= 500:
+                span.set_status(Status(StatusCode.ERROR, x.outcome))
+        span.end()
+
+    def is_admin_change(self, scope: Scope) -> bool:
+        """Whether an HTTP request is one to the admin API that may change something."""
+        return scope["path"].startswith(ADMIN_PREFIX + "/") and scope["method"] not in READS
+
+    async def serve_admin(self, scope: Scope, receive: Receive, send: Send, app: App) -> None:
+        """Serve an admin change inside its SERVER span (the audit entries' parent)."""
+        method, parent = scope["method"], self._parent(dict(scope["headers"]))
+        attributes = {"http.request.method": method, "url.path": scope["path"][:500]}
+        span = self.tracer.start_span(method, parent, kind=SpanKind.SERVER, attributes=attributes)
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        with trace.use_span(span, end_on_exit=True):
+            try:
+                await app(scope, receive, sending)
+            finally:
+                _end_admin(span, scope, method, status)
+
+    def audited(self, entry: AuditEntry) -> None:
+        """An INTERNAL span for one committed audit entry, a child of the change's request
+        span when there is one (the selector's moves start traces of their own)."""
+        attributes: dict[str, str | int] = {
+            "draftgate.audit.id": entry.id,
+            "draftgate.audit.actor": entry.actor,
+            "draftgate.audit.action": entry.action,
+            "draftgate.audit.resource_type": entry.resource_type,
+            "draftgate.audit.resource_id": entry.resource_id[:200],
+        }
+        name = f"audit {entry.action} {entry.resource_type}"
+        self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attributes).end()
+
+    def _parent(self, headers: dict[bytes, bytes]) -> Context | None:
+        """The trace context a request came with, if any (an invalid one starts a new trace)."""
+        carrier = {n: v.decode("latin-1") for n, raw in INCOMING if (v := headers.get(raw))}
+        return self.propagator.extract(carrier) if carrier else None
+
+    def shutdown(self) -> None:
+        """Export the spans still queued (within the export timeout) and stop the exporter."""
+        self.provider.shutdown()
+
+
+def _end_admin(span: Span, scope: Scope, method: str, status: int) -> None:
+    route = getattr(scope.get("route"), "path", None)  # FastAPI's matched route, once routed
+    if isinstance(route, str):
+        # Recent FastAPI keeps an included router's routes apart: their paths lack its prefix.
+        route = route if route.startswith(ADMIN_PREFIX + "/") else ADMIN_PREFIX + route
+        span.update_name(f"{method} {route}")
+        span.set_attribute("http.route", route)
+    if status:
+        span.set_attribute("http.response.status_code", status)
+    if status >= 500 or not status:
+        span.set_status(Status(StatusCode.ERROR, f"status {status or 'none'}"))
+
+
+def request_attributes(x: Exchange) -> dict[str, str | int | float | bool]:
+    """A relayed request's span attributes: GenAI names where they fit, draftgate's else."""
+    found: dict[str, str | int | float | bool] = {
+        "draftgate.request_id": x.request_id,
+        "draftgate.outcome": x.outcome,
+        "draftgate.request_class": x.request_class,
+        "draftgate.attempts": x.attempts,
+    }
+    if x.status:
+        found["http.response.status_code"] = x.status
+    if x.model is not None:
+        found["gen_ai.request.model"] = x.model[:200]
+    if x.backend is not None:
+        found["draftgate.backend"] = x.backend.name
+        found["draftgate.method"] = x.backend.method
+        if x.backend.k is not None:
+            found["draftgate.k"] = x.backend.k
+    if x.usage is not None:
+        tokens = tokens_of(x.usage)
+        found["gen_ai.usage.input_tokens"] = tokens.prompt
+        found["gen_ai.usage.output_tokens"] = tokens.completion
+        found["draftgate.tokens_estimated"] = x.tokens_estimated
+    return found | _routing_attributes(x)
+
+
+def _routing_attributes(x: Exchange) -> dict[str, str | int | float | bool]:
+    found: dict[str, str | int | float | bool] = {}
+    if x.first_byte is not None and x.chunks:  # a stream's first chunk, as the metric's TTFT
+        found["draftgate.ttft_ms"] = round((x.first_byte - x.started) * 1000, 3)
+    if x.fallback is not None:
+        found["draftgate.fallback"] = x.fallback
+    if x.rule is not None:
+        found["draftgate.rule"] = x.rule.index
+    if x.affinity_outcome is not None:
+        found["draftgate.affinity"] = x.affinity_outcome
+    if x.concurrency is not None:
+        found["draftgate.backend_load"] = x.concurrency
+    if x.costs is not None and x.costs.cost is not None:
+        found["draftgate.cost_usd"] = x.costs.cost
+    return found
+
+
+def start_tracing(settings: Settings, version: str) -> Tracing:
+    """A tracer exporting to `settings.otel_endpoint`, every value from the settings (the
+    SDK's own OTEL_* variables for them are not read)."""
+    resource = Resource(
+        {
+            "service.name": settings.otel_service_name,
+            "service.version": version,
+            "service.instance.id": uuid.uuid4().hex,  # one per process: replicas apart
+        }
+    )
+    sampler = ParentBased(TraceIdRatioBased(settings.otel_sample_ratio))
+    provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
+    exporter = OTLPSpanExporter(
+        endpoint=settings.otel_endpoint,
+        headers=export_headers(settings),
+        timeout=settings.otel_export_timeout_s,
+        compression=Compression.NoCompression,
+    )
+    processor = BatchSpanProcessor(
+        exporter,
+        max_queue_size=settings.otel_max_queue_spans,
+        schedule_delay_millis=settings.otel_export_interval_s * 1000,
+        max_export_batch_size=min(MAX_BATCH_SPANS, settings.otel_max_queue_spans),
+        export_timeout_millis=settings.otel_export_timeout_s * 1000,
+    )
+    provider.add_span_processor(processor)
+    logger.info("tracing on: spans to %s", settings.otel_endpoint)
+    return Tracing(provider, settings.relayed)
+
+
+def export_headers(settings: Settings) -> dict[str, str]:
+    """`otel_headers` as a dict: `name=value` pairs, comma-separated, values URL-encoded."""
+    if settings.otel_headers is None:
+        return {}
+    pairs = (p.partition("=") for p in settings.otel_headers.get_secret_value().split(","))
+    return {n.strip().lower(): unquote(v.strip()) for n, sep, v in pairs if sep and n.strip()}
