@@ -3,11 +3,13 @@
 Imported only when `DRAFTGATE_TRACING` is on (the app imports it lazily), so with tracing off
 no process loads the SDK and the relay does no tracing work: its `tracing` is None.
 
-Per relayed request a SERVER span continues the client's W3C trace context and, per attempt
-on a backend, a CLIENT child span whose context the backend receives as its `traceparent`
-(the client's own header is replaced). Admin changes get a SERVER span per request and an
-INTERNAL span per audit entry committed, the selector's automatic moves included. Spans go
-to an OTLP/HTTP collector in batches from the SDK's own thread.
+Per relayed request one SERVER span continues the client's W3C trace context, and the backend
+receives that span's context as its `traceparent` (replacing the client's own), so a traced
+vLLM's spans are its children; an attempt that fails before the response is an event on it.
+One span, not a CLIENT child per attempt as well: each costs the relay about 40 us to make
+and the exporter as much to encode (bench/README.md). Admin changes get a SERVER span per
+request and an INTERNAL span per audit entry committed, the selector's automatic moves
+included. Spans go to an OTLP/HTTP collector in batches from the SDK's own thread.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gateway.relay.usage import tokens_of
 
 if TYPE_CHECKING:
     from gateway.db.tables import AuditEntry
+    from gateway.errors import GatewayError
     from gateway.registry import BackendView
     from gateway.relay.exchange import Exchange
     from gateway.settings import Settings
@@ -79,39 +82,21 @@ class Tracing:
             attributes["gen_ai.operation.name"] = OPERATIONS[path]
         return self.tracer.start_span(name, parent, kind=SpanKind.SERVER, attributes=attributes)
 
-    def start_upstream(
-        self, x: Exchange, backend: BackendView, path: str, headers: dict[str, str]
-    ) -> Span:
-        """The CLIENT span of one attempt on a backend; its context replaces the client's
-        trace context in `headers`, the request to the backend."""
-        assert x.span is not None
-        attributes: dict[str, str | int] = {
-            "http.request.method": "POST",
-            "url.path": path,
-            "draftgate.backend": backend.name,
-            "draftgate.method": backend.method,
-            "draftgate.attempt": x.attempts,
-        }
-        parent = trace.set_span_in_context(x.span)
-        span = self.tracer.start_span(
-            f"POST {path}", parent, kind=SpanKind.CLIENT, attributes=attributes
-        )
+    def inject(self, span: Span, headers: dict[str, str]) -> None:
+        """Put `span`'s trace context in `headers`, a request to a backend, in place of the
+        client's."""
         for name in TRACE_HEADERS:
             headers.pop(name, None)
         self.propagator.inject(headers, trace.set_span_in_context(span))
-        return span
 
-    def end_upstream(self, span: Span, x: Exchange, failure: Exception | None) -> None:
-        """End an attempt's span: the backend's status, or why the attempt failed."""
-        if failure is not None:
-            span.set_attribute("error.type", type(failure).__name__)
-            span.set_status(Status(StatusCode.ERROR, str(failure)[:200]))
-        elif x.status:
-            span.set_attribute("http.response.status_code", x.status)
-            if x.outcome == "upstream_error":  # the stream broke after it began
-                span.set_attribute("error.type", x.outcome)
-                span.set_status(Status(StatusCode.ERROR, "backend stream broke"))
-        span.end()
+    def attempt_failed(self, span: Span, backend: BackendView, error: GatewayError) -> None:
+        """Note on a request's span an attempt that failed before the response began."""
+        attributes = {
+            "draftgate.backend": backend.name,
+            "error.type": error.code or error.error_type,
+            "exception.message": error.message[:200],
+        }
+        span.add_event("draftgate.attempt_failed", attributes)
 
     def end_request(self, x: Exchange) -> None:
         """End a relayed request's span with what the ledger records of it."""
@@ -120,7 +105,8 @@ class Tracing:
             return
         if span.is_recording():
             span.set_attributes(request_attributes(x))
-            if x.status >= 500:
+            if x.status >= 500:  # the client's disconnect (499) or error (4xx) is no failure
+                span.set_attribute("error.type", x.outcome)
                 span.set_status(Status(StatusCode.ERROR, x.outcome))
         span.end()
 

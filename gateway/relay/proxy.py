@@ -321,10 +321,8 @@ class Relay:
         state.in_flight += 1
         x.concurrency = state.load()  # the backend's load, alike on every replica
         upstream = _upstream_headers(x, backend)
-        tracing = self.tracing if x.span is not None else None
-        # With tracing on, the backend gets our span's trace context, not the client's.
-        span = None if tracing is None else tracing.start_upstream(x, backend, path, upstream)
-        failure: GatewayError | None = None
+        if self.tracing is not None and x.span is not None:  # the backend continues our span
+            self.tracing.inject(x.span, upstream)
         request = self.client.build_request(
             "POST", backend.url + path, content=body, headers=upstream
         )
@@ -344,7 +342,8 @@ class Relay:
             if x.outcome != "upstream_error":  # a stream that broke counted as a failure
                 _record_success(state)
         except _Retryable as retryable:
-            failure = retryable.error
+            if self.tracing is not None and x.span is not None:
+                self.tracing.attempt_failed(x.span, backend, retryable.error)
             raise
         except asyncio.CancelledError as exc:
             if watcher.done() and not watcher.cancelled():  # the watcher cancelled us
@@ -354,8 +353,6 @@ class Relay:
         finally:
             watcher.cancel()
             state.in_flight -= 1
-            if tracing is not None and span is not None:
-                tracing.end_upstream(span, x, failure)
 
     async def _send_upstream(self, request: httpx.Request, state: BackendState) -> httpx.Response:
         """Send and wait for the response head; failures here are safe to retry."""

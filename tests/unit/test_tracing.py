@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 import gateway
 from gateway.app import start_tracing
+from gateway.errors import UpstreamError
 from gateway.registry import BackendView
 from gateway.relay.exchange import Exchange
 from gateway.settings import Settings
@@ -48,25 +49,28 @@ def test_the_backend_gets_our_span_as_its_parent_and_the_clients_tracestate(
     }
     x = Exchange("rid-1")
     x.span = tracing.start_request("/v1/chat/completions", incoming)
-    x.attempts = 1
     upstream = {"traceparent": "00-from-the-client-01", "tracestate": "vendor=1", "x-a": "1"}
-    attempt = tracing.start_upstream(x, BACKEND, "/v1/chat/completions", upstream)
-    tracing.end_upstream(attempt, x, None)
+    tracing.inject(x.span, upstream)
+    tracing.attempt_failed(x.span, BACKEND, UpstreamError("backend unreachable: ConnectError"))
     tracing.end_request(x)
-    client, server = spans.get_finished_spans()
-    assert (server.kind, client.kind) == (SpanKind.SERVER, SpanKind.CLIENT)
+    (server,) = spans.get_finished_spans()
+    assert server.kind == SpanKind.SERVER
     assert server.context is not None
-    assert client.context is not None
     assert server.parent is not None
-    assert client.parent is not None
     assert f"{server.context.trace_id:032x}" == CLIENT_TRACE
     assert f"{server.parent.span_id:016x}" == CLIENT_PARENT
-    assert client.parent.span_id == server.context.span_id
     version, trace_id, parent, flags = upstream["traceparent"].split("-")
-    assert (version, trace_id, parent) == ("00", CLIENT_TRACE, f"{client.context.span_id:016x}")
+    assert (version, trace_id, parent) == ("00", CLIENT_TRACE, f"{server.context.span_id:016x}")
     assert int(flags, 16) & 1  # sampled, as the client asked
     assert upstream["tracestate"] == "vendor=1"
     assert upstream["x-a"] == "1"
+    (event,) = server.events
+    assert event.name == "draftgate.attempt_failed"
+    assert dict(event.attributes or {}) == {
+        "draftgate.backend": "b1",
+        "error.type": "upstream_error",
+        "exception.message": "backend unreachable: ConnectError",
+    }
 
 
 def test_an_unknown_path_names_no_span_after_itself(
