@@ -15,6 +15,7 @@ included. Spans go to an OTLP/HTTP collector in batches from the SDK's own threa
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -65,11 +66,14 @@ MAX_BATCH_SPANS = 512  # the SDK's default export batch
 class Tracing:
     """The gateway's tracer: starts and ends its spans; `shutdown` exports what is left."""
 
-    def __init__(self, provider: TracerProvider, relayed: frozenset[str]) -> None:
+    def __init__(
+        self, provider: TracerProvider, relayed: frozenset[str], shutdown_timeout_s: float = 10.0
+    ) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer("draftgate")
         self.propagator = TraceContextTextMapPropagator()
         self.relayed = relayed
+        self.shutdown_timeout_s = shutdown_timeout_s
 
     def start_request(self, path: str, headers: dict[bytes, bytes]) -> Span:
         """The SERVER span of a relayed request, continuing the client's trace if it sent one."""
@@ -152,8 +156,13 @@ class Tracing:
         return self.propagator.extract(carrier) if carrier else None
 
     def shutdown(self) -> None:
-        """Export the spans still queued (within the export timeout) and stop the exporter."""
-        self.provider.shutdown()
+        """Export the spans still queued and stop, waiting at most `shutdown_timeout_s` (the
+        SDK would wait 30 s for a collector that does not answer)."""
+        stopping = threading.Thread(target=self.provider.shutdown, name="tracing-stop", daemon=True)
+        stopping.start()
+        stopping.join(self.shutdown_timeout_s)
+        if stopping.is_alive():
+            logger.warning("spans still queued after %.0f s were dropped", self.shutdown_timeout_s)
 
 
 def _end_admin(span: Span, scope: Scope, method: str, status: int) -> None:
@@ -238,7 +247,7 @@ def start_tracing(settings: Settings, version: str) -> Tracing:
     )
     provider.add_span_processor(processor)
     logger.info("tracing on: spans to %s", settings.otel_endpoint)
-    return Tracing(provider, settings.relayed)
+    return Tracing(provider, settings.relayed, settings.otel_export_timeout_s)
 
 
 def export_headers(settings: Settings) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import secrets
+import signal
 import threading
 import time
 import uuid
@@ -482,3 +483,29 @@ def test_with_tracing_off_no_trace_context_is_invented_and_no_sdk_is_loaded(
     assert "gateway.tracing" not in imported
     assert "opentelemetry.sdk" not in imported
     assert "opentelemetry.exporter" not in imported
+
+
+def test_a_collector_that_is_down_loses_spans_not_requests_nor_the_stop(
+    sims: Sims, tmp_path: Path
+) -> None:
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("sim-plain", sims.plain.base_url)])
+    settings = {
+        "TRACING": "true",
+        "OTEL_ENDPOINT": f"{closed_url()}/v1/traces",
+        "OTEL_EXPORT_INTERVAL_S": "0.05",
+        "OTEL_EXPORT_TIMEOUT_S": "1",
+    }
+    env = gateway_env(f"sqlite:///{tmp_path}/draftgate.db", fleet, **settings)
+    gateway = spawn_server(("gateway",), env, tmp_path)
+    try:
+        gateway.wait_healthy()
+        with gateway.client() as http:
+            for stream in (False, True, False):
+                body = {"model": SIM_MODEL, "messages": CHAT, "max_tokens": 4, "stream": stream}
+                response = http.post("/v1/chat/completions", json=body)
+                assert response.status_code == 200, response.text
+        started = time.monotonic()
+        assert gateway.stop(signal.SIGTERM) == 0, gateway.output()
+        assert time.monotonic() - started < 8.0, gateway.output()  # not the SDK's 30 s
+    finally:
+        gateway.close()
