@@ -10,8 +10,10 @@ what the proxy adds to them, throughput relative to direct, the proxy's CPU ms p
 
 `--baseline DIR` adds the target `baseline`: the gateway of another checkout (its own
 `.venv`, e.g. an earlier commit), so a change is measured against what it changes in one run.
+The target `traced` is this gateway with tracing on (every request sampled, the SDK's default
+batching), exporting over OTLP/HTTP to bench/otlp_sink.py on this machine.
 
-Run: .venv/bin/python bench/overhead.py [--targets direct,draftgate,litellm]
+Run: .venv/bin/python bench/overhead.py [--targets direct,draftgate,traced,litellm]
          [--concurrency 1,16,64,256] [--duration 5] [--rounds 2] [--quick] [--baseline DIR]
 """
 
@@ -41,7 +43,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "mock-model"
-ALL_TARGETS = ("direct", "draftgate", "litellm")
+ALL_TARGETS = ("direct", "draftgate", "traced", "litellm")
+DEFAULT_TARGETS = ("direct", "draftgate", "litellm")
 REQUEST_TIMEOUT_S = 60.0
 MESSAGES = [{"role": "user", "content": "Write a short note about gateway overhead benchmarks."}]
 
@@ -53,6 +56,7 @@ class Target:
     name: str
     port: int
     pid: int | None
+    spans_url: str | None = None  # where the counts of the spans it exported are read
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Result:
     first_error: str = ""
     wrk_rps: float | None = None
     wrk_note: str = ""
+    spans: int = 0  # spans the OTLP sink received during its rounds
 
     def rps(self) -> float:
         return self.completed / self.elapsed_s if self.elapsed_s else 0.0
@@ -221,6 +226,31 @@ def start_draftgate(
     pid = procs.start(name, [str(exe), "gateway", "--port", str(port)], env, work)
     why = wait_ready(procs, name, f"http://127.0.0.1:{port}/health", 60)
     return why or Target(name, port, pid)
+
+
+def start_traced(
+    procs: Processes, upstream: Target, work: Path, extra_env: dict[str, str]
+) -> Target | str:
+    """The gateway with tracing on, exporting to an OTLP sink of its own, or why not."""
+    port = free_port()
+    argv = [sys.executable, str(REPO / "bench" / "otlp_sink.py"), "--port", str(port)]
+    procs.start("otlp-sink", argv, dict(os.environ), work)
+    if why := wait_ready(procs, "otlp-sink", f"http://127.0.0.1:{port}/health", 20):
+        return why
+    env = {"DRAFTGATE_TRACING": "true",
+           "DRAFTGATE_OTEL_ENDPOINT": f"http://127.0.0.1:{port}/v1/traces"}  # fmt: skip
+    started = start_draftgate(procs, upstream, work, env | extra_env, "traced")
+    if isinstance(started, str):
+        return started
+    return Target(started.name, started.port, started.pid, f"http://127.0.0.1:{port}/stats")
+
+
+def spans_received(target: Target) -> int:
+    """Spans the target's OTLP sink has received so far (0 for an untraced target)."""
+    if target.spans_url is None:
+        return 0
+    counts: dict[str, int] = httpx.get(target.spans_url, timeout=5).json()
+    return counts["spans"]
 
 
 def ensure_litellm(cache_dir: Path) -> Path | str:
@@ -428,11 +458,13 @@ def measure_round(
     clients = [Client(target.port, request, scenario.stream) for _ in range(scenario.concurrency)]
     runner.run(warm_up(clients, result))
     proxy_cpu, upstream_cpu = tree_cpu_s(target.pid), tree_cpu_s(upstream.pid)
+    spans = spans_received(target)
     runner.run(load(clients, duration_s, result))
     result.upstream_cpu_s += tree_cpu_s(upstream.pid) - upstream_cpu
     if target.pid:
         result.drain_s += settle(target.pid)
         result.proxy_cpu_s += tree_cpu_s(target.pid) - proxy_cpu
+    result.spans += spans_received(target) - spans
 
 
 def run_wrk(
@@ -517,6 +549,12 @@ def print_table(
         for note in (r.first_error and f"first error: {r.first_error}", r.wrk_note):
             if note:
                 print(f"  {name}: {note}")
+        if r.spans:  # batches leave every 5 s or at 512 spans: a round's last ones count later
+            per_request = r.spans / max(r.completed, 1)
+            print(
+                f"  {name}: {r.spans} spans reached the OTLP sink during its rounds "
+                f"({per_request:.2f}/req; the last batch of a round leaves up to 5 s later)"
+            )
     sys.stdout.flush()
 
 
@@ -550,6 +588,8 @@ def start_proxies(
             started = upstream
         elif name == "draftgate":
             started = start_draftgate(procs, upstream, work, plan.draftgate_env)
+        elif name == "traced":
+            started = start_traced(procs, upstream, work, plan.draftgate_env)
         elif name == "baseline" and plan.baseline is not None:
             exe = plan.baseline / ".venv" / "bin" / "draftgate"
             started = start_draftgate(procs, upstream, work, plan.draftgate_env, name, exe)
@@ -562,8 +602,9 @@ def start_proxies(
             started = why if why else started
         if isinstance(started, str):
             print(f"SKIPPING {name} at this token delay: {started}", flush=True)
-            if name in procs.running:
-                procs.stop(name)
+            for started_name in (name, "otlp-sink" if name == "traced" else ""):
+                if started_name in procs.running:
+                    procs.stop(started_name)
         else:
             targets[name] = started
     return targets
@@ -635,7 +676,7 @@ def find_wrk() -> bool:
 
 def parse_args(argv: list[str]) -> Plan:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", default=",".join(ALL_TARGETS))
+    parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help=f"of {ALL_TARGETS}")
     parser.add_argument("--concurrency", help="default 1,16,64,256 (--quick: 1,16)")
     parser.add_argument("--token-delays", default="0,5", help="ms per token, comma-separated")
     parser.add_argument("--modes", default="plain,stream", help="plain and/or stream")
