@@ -551,8 +551,9 @@ class Settings(BaseSettings):
         default=10.0,
         gt=0,
         description=(
-            "Seconds one export may take before it is abandoned (its spans are dropped). "
-            "Default 10 s, the OpenTelemetry SDK's."
+            "Seconds one export may take before it is abandoned (its spans are dropped), and "
+            "the most a stop waits for the spans still queued. Default 10 s, the "
+            "OpenTelemetry SDK's export timeout."
         ),
     )
     otel_max_queue_spans: int = Field(
