@@ -14,14 +14,15 @@ COPY planner planner
 COPY backends backends
 COPY dashboard dashboard
 COPY migrations migrations
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# With the `otel` extra, so DRAFTGATE_TRACING=true works in the image (docs/tracing.md).
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels draftgate \
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'draftgate[otel]' \
     && rm -rf /wheels \
     && useradd --system --create-home --home-dir /home/draftgate --uid 10001 draftgate \
     && mkdir -p /var/lib/draftgate \
