@@ -27,7 +27,7 @@ import yaml
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from backends.compose import vllm_command, vllm_service
+from backends.compose import VLLM_IMAGE, vllm_command, vllm_service
 from backends.methods import make_spec, render_speculative_config
 from backends.sim.config import DEFAULT_K
 from dashboard.server import host_allowed
@@ -531,15 +531,31 @@ def test_gpu_speculative_configs_are_the_design_s(compose: dict[str, Any]) -> No
     }
 
 
-def test_gpu_services_reserve_a_gpu_cache_weights_and_check_health(compose: dict[str, Any]) -> None:
+def _default_of(value: str) -> str:
+    """The default of a `${NAME:-default}` interpolation."""
+    match = re.fullmatch(r"\$\{[A-Z0-9_]+:-([^}]*)\}", value)
+    assert match, value
+    return match.group(1)
+
+
+def test_gpu_services_reserve_a_gpu_each_cache_weights_and_check_health(
+    compose: dict[str, Any],
+) -> None:
+    taken: dict[str, str] = {}
     for name, service in services_in(compose, "gpu").items():
-        rendered = vllm_service(GPU_MODEL, make_spec("plain"))
-        for key in ("environment", "volumes", "ipc", "deploy", "healthcheck"):
+        [device] = service["deploy"]["resources"]["reservations"]["devices"]
+        [gpu] = device["device_ids"]
+        first_gpu = int(_default_of(gpu))
+        assert first_gpu not in taken.values(), f"{name} shares GPU {first_gpu}"
+        taken[name] = str(first_gpu)
+        rendered = vllm_service(GPU_MODEL, make_spec("plain"), first_gpu=first_gpu)
+        for key in ("environment", "volumes", "ipc", "healthcheck"):
             assert service[key] == rendered[key], f"{name}.{key}"
-        assert service["image"] == "${VLLM_IMAGE:-" + str(rendered["image"]) + "}"
-        devices = service["deploy"]["resources"]["reservations"]["devices"]
-        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+        resolved = {**device, "device_ids": [str(first_gpu)]}
+        assert rendered["deploy"] == {"resources": {"reservations": {"devices": [resolved]}}}
+        assert _default_of(service["image"]) == rendered["image"] == "vllm/vllm-openai:v0.32.0"
         assert _health_port(service, "/health") == int(service["command"][-1]) == 8000
+    assert sorted(taken.values()) == ["0", "1", "2", "3", "4"]
 
 
 def test_fleet_files_load_and_price_their_gpus_at_the_planner_s_list_prices() -> None:
@@ -683,3 +699,16 @@ def test_the_build_stage_copies_every_package_the_project_builds() -> None:
     } == sources
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert not sources & ignored
+
+
+def test_kubernetes_vllm_manifests_pin_the_rendered_image() -> None:
+    manifests = sorted((DEPLOY.parent / "k8s" / "base").glob("vllm-*.yaml"))
+    assert len(manifests) == 5
+    for path in manifests:
+        images = {
+            container["image"]
+            for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+            if doc and doc.get("kind") == "Deployment"
+            for container in doc["spec"]["template"]["spec"]["containers"]
+        }
+        assert images == {VLLM_IMAGE}, path.name
