@@ -36,7 +36,8 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         default=None,
         description=(
-            "Bearer token for `/admin/v1`. No default: `draftgate up` generates one when unset, "
+            "Bearer token for `/admin/v1`. No default: `draftgate up` generates one when unset "
+            "and keeps it in `.draftgate/admin-token` (mode 600) for later starts, "
             "`draftgate gateway` refuses to start without one. Placeholders and tokens shorter "
             f"than {MIN_ADMIN_TOKEN_CHARS} characters are refused unless `dev_mode` is on."
         ),
