@@ -95,6 +95,10 @@ class ModelInfo(Record):
     move: Move | None = None  # a gradual move to the pinned method, while under way
 
 
+class PolicySaved(ModelInfo):
+    warnings: list[str] = []  # what in the policy no enabled backend runs
+
+
 class Price(Record):
     id: int
     gpu_type: str

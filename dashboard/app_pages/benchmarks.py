@@ -6,6 +6,7 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.live import live_panel
 from dashboard.client import (
     AdminClient,
@@ -47,7 +48,7 @@ def _start_form(api: AdminClient, backends: list[Backend]) -> None:
         st.error(f"Concurrency levels are whole numbers separated by commas, not {levels!r}")
         return
     run = api.start_benchmark(name, concurrency, int(requests))
-    st.success(f"Started benchmark {run.id} against {name}: levels {concurrency}")
+    changed(f"Started benchmark {run.id} against {name}: levels {concurrency}")
 
 
 def _run(run: Benchmark) -> None:
@@ -66,6 +67,7 @@ def _run(run: Benchmark) -> None:
 def render() -> None:
     """The Benchmarks page."""
     st.title("Benchmarks")
+    show_flash()
     api = admin_client()
     backends = api.backends()
     if not backends:

@@ -10,8 +10,10 @@ import streamlit as st
 
 from dashboard import charts
 from dashboard.app_pages.curves import live_curves
+from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
+from dashboard.formats import NO_DATA
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 
 GPUS = ("B200", "H100")
@@ -26,7 +28,10 @@ def _choose_model(models: list[ModelInfo], backends: list[Backend]) -> str | Non
             "its model appears here."
         )
         return None
-    chosen: str = st.selectbox("Model", names, key="methods-model")
+    linked = st.query_params.get("model")  # /methods?model=... opens on that model
+    index = names.index(linked) if linked in names else 0
+    chosen: str = st.selectbox("Model", names, index=index, key="methods-model")
+    st.query_params["model"] = chosen  # the address links to what is shown
     return chosen
 
 
@@ -250,13 +255,12 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     """Set the model's policy through the admin API; show it and its audit trail."""
     st.subheader("Policy")
     current = next((m.policy for m in models if m.name == model), Policy())
-    shown = st.empty()  # filled once the form is handled, so a saved change shows at once
+    shown = st.empty()  # filled once the form is handled
     move = next((m.move for m in models if m.name == model), None)
     wanted = _policy_from_form(current, methods) if offers_changes(api) else None
     if wanted is not None:
         saved = api.set_policy(model, *wanted)
-        current, move = saved.policy, saved.move
-        st.success(f"Policy of {model} set to {_describe(current)}")
+        changed(f"Policy of {model} set to {_describe(saved.policy)}", warnings=saved.warnings)
     shown.write(f"Current: **{_describe(current)}**")
     if move is not None:
         st.info(
@@ -289,7 +293,7 @@ def _rules(policy: Policy) -> None:
     st.caption("Rules, checked in order before the policy (the first match picks the method)")
     rows = [
         {"#": i, "when": " and ".join(r.get("when", [])), "method": r.get("method"),
-         "K": r.get("k") or "—"}
+         "K": r.get("k") or NO_DATA}
         for i, r in enumerate(policy.rules)
     ]  # fmt: skip
     st.dataframe(rows, hide_index=True)
@@ -302,8 +306,8 @@ def _classes(policy: Policy) -> None:
     st.caption("Request classes (x-draftgate-class, else the key's): what auto optimises")
     rows = [
         {"class": name, "objective": c.get("objective", "cost"),
-         "ITL ceiling (ms)": c.get("itl_objective_ms") or "—",
-         "cost ceiling ($/1M)": c.get("max_usd_per_mtok") or "—"}
+         "per-token latency ceiling (ms)": c.get("itl_objective_ms") or NO_DATA,
+         "cost ceiling ($/1M)": c.get("max_usd_per_mtok") or NO_DATA}
         for name, c in policy.classes.items()
     ]  # fmt: skip
     st.dataframe(rows, hide_index=True)
@@ -323,6 +327,7 @@ def _describe(policy: Policy) -> str:
 def render() -> None:
     """The Methods page."""
     st.title("Methods")
+    show_flash()
     api = admin_client()
     models, backends = api.models(), api.backends()
     model = _choose_model(models, backends)

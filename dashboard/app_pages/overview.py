@@ -17,6 +17,7 @@ from dashboard.app_pages.downloads import usage_csv_button
 from dashboard.app_pages.live import live_panel
 from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
 from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.formats import ms, ratio
 from dashboard.schemas import Backend, Fleet, FleetObjective, PriceKind, Spend, Usage, UsageRow
 
 
@@ -116,11 +117,9 @@ def _latency(fleet: Fleet) -> None:
                 "method": r.method,
                 "output tokens": f"{r.output_tokens:,}",
                 "streams per backend": f"{r.concurrency_per_backend:.1f}",
-                "ms per token": f"{r.itl_ms:.2f}",
-                "plain at that load": "-" if r.plain_itl_ms is None else f"{r.plain_itl_ms:.2f}",
-                "faster than plain": "-"
-                if r.speedup_vs_plain is None
-                else f"{r.speedup_vs_plain:.2f}x",
+                "per-token latency": ms(r.itl_ms),
+                "plain at that load": ms(r.plain_itl_ms),
+                "faster than plain": ratio(r.speedup_vs_plain),
             }
             for r in fleet.latency
         ],
