@@ -144,6 +144,7 @@ class AuditEntry(Record):
     action: str
     resource_type: str
     resource_id: str
+    before: dict[str, Any] | None = None
     after: dict[str, Any] | None
 
 

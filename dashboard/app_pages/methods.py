@@ -12,6 +12,7 @@ from dashboard import charts
 from dashboard.app_pages.curves import live_curves
 from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.periods import choose_price_kind
+from dashboard.audit_view import MOVES, audit_rows, candidates
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
@@ -273,13 +274,14 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     entries = api.audit("model", model, limit=5)
     if entries:
         st.caption("Recent changes (audit log)")
-        st.dataframe(
-            [
-                {"at": e.at, "actor": e.actor, "action": e.action, "after": str(e.after)}
-                for e in entries
-            ],
-            hide_index=True,
-        )
+        st.dataframe(audit_rows(entries), hide_index=True)
+        latest = next((e for e in entries if e.action in MOVES), None)
+        if latest is not None:
+            st.caption(
+                f"The candidates of the latest automatic choice ({latest.at:%H:%M:%S} UTC): "
+                "each method's price and per-token latency at that load"
+            )
+            st.dataframe(candidates(latest), hide_index=True)
 
 
 def _rules(policy: Policy) -> None:

@@ -43,6 +43,7 @@ from planner.rightsize import replica_capacity, replicas_needed
 logger = logging.getLogger(__name__)
 EMA_WEIGHT = 0.3  # weight of the newest sample in the load average
 ACTOR = "auto"
+MAX_UNAUDITED_ROUNDS = 100  # rounds of audits kept for a database that does not answer
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,15 @@ class Decision:
     itl_ms: Mapping[str, float] = field(default_factory=dict)
     request_class: str | None = None  # a class with an objective of its own, or the model's
     objective: str = "cost"
+
+
+@dataclass(frozen=True)
+class _Audit:
+    """One round's entries for the audit log."""
+
+    starts: list[Decision]  # a model's first choice on this replica
+    decisions: list[Decision]  # moves the load made
+    steps: list[tuple[str, Move, int]]  # steps of gradual moves reached
 
 
 def decide(
@@ -110,6 +120,8 @@ class Selector:
         self._switched_at: dict[tuple[str, str | None], float] = {}
         self.move_steps = move_steps  # (share per step, seconds between steps)
         self._steps_seen: dict[str, tuple[Move, int]] = {}  # the last step audited per model
+        self._started: set[str] = set()  # auto models whose first choice here is audited
+        self._unaudited: list[_Audit] = []  # audits a database error kept back, oldest first
 
     async def run(self, stop: asyncio.Event) -> None:
         """Decide on an interval until `stop`."""
@@ -121,7 +133,8 @@ class Selector:
 
     async def step(self) -> list[Decision]:
         """One round over every auto model."""
-        decisions = []
+        decisions: list[Decision] = []
+        starts: list[Decision] = []
         snapshot, now = self.registry.snapshot, time.monotonic()
         for model, backends in snapshot.backends.items():
             policy = snapshot.policies.get(model)
@@ -133,7 +146,12 @@ class Selector:
             costs, itls = self._prices(snapshot, model, backends, load, now)
             own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
             current = self.registry.auto_method(model, snapshot)
-            decision = self._decide(model, None, current, candidates(own, costs, itls), load, now)
+            scores = candidates(own, costs, itls)
+            if model not in self._started and current is not None and scores:
+                self._started.add(model)  # what this replica starts serving, and why
+                start = Decision(model, None, current, load, scores, {m: itls[m] for m in scores})
+                starts.append(start)
+            decision = self._decide(model, None, current, scores, load, now)
             if decision is not None:
                 self.registry.auto_choice[model] = decision.after
                 self._start_move(decision)
@@ -153,11 +171,14 @@ class Selector:
                     decisions.append(replace(decision, objective=objective.objective))
         self._publish_desired(snapshot)
         steps = self._steps_reached(snapshot, time.time())
-        if decisions or steps:
+        if decisions or steps or starts or self._unaudited:
+            audits = [*self._unaudited, _Audit(starts, decisions, steps)]
             try:
-                await asyncio.to_thread(self._audit, decisions, steps)
-            except SQLAlchemyError as exc:
-                logger.warning("automatic switches not audited: %s", exc)
+                await asyncio.to_thread(self._audit, audits)
+                self._unaudited = []
+            except SQLAlchemyError as exc:  # kept for the next round, so none is lost
+                self._unaudited = audits[-MAX_UNAUDITED_ROUNDS:]
+                logger.warning("automatic switches not audited yet (retried): %s", exc)
         return decisions
 
     def _decide(
@@ -291,21 +312,24 @@ class Selector:
                 itls[b.method] = min(itl, itls.get(b.method, itl))
         return costs, itls
 
-    def _audit(self, decisions: list[Decision], steps: list[tuple[str, Move, int]]) -> None:
+    def _audit(self, audits: list[_Audit]) -> None:
         with transaction(self.sessions) as session:
-            for d in decisions:
-                record_method_switch(
-                    session,
-                    d.model,
-                    d.before,
-                    d.after,
-                    d.concurrency,
-                    d.usd_per_mtok,
-                    ACTOR,
-                    itl_ms=d.itl_ms,
-                    request_class=d.request_class,
-                    objective=d.objective,
-                )
-            for model, move, step in steps:
-                share = min(1.0, step * move.step_share)
-                record_move_step(session, model, move.source, move.target, step, share, ACTOR)
+            for audit in audits:
+                for reason, decisions in (("start", audit.starts), ("load", audit.decisions)):
+                    for d in decisions:
+                        record_method_switch(
+                            session,
+                            d.model,
+                            d.before,
+                            d.after,
+                            d.concurrency,
+                            d.usd_per_mtok,
+                            ACTOR,
+                            itl_ms=d.itl_ms,
+                            request_class=d.request_class,
+                            objective=d.objective,
+                            reason=reason,
+                        )
+                for model, move, step in audit.steps:
+                    share = min(1.0, step * move.step_share)
+                    record_move_step(session, model, move.source, move.target, step, share, ACTOR)

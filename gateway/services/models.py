@@ -209,11 +209,15 @@ def record_method_switch(
     itl_ms: Mapping[str, float] | None = None,
     request_class: str | None = None,
     objective: str = "cost",
+    reason: str = "load",
 ) -> None:
     """Audit an automatic move of a model (or of one of its request classes) to another
-    method, with the load and every candidate's $/1M output tokens and ITL behind it."""
+    method, with the load and every candidate's $/1M output tokens and ITL behind it.
+    `reason` is `load` for a move (action `switch`), `start` for the first choice a gateway
+    replica makes (action `start`, `before` None)."""
     entry: dict[str, Any] = {
         "method": after,
+        "reason": reason,
         "concurrency": round(concurrency, 2),
         "usd_per_mtok": {m: round(v, 6) for m, v in usd_per_mtok.items()},
     }
@@ -224,7 +228,7 @@ def record_method_switch(
     queries.record_audit(
         session,
         actor=actor,
-        action="switch",
+        action="switch" if reason == "load" else "start",
         resource=("model", model),
         before={"method": before},
         after=entry,

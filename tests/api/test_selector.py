@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from gateway.classes import ClassView, candidates
 from gateway.control.selector import Selector, decide
@@ -78,7 +78,11 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
         assert registry.auto_method("m", registry.snapshot) == "plain"
         with sessions() as session:
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
-        [entry] = entries
+        [start, entry] = entries  # the first round's choice, then the move
+        assert (start.action, start.before, start.resource_id) == ("start", {"method": None}, "m")
+        assert start.after is not None
+        assert (start.after["method"], start.after["reason"]) == ("p-eagle", "start")
+        assert start.after["usd_per_mtok"]["p-eagle"] < start.after["usd_per_mtok"]["plain"]
         assert (entry.actor, entry.action, entry.before, entry.resource_id) == (
             "auto",
             "switch",
@@ -86,9 +90,53 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
             "m",
         )
         assert entry.after is not None
+        assert entry.after["reason"] == "load"
         assert entry.after["method"] == "plain"
         assert entry.after["concurrency"] > 16
         assert entry.after["usd_per_mtok"]["plain"] < entry.after["usd_per_mtok"]["p-eagle"]
+    finally:
+        engine.dispose()
+
+
+async def test_an_audit_the_database_refused_is_written_with_the_next_round(
+    database_url: str,
+) -> None:
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        registry = Registry(sessions, refresh_s=60)
+        registry.snapshot = Snapshot(
+            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
+            policies={"m": PolicyView("auto")},
+            prices={"B200": 6.0},
+            curves={
+                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
+                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
+            },
+        )
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=1,
+            min_dwell_s=0,
+            switch_margin=0.05,
+            sizing=Sizing(0.2, 1),
+            desired_replicas=GatewayMetrics().desired_replicas,
+        )
+        with engine.begin() as connection:  # the audit log cannot be written for a while
+            connection.execute(text("ALTER TABLE audit_log RENAME TO audit_log_away"))
+        await selector.step()
+        with engine.begin() as connection:
+            connection.execute(text("ALTER TABLE audit_log_away RENAME TO audit_log"))
+            assert connection.execute(text("SELECT count(*) FROM audit_log")).scalar() == 0
+        await selector.step()
+        with sessions() as session:
+            entries = session.scalars(select(AuditEntry)).all()
+        assert [(e.action, e.resource_id) for e in entries] == [("start", "m")]
+        await selector.step()  # written once
+        with sessions() as session:
+            assert len(session.scalars(select(AuditEntry)).all()) == 1
     finally:
         engine.dispose()
 
