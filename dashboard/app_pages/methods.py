@@ -83,7 +83,8 @@ def _curves(api: AdminClient, model: str, plan: Plan) -> None:
     st.altair_chart(charts.throughput_vs_concurrency(plan.methods, measured, plan.gpu_count))
     st.caption(
         f"{plan.gpu}: a line per method at its best K for each load, the planner's "
-        f"(solid: at a measured point, dashed: estimated); diamonds are the "
+        f"(solid between measured points, dashed where estimated; points filled where "
+        f"measured, hollow where estimated); diamonds are the "
         f"{len(measured)} measured point(s)."
     )
 
