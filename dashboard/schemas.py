@@ -324,7 +324,8 @@ class BenchmarkLevel(Record):
     concurrency: float
     completed: int
     output_tokens_per_s: float
-    mean_itl_ms: float | None = None
+    mean_tpot_ms: float | None = None  # per-token latency (absent from older runs)
+    mean_itl_ms: float | None = None  # between streamed chunks
     acceptance_length: float | None = None
     acceptance_per_position: list[float] | None = None
 

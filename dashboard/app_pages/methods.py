@@ -14,7 +14,7 @@ from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.audit_view import MOVES, audit_rows, candidates
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
-from dashboard.formats import NO_DATA
+from dashboard.formats import NO_DATA, ms, or_missing
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 
 GPUS = ("B200", "H100")
@@ -46,7 +46,7 @@ def _cost_table(plans: dict[str, Plan]) -> None:
             "best method": choice.method,
             "K": choice.k,
             "output tokens/s": round(choice.output_tokens_per_s),
-            "ITL (ms)": round(choice.itl_ms, 1),
+            "per-token latency": ms(choice.itl_ms),
             "point": choice.source,
         }
         for gpu, plan in plans.items():
@@ -91,7 +91,7 @@ def _curves(api: AdminClient, model: str, plan: Plan) -> None:
 
 def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
     """Acceptance per backend now (scrapes), then per load from finished benchmark sweeps."""
-    st.subheader("Measured acceptance and ITL")
+    st.subheader("Measured acceptance and latency")
     mine = [b for b in backends if b.model == model]
     _live_acceptance(mine)
     by_name = {b.name: b for b in mine}
@@ -107,7 +107,7 @@ def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
     if not rows:
         st.info(
             "No benchmark sweep of this model's backends yet: start one on the Benchmarks "
-            "page for acceptance and ITL at set loads."
+            "page for acceptance and latency at set loads."
         )
         return
     st.markdown("**By load, from benchmark sweeps**")
@@ -155,11 +155,12 @@ def _acceptance_row(backend: Backend, level: BenchmarkLevel) -> dict[str, object
     return {
         "backend": backend.name,
         "method": backend.method,
-        "K": backend.k,
+        "K": or_missing(backend.k),
         "concurrency": level.concurrency,
         "output tokens/s": round(level.output_tokens_per_s),
-        "ITL (ms)": None if level.mean_itl_ms is None else round(level.mean_itl_ms, 2),
-        "acceptance length": level.acceptance_length,
+        "per-token latency": ms(level.mean_tpot_ms),
+        "inter-chunk latency": ms(level.mean_itl_ms),
+        "acceptance length": or_missing(level.acceptance_length),
         "accepted per position": " ".join(f"{rate:.0%}" for rate in per_position),
     }
 
@@ -196,7 +197,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool
             "Pinned K (0: the backend's own)", 0, 64, current.k or 0, key="policy-k"
         )
         itl = st.number_input(
-            "ITL objective, ms (0: none)",
+            "Per-token latency objective, ms (0: none)",
             0.0,
             10_000.0,
             current.itl_objective_ms or 0.0,
@@ -322,7 +323,7 @@ def _describe(policy: Policy) -> str:
         text = f"pinned to {policy.method}{k}"
     else:
         text = "auto (the planner's choice by load)"
-    itl = f", ITL ≤ {policy.itl_objective_ms:g} ms" if policy.itl_objective_ms else ""
+    itl = f", per-token ≤ {policy.itl_objective_ms:g} ms" if policy.itl_objective_ms else ""
     return f"{text}{itl}, explore {policy.explore_fraction:.0%}"
 
 

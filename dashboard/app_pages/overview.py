@@ -73,7 +73,8 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
     sized = (
         f"within {objective.itl_ms:g} ms per token"
         if objective.itl_ms is not None
-        else "for throughput alone (no ITL objective: plain often needs the fewest GPUs; "
+        else "for throughput alone (no per-token latency objective: plain often needs the "
+        "fewest GPUs; "
         f"speculative decoding pays under a latency objective{_pays(objective)})"
     )
     st.caption(
@@ -90,7 +91,7 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
                 "K": m.k,
                 "GPUs per replica": f"{m.gpu_count}x {m.gpu_type}",
                 "tokens/s per replica": f"{m.output_tokens_per_s_per_replica:,.0f}",
-                "ITL (ms)": f"{m.itl_ms:.1f}",
+                "per-token latency": ms(m.itl_ms),
                 "meets objective": "yes" if m.meets_objective else "no",
                 "peak replicas": m.peak_replicas,
                 "GPU-hours": f"{m.gpu_hours:,.3f}",

@@ -99,7 +99,7 @@ def render() -> None:
         "Output tokens per request", 1, 32_768, 500, key="plan-output-len"
     )
     workload = right.selectbox("Workload (acceptance profile)", WORKLOADS, key="plan-workload")
-    itl = left.number_input("ITL objective, ms", 1.0, 1000.0, 50.0, key="plan-itl")
+    itl = left.number_input("Per-token latency objective, ms", 1.0, 1000.0, 50.0, key="plan-itl")
     engine = right.selectbox("Engine", ENGINES, key="plan-engine")
     plan = api.plan(
         model,

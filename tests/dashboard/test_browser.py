@@ -100,9 +100,9 @@ def test_pinning_a_method_on_the_methods_page_changes_the_policy(page: Page, sta
     page.get_by_text("pinned", exact=True).click()
     _choose(page, "Pinned method", "eagle3")
     page.get_by_label("Pinned K (0: the backend's own)").fill("3")
-    page.get_by_label("ITL objective, ms (0: none)").fill("45")
+    page.get_by_label("Per-token latency objective, ms (0: none)").fill("45")
     page.get_by_role("button", name="Save policy").click()
-    saved = page.get_by_text("set to pinned to eagle3 K=3, ITL ≤ 45 ms")
+    saved = page.get_by_text("set to pinned to eagle3 K=3, per-token ≤ 45 ms")
     saved.wait_for(timeout=RENDER_TIMEOUT_MS)
     page.screenshot(path=str(ARTEFACTS / "08-methods-policy-pinned.png"))
     with stack.admin() as admin:

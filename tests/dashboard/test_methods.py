@@ -117,14 +117,14 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
     assert not at.exception
     assert (
         at.success[0].value
-        == f"Policy of {MODEL} set to pinned to dflash K=5, ITL ≤ 40 ms, explore 10%"
+        == f"Policy of {MODEL} set to pinned to dflash K=5, per-token ≤ 40 ms, explore 10%"
     )
     # No demo backend drafts at K=5: saved, with a warning shown under the message.
     assert [w.value for w in at.warning] == [
         f"pinned: no enabled backend of {MODEL} runs dflash at K=5 (it runs at K=7); its "
         "requests go to those"
     ]
-    current = "Current: **pinned to dflash K=5, ITL ≤ 40 ms, explore 10%**"
+    current = "Current: **pinned to dflash K=5, per-token ≤ 40 ms, explore 10%**"
     assert current in [m.value for m in at.markdown]
     with dashboard_env.admin() as admin:
         policy = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
