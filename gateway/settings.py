@@ -23,7 +23,10 @@ UNFORWARDABLE_HEADERS = frozenset(
 class Settings(BaseSettings):
     """Settings of one gateway process; read once and passed to `create_app`."""
 
-    model_config = SettingsConfigDict(env_prefix="DRAFTGATE_", extra="ignore")
+    # Errors never echo their input: it may hold a token, a secret or a URL with a token in it.
+    model_config = SettingsConfigDict(
+        env_prefix="DRAFTGATE_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = Field(
         default="sqlite:///.draftgate/draftgate.db",
