@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
+from gateway.budget_alerts import BudgetWatch
 from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector, Gate
 from gateway.control.managed import ManagedBackends
@@ -175,6 +176,10 @@ async def _running(
     registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
     registry.on_load.append(limiter.snapshot_loaded)
     webhooks = WebhookSender.of(settings, metrics)  # None without webhook URLs: nothing runs
+    if webhooks is not None:
+        watch = BudgetWatch(settings.budget_thresholds, webhooks)
+        registry.on_load_start.append(watch.load_starting)
+        registry.on_load.append(lambda: watch.check(registry.snapshot))
     client = upstream_client(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     benchmarks = BenchmarkManager(sessions)

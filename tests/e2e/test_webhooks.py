@@ -1,6 +1,6 @@
-"""Webhooks from a real gateway to a real receiver: a backend whose counters contradict its
-method, a backend going down and coming back, and the automatic moves that follow, each
-arriving signed, with retries when the receiver fails.
+"""Webhooks from a real gateway to a real receiver: a budget passing its thresholds, a
+backend whose counters contradict its method, a backend going down and coming back, and the
+automatic moves that follow, each arriving signed, with retries when the receiver fails.
 
 The gateway fronts a plain and a P-EAGLE simulator of one `auto` model, and a P-EAGLE
 simulator declared plain (another model). Every wait is a condition with a deadline; "once"
@@ -147,6 +147,41 @@ def stack(
 
 def of_type(events: Events, event_type: str, **fields: object) -> Events:
     return [e for e in events if e["type"] == event_type and fields.items() <= e.items()]
+
+
+def test_a_budget_sends_each_threshold_once_as_it_is_passed(stack: Stack) -> None:
+    probe_id, probe_key = stack.key()
+    assert stack.chat(probe_key).status_code == 200
+    per_request = stack.spent(probe_id, 1)
+    assert per_request > 0, "requests are not priced: no budget could be passed"
+    budget = BUDGET_REQUESTS * per_request
+    key_id, key = stack.key(budget_usd=budget, budget_period="total")
+    sent = 0
+    while stack.spent(key_id, sent) < 0.8 * budget:  # one request at a time, each recorded
+        response = stack.chat(key)
+        assert response.status_code == 200, response.text
+        sent += 1
+        assert sent <= 2 * BUDGET_REQUESTS, "the budget was not passed"
+
+    def mine(events: Events) -> Events:
+        return [e for e in of_type(events, "budget.threshold") if e["data"]["key_id"] == key_id]
+
+    events = stack.receiver.wait_for(
+        lambda es: any(e["data"]["threshold"] == 0.8 for e in mine(es)),
+        "budget.threshold 0.8 did not arrive",
+    )
+    mine = mine(events)
+    assert [e["data"]["threshold"] for e in mine] == [0.5, 0.8]  # each once, in order
+    for event in mine:
+        data = event["data"]
+        assert (data["key_name"], data["budget_period"]) == ("budget-team", "total")
+        assert data["budget_usd"] == pytest.approx(budget)
+        assert data["period_start"] is None
+        assert data["spent_usd"] >= data["threshold"] * budget
+        assert data["fraction"] == pytest.approx(data["spent_usd"] / budget, abs=1e-6)
+    assert len({e["id"] for e in mine}) == 2
+    assert not any(key in r.body.decode() for r in stack.receiver.received)  # never the secret
+    assert all(r.signed for r in stack.receiver.received)
 
 
 def test_a_backend_whose_counters_contradict_its_method_is_reported(stack: Stack) -> None:

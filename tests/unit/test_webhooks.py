@@ -1,9 +1,10 @@
 """Webhooks without a network: the signature, the backoff schedule, the bounded queues and
-their drop accounting, the events' shapes and the settings that guard them."""
+their drop accounting, the events' shapes, budget crossings and the settings that guard them."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import hmac
 import json
@@ -15,8 +16,9 @@ import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from gateway.budget_alerts import BudgetWatch
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendView, Snapshot
+from gateway.registry import BackendView, KeyView, Snapshot
 from gateway.settings import Settings
 from gateway.webhooks import (
     BACKOFF_MAX_S,
@@ -167,6 +169,86 @@ async def test_emit_from_another_thread_queues_on_the_loop(client: httpx.AsyncCl
             break
         await asyncio.sleep(0)
     assert sender.queued == 1
+
+
+def key(budget: float | None = 10.0, period: str = "daily", key_id: int = 7) -> KeyView:
+    return KeyView(key_id, "team-a", None, None, budget, period, None)
+
+
+class Sink:
+    """Stands in for the sender: what a watch would send."""
+
+    def __init__(self) -> None:
+        self.events: list[WebhookEvent] = []
+
+    def emit(self, event: WebhookEvent) -> None:
+        self.events.append(event)
+
+
+def spending(usd: float, view: KeyView | None = None) -> Snapshot:
+    view = view or key()
+    return Snapshot(keys={"h": view}, key_spend_usd={view.id: usd})
+
+
+def thresholds(watch: BudgetWatch, snapshot: Snapshot) -> list[float]:
+    return [e.data.threshold for e in watch.crossings(snapshot)]  # type: ignore[union-attr]
+
+
+def test_each_threshold_fires_once_per_crossing_not_per_look() -> None:
+    watch = BudgetWatch((1.0, 0.8), Sink())  # type: ignore[arg-type]
+    assert thresholds(watch, spending(5.0)) == []
+    assert thresholds(watch, spending(8.0)) == [0.8]
+    assert thresholds(watch, spending(8.5)) == []  # still past 80%: nothing new
+    assert thresholds(watch, spending(9.9)) == []
+    assert thresholds(watch, spending(12.0)) == [1.0]
+    assert thresholds(watch, spending(12.0)) == []
+
+
+def test_a_jump_past_both_thresholds_sends_both() -> None:
+    watch = BudgetWatch((0.8, 1.0), Sink())  # type: ignore[arg-type]
+    assert thresholds(watch, spending(11.0)) == [0.8, 1.0]
+
+
+def test_a_raised_budget_or_a_fall_below_arms_a_threshold_again() -> None:
+    watch = BudgetWatch((0.8,), Sink())  # type: ignore[arg-type]
+    assert thresholds(watch, spending(9.0)) == [0.8]
+    assert thresholds(watch, spending(9.0, key(budget=20.0))) == []  # 45% of the new budget
+    assert thresholds(watch, spending(17.0, key(budget=20.0))) == [0.8]
+    assert thresholds(watch, spending(1.0, key(budget=20.0))) == []  # a new period began
+    assert thresholds(watch, spending(16.0, key(budget=20.0))) == [0.8]
+
+
+def test_keys_without_a_budget_are_not_watched() -> None:
+    watch = BudgetWatch((0.8,), Sink())  # type: ignore[arg-type]
+    assert thresholds(watch, spending(100.0, key(budget=None))) == []
+    assert thresholds(watch, spending(100.0, key(budget=0.0))) == []
+
+
+def test_every_replica_gives_one_crossing_the_same_id() -> None:
+    first, second = (BudgetWatch((0.8,), Sink()) for _ in range(2))  # type: ignore[arg-type]
+    [a] = first.crossings(spending(9.0))
+    [b] = second.crossings(spending(9.5))
+    assert a.id == b.id
+    [c] = second.crossings(spending(9.5, key(budget=10.5)))  # another budget: another crossing
+    assert c.id != a.id
+    data = json.loads(a.model_dump_json())["data"]
+    start = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert data == {
+        "key_id": 7,
+        "key_name": "team-a",
+        "budget_usd": 10.0,
+        "budget_period": "daily",
+        "period_start": start.isoformat().replace("+00:00", "Z"),
+        "spent_usd": 9.0,
+        "fraction": 0.9,
+        "threshold": 0.8,
+    }
+
+
+def test_check_sends_what_it_finds() -> None:
+    sink = Sink()
+    BudgetWatch((0.8,), sink).check(spending(9.0))  # type: ignore[arg-type]
+    assert [e.type for e in sink.events] == ["budget.threshold"]
 
 
 def test_webhook_urls_need_a_strong_secret_outside_dev_mode() -> None:
