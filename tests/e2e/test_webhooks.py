@@ -199,6 +199,9 @@ def test_a_backend_whose_counters_contradict_its_method_is_reported(stack: Stack
 
 
 def test_a_backend_going_down_and_up_moves_the_model_off_it_and_back(stack: Stack) -> None:
+    stack.receiver.wait_for(  # the event the gateway sends at start is out of the way
+        lambda es: bool(of_type(es, "backend.mismatch")), "backend.mismatch did not arrive"
+    )
     _, key = stack.key()
     first = stack.chat(key).headers["x-draftgate-method"]  # the auto choice now
     second = "plain" if first == "p-eagle" else "p-eagle"
