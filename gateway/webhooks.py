@@ -50,7 +50,7 @@ class Candidate(BaseModel):
 
     method: str
     usd_per_mtok: float
-    itl_ms: float | None = None
+    itl_ms: float | None = None  # per-token latency (docs/costs.md)
     curve_source: str | None = None  # measured / estimated at that load
 
 
