@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
+from gateway.budget_alerts import BudgetWatch
 from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector, Gate
 from gateway.control.managed import ManagedBackends
@@ -38,6 +39,7 @@ from gateway.relay.proxy import Relay
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.services.rightsizing import Sizing
 from gateway.settings import Settings
+from gateway.webhooks import WebhookSender
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -173,6 +175,11 @@ async def _running(
     limiter = Limiter(sessions, settings.limits_sync_s)
     registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
     registry.on_load.append(limiter.snapshot_loaded)
+    webhooks = WebhookSender.of(settings, metrics)  # None without webhook URLs: nothing runs
+    if webhooks is not None:
+        watch = BudgetWatch(settings.budget_thresholds, webhooks)
+        registry.on_load_start.append(watch.load_starting)
+        registry.on_load.append(lambda: watch.check(registry.snapshot))
     client = upstream_client(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     benchmarks = BenchmarkManager(sessions)
@@ -198,6 +205,7 @@ async def _running(
         interval_s=settings.collect_interval_s,
         window_s=settings.measurement_window_s,
         gate=Gate(settings.measurement_min_requests, settings.measurement_min_output_tokens),
+        webhooks=webhooks,
     )
     selector = Selector(
         registry,
@@ -208,6 +216,7 @@ async def _running(
         sizing=Sizing.of(settings),
         desired_replicas=metrics.desired_replicas,
         move_steps=(settings.move_step_share, settings.move_step_s),
+        webhooks=webhooks,
     )
     stoppable = [
         asyncio.create_task(c)
@@ -220,8 +229,10 @@ async def _running(
             prune_forever(sessions, settings.usage_retention_days, metrics, stop),
         )
     ]
+    if webhooks is not None:  # at the stop, queued events get a short grace to go out
+        stoppable.append(asyncio.create_task(webhooks.run(stop)))
     prober = asyncio.create_task(
-        probe_forever(registry, control, settings.probe_interval_s, metrics)
+        probe_forever(registry, control, settings.probe_interval_s, metrics, webhooks)
     )
     try:
         yield
@@ -237,3 +248,5 @@ async def _running(
         await ledger.drain()
         await client.aclose()
         await control.aclose()
+        if webhooks is not None:
+            await webhooks.aclose()

@@ -153,6 +153,22 @@ class GatewayMetrics:
             "Usage records dropped because the pending queue was full.",
             registry=r,
         )
+        self.webhook_events = Counter(
+            "draftgate_webhook_events",
+            "Webhook events per URL by type and outcome: sent, failed (attempts used up or "
+            "refused with a 4xx), dropped (the URL's queue was full).",
+            ["type", "outcome"],
+            registry=r,
+        )
+        self.webhook_retries = Counter(
+            "draftgate_webhook_retries",
+            "Webhook delivery attempts after an event's first, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.webhook_queued = Gauge(
+            "draftgate_webhook_queued", "Webhook events waiting, over every URL.", registry=r
+        )
         self.usage_rejected = Counter(
             "draftgate_usage_values_rejected",
             "Token counts a backend reported that are not whole numbers in range (recorded as 0).",

@@ -208,7 +208,8 @@ class Snapshot:
         return "plain" if "plain" in methods else (min(methods) if methods else None)
 
 
-def _period_start(period: str, now: dt.datetime) -> dt.datetime | None:
+def period_start(period: str, now: dt.datetime) -> dt.datetime | None:
+    """When the budget period holding `now` began (UTC); None for a `total` budget."""
     if period == "daily":
         return now.replace(hour=0, minute=0, second=0, microsecond=0)
     if period == "monthly":
@@ -304,7 +305,7 @@ def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
             .where(UsageHourly.api_key_id.in_(ids))
             .group_by(UsageHourly.api_key_id)
         )
-        start = _period_start(period, now)
+        start = period_start(period, now)
         if start is not None:
             query = query.where(UsageHourly.hour >= start)
         spend.update({int(k): float(total or 0.0) for k, total in session.execute(query) if k})

@@ -38,6 +38,7 @@ from gateway.registry import BackendView, Registry, Snapshot
 from gateway.reports import FleetNow
 from gateway.services.models import record_method_switch, record_move_step
 from gateway.services.rightsizing import Sizing, pools
+from gateway.webhooks import WebhookSender, method_moved
 from planner.rightsize import replica_capacity, replicas_needed
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,9 @@ class Selector:
         sizing: Sizing,
         desired_replicas: Gauge,
         move_steps: tuple[float, float] = (1.0, 0.0),
+        webhooks: WebhookSender | None = None,  # told of each move, with its candidates
     ) -> None:
+        self.webhooks = webhooks
         self.registry, self.sessions = registry, sessions
         self.interval_s, self.min_dwell_s, self.switch_margin = (
             interval_s,
@@ -179,6 +182,9 @@ class Selector:
             except SQLAlchemyError as exc:  # kept for the next round, so none is lost
                 self._unaudited = audits[-MAX_UNAUDITED_ROUNDS:]
                 logger.warning("automatic switches not audited yet (retried): %s", exc)
+        if self.webhooks is not None:  # moves only: a replica's first choice is no move
+            for decision in decisions:
+                self.webhooks.emit(method_moved(decision, snapshot))
         return decisions
 
     def _decide(
