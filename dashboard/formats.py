@@ -40,6 +40,7 @@ def share(value: float | None) -> str:
     return "<0.01%" if value < 1e-4 else f"{value:.2%}"
 
 
-def or_missing(value: object) -> object:
-    """The value, or the missing glyph for None and empty strings."""
-    return NO_DATA if value is None or value == "" else value
+def or_missing(value: object) -> str:
+    """The value as text, or the missing glyph for None and empty strings (a table column
+    holds one type: text, when any of its cells can be missing)."""
+    return NO_DATA if value is None or value == "" else str(value)

@@ -15,7 +15,7 @@ from dashboard.client import (
     refresh_reads,
     shows_api_errors,
 )
-from dashboard.formats import NO_DATA, ms, or_missing
+from dashboard.formats import NO_DATA, count, ms, or_missing
 from dashboard.schemas import Backend, Benchmark
 
 LATEST = 20  # measurements listed
@@ -108,7 +108,7 @@ def _measurements(api: AdminClient) -> None:
                 "method": m.method,
                 "K": or_missing(m.k),
                 "concurrency": round(m.concurrency, 2),
-                "output tokens/s": round(m.output_tokens_per_s),
+                "output tokens/s": count(m.output_tokens_per_s),
                 "acceptance length": NO_DATA
                 if m.mean_acceptance_length is None
                 else f"{m.mean_acceptance_length:.2f}",

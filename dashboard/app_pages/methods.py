@@ -14,7 +14,7 @@ from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.audit_view import MOVES, audit_rows, candidates
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
-from dashboard.formats import NO_DATA, ms, or_missing
+from dashboard.formats import NO_DATA, count, ms, or_missing, usd
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 
 GPUS = ("B200", "H100")
@@ -45,15 +45,15 @@ def _cost_table(plans: dict[str, Plan]) -> None:
             "concurrency": choice.concurrency,
             "best method": choice.method,
             "K": choice.k,
-            "output tokens/s": round(choice.output_tokens_per_s),
+            "output tokens/s": count(choice.output_tokens_per_s),
             "per-token latency": ms(choice.itl_ms),
             "point": choice.source,
         }
         for gpu, plan in plans.items():
             here = plan.choices[i]
             row[f"{gpu} best"] = f"{here.method} K={here.k}"
-            row[f"$/1M {gpu} best"] = f"{here.usd_per_mtok:.4f} ±{plan.fit.relative_95:.0%}"
-            row[f"$/1M {gpu} plain"] = round(here.usd_per_mtok * here.speedup_vs_plain, 4)
+            row[f"$/1M {gpu} best"] = f"{usd(here.usd_per_mtok)} ±{plan.fit.relative_95:.0%}"
+            row[f"$/1M {gpu} plain"] = usd(here.usd_per_mtok * here.speedup_vs_plain)
         rows.append(row)
     st.dataframe(rows, hide_index=True)
 
@@ -157,7 +157,7 @@ def _acceptance_row(backend: Backend, level: BenchmarkLevel) -> dict[str, object
         "method": backend.method,
         "K": or_missing(backend.k),
         "concurrency": level.concurrency,
-        "output tokens/s": round(level.output_tokens_per_s),
+        "output tokens/s": count(level.output_tokens_per_s),
         "per-token latency": ms(level.mean_tpot_ms),
         "inter-chunk latency": ms(level.mean_itl_ms),
         "acceptance length": or_missing(level.acceptance_length),

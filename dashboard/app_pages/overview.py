@@ -262,7 +262,7 @@ def _spend(spend: Spend, label: str) -> None:
                 "model": r.model,
                 "method": r.method,
                 "GPU": f"{r.gpu_count}x {r.gpu_type}",
-                "GPU-hours": round(r.gpu_hours, 4),
+                "GPU-hours": f"{r.gpu_hours:,.2f}",
                 "USD per GPU-hour": r.usd_per_gpu_hour,
                 "USD": "no price" if r.usd is None else f"${r.usd:,.4f}",
             }

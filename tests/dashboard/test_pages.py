@@ -5,6 +5,7 @@ from __future__ import annotations
 from streamlit.testing.v1 import AppTest
 
 from dashboard.client import refresh_reads
+from dashboard.formats import usd
 from tests.dashboard.conftest import MODEL, Stack, wait_for_benchmark, wait_for_runtime
 from tests.e2e.conftest import closed_url
 
@@ -63,14 +64,14 @@ def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_
     assert set(table["method"]) == {m["method"] for m in capacity["methods"]}
     cheapest = min(capacity["methods"], key=lambda m: m["usd_per_month"])
     assert table["method"].iloc[0] == cheapest["method"]
-    assert abs(table["USD per month"].iloc[0] - cheapest["usd_per_month"]) < 0.01
+    assert table["per month"].iloc[0] == usd(cheapest["usd_per_month"])
     assert at.code, [w.value for w in at.warning]
     assert f"vllm serve {MODEL}" in at.code[0].value
     assert "services:" in at.code[1].value
     if cheapest["method"] in plan["schedules"]:
         assert "num_speculative_tokens_per_batch_size" in at.code[0].value
     saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
-    assert abs(table["saves vs plain (USD/month)"].iloc[0] - saved) < 0.01
+    assert table["saves vs plain per month"].iloc[0] == usd(saved)
     assert "50,000 output tokens/s" in at.caption[0].value
     band = capacity["savings_usd_per_month_95"]["vs_plain"][cheapest["method"]]
     # None: the fit's band is +-100% or wider on these few short test measurements
