@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -43,6 +44,7 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DEPLOY = ROOT / "deploy" / "compose"
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
+PROMTOOL = shutil.which("promtool")
 PROFILES = ("sim", "gpu")  # the backends' profiles
 LOGIN_PROFILE = "login"
 # What `docker compose up` needs set, whatever the profiles: compose reads every service's
@@ -604,6 +606,28 @@ def test_prometheus_scrapes_every_gateway_replica_and_every_backend(
     assert (
         "./deploy/compose/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
     )
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool (make test installs it)")
+def test_prometheus_loads_the_alerting_rules_mounted_beside_its_config(
+    compose: dict[str, Any],
+) -> None:
+    """The container reads /etc/prometheus/prometheus.yml and finds `rule_files` beside it:
+    the same layout as deploy/compose/, so promtool checks both as Prometheus will load them."""
+    volumes = compose["services"]["prometheus"]["volumes"]
+    assert "./deploy/compose/alerts.yml:/etc/prometheus/alerts.yml:ro" in volumes
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text(encoding="utf-8"))
+    assert config["rule_files"] == ["alerts.yml"]
+    checked = subprocess.run(
+        [str(PROMTOOL), "check", "config", "prometheus.yml"],
+        cwd=DEPLOY,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in checked.stdout
 
 
 def test_grafana_is_provisioned_with_the_dashboard_and_data_source(compose: dict[str, Any]) -> None:
