@@ -9,6 +9,7 @@ with each `for:` cut to one second; everything else of every rule is as shipped
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -36,6 +37,7 @@ from tests.e2e.conftest import (
 
 ROOT = Path(__file__).parents[2]
 RULES = ROOT / "deploy" / "compose" / "alerts.yml"
+DASHBOARD = ROOT / "deploy" / "compose" / "grafana" / "dashboards" / "draftgate.json"
 PROMETHEUS = shutil.which("prometheus")
 ALERT_TIMEOUT_S = 60.0  # scrape, evaluate and `for:` take seconds; a busy machine, more
 START_TIMEOUT_S = 60.0
@@ -259,3 +261,14 @@ def test_real_prometheus_fires_the_shipped_alerts(
         "DraftgateGatewayNotReady firing once no backend is healthy",
         prom,
     )
+
+    # Grafana's queries run on this Prometheus, and its alerts panel lists what fires.
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    for panel in dashboard["panels"]:
+        for query in panel.get("targets", []):
+            prom.get("/api/v1/query", query=query["expr"].replace("$__rate_interval", "10s"))
+    [panel] = [p for p in dashboard["panels"] if p["title"] == "Alerts firing"]
+    shown = prom.get("/api/v1/query", query=panel["targets"][0]["expr"])["result"]
+    assert {"DraftgateBackendDown", "DraftgateGatewayNotReady"} <= {
+        r["metric"]["alertname"] for r in shown
+    }

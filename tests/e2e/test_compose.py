@@ -38,6 +38,7 @@ from gateway.services.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from planner.catalog import default_prices
 from tests.unit.k8s_queries import OAUTH2_PROXY_REQUIRED, oauth2_proxy_options
+from tests.unit.test_alerts import alerting_rules, exported_metric_names, metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -683,6 +684,22 @@ def test_grafana_shows_gateway_and_spec_decode_panels() -> None:
             assert {"source_labels": ["__meta_dns_name"], "target_label": "backend"} in job[
                 "relabel_configs"
             ]
+
+
+def test_grafana_draws_every_figure_an_alert_reads_and_the_alerts_firing() -> None:
+    names = grafana_metric_names()
+    read = set().union(*(metric_names(rule["expr"]) for rule in alerting_rules()))
+    assert read - {"up"} <= names, read - names
+    drawn = {n for n in names if n.startswith("draftgate_")}
+    assert drawn <= exported_metric_names(), drawn - exported_metric_names()
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "draftgate.json").read_text())
+    [alerts] = [p for p in dashboard["panels"] if p["title"] == "Alerts firing"]
+    assert [t["expr"] for t in alerts["targets"]] == [
+        'ALERTS{alertstate="firing", alertname=~"Draftgate.*"}'
+    ]
+    panels = sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    assert panels[0]["type"] == "row"
+    assert panels[1] is alerts  # the first thing one sees
 
 
 # --- the image ---
