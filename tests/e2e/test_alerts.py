@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import (
+    ADMIN_TOKEN,
     POLL_INTERVAL_S,
     SIM_MODEL,
     Server,
@@ -201,10 +202,15 @@ def test_real_prometheus_fires_the_shipped_alerts(
         SELECTOR_INTERVAL_S="1",
     )
     gateway = start_server("gateway", env=env)
+    price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-12-01"}
+    with gateway.client(ADMIN_TOKEN) as admin:
+        assert admin.post("/admin/v1/prices", json=price).status_code == 201
     rules = rules_for_the_test(tmp_path / "alerts.yml")
     prom = start_prometheus(prometheus_config(gateway, sims, rules))
 
     # Every target is scraped and every rule evaluates without an error.
+    shipped_rules = sum(len(g["rules"]) for g in yaml.safe_load(RULES.read_text())["groups"])
+
     def scraped_and_evaluated() -> bool:
         targets = prom.get("/api/v1/targets")["activeTargets"]
         groups = prom.get("/api/v1/rules")["groups"]
@@ -212,16 +218,41 @@ def test_real_prometheus_fires_the_shipped_alerts(
         return (
             len(targets) == 4
             and all(t["health"] == "up" for t in targets)
-            and len(rules) == 10
+            and len(rules) == shipped_rules
             and all(r["health"] == "ok" for r in rules)
         )
 
     until(scraped_and_evaluated, ALERT_TIMEOUT_S, "targets up and rules evaluated", prom)
 
-    # The P-EAGLE server drafts: the gateway's collector publishes its acceptance length.
-    for _ in range(3):
-        chat = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hello"}]}
-        httpx.post(f"{sims['sim-peagle'].base_url}/v1/chat/completions", json=chat, timeout=30)
+    # The selector prices every method with a healthy backend beside plain: P-EAGLE, the
+    # auto policy's choice, is the cheaper at this load.
+    def priced(query: str) -> float | None:
+        result = prom.get("/api/v1/query", query=query)["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    peagle_usd = 'draftgate_method_usd_per_mtok{method="p-eagle"}'
+    until(lambda: priced(peagle_usd) is not None, ALERT_TIMEOUT_S, "P-EAGLE priced", prom)
+    peagle, plain = (
+        priced(peagle_usd),
+        priced('draftgate_method_plain_usd_per_mtok{method="p-eagle"}'),
+    )
+    assert peagle is not None
+    assert plain is not None
+    assert peagle < plain
+
+    # Two requests, served by P-EAGLE, go to the ledger; the P-EAGLE server drafted, and
+    # the gateway's collector publishes its acceptance length.
+    chat = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hello"}]}
+    for _ in range(2):
+        answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=chat, timeout=30)
+        answer.raise_for_status()
+        assert answer.headers["x-draftgate-method"] == "p-eagle"
+
+    def ledger_written() -> bool:
+        result = prom.get("/api/v1/query", query="draftgate_ledger_written_total")["result"]
+        return bool(result) and float(result[0]["value"][1]) == 2
+
+    until(ledger_written, ALERT_TIMEOUT_S, "two usage records written", prom)
 
     def acceptance_scraped() -> bool:
         query = 'draftgate_backend_acceptance_length{backend="sim-peagle"}'
@@ -246,10 +277,18 @@ def test_real_prometheus_fires_the_shipped_alerts(
         "DraftgateBackendDown firing for sim-peagle",
         prom,
     )
-    # The other backends are up, so the replica stays ready; the ledger lost nothing.
+    # The other backends are up, so the replica stays ready; the ledger wrote everything;
+    # the method that served is cheaper than plain at this load.
     assert {a["labels"]["backend"] for a in prom.alerts("DraftgateBackendDown")} == {"sim-peagle"}
-    for quiet in ("DraftgateGatewayNotReady", "DraftgateLedgerDropped", "DraftgateLedgerRefused"):
-        assert prom.alerts(quiet) == [], quiet
+    quiet = (
+        "DraftgateGatewayNotReady",
+        "DraftgateLedgerBacklog",
+        "DraftgateLedgerDropped",
+        "DraftgateLedgerRefused",
+        "DraftgateMethodCostlierThanPlain",
+    )
+    for name in quiet:
+        assert prom.alerts(name) == [], name
 
     sims["sim-plain"].close()
     sims["sim-mislabelled"].close()
