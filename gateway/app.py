@@ -26,14 +26,15 @@ from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector, Gate
 from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
+from gateway.control.readiness import publish_readiness
 from gateway.control.retention import prune_forever
-from gateway.control.selector import Selector
+from gateway.control.selector import PriceGauges, Selector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.deps import Services, authorize_admin
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
 from gateway.limits import Limiter
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
 from gateway.services.fleet import apply_fleet, load_fleet
@@ -156,6 +157,15 @@ def create_app(settings: Settings, managed: ManagedBackends | None = None) -> Ga
     return app
 
 
+def _publish_snapshot_figures(
+    metrics: GatewayMetrics, registry: Registry, limiter: Limiter
+) -> None:
+    """The gauges a fresh snapshot changes: keys' budget use and the planner's error."""
+    snapshot = registry.snapshot
+    set_exactly(metrics.budget_used, limiter.budget_used(snapshot))
+    set_exactly(metrics.planner_error, {(m,): e for m, e in snapshot.planner_error().items()})
+
+
 @asynccontextmanager
 async def _running(
     settings: Settings, engine: Engine, app: GatewayApp, managed: ManagedBackends
@@ -180,6 +190,7 @@ async def _running(
         watch = BudgetWatch(settings.budget_thresholds, webhooks)
         registry.on_load_start.append(watch.load_starting)
         registry.on_load.append(lambda: watch.check(registry.snapshot))
+    registry.on_load.append(lambda: _publish_snapshot_figures(metrics, registry, limiter))
     client = upstream_client(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     benchmarks = BenchmarkManager(sessions)
@@ -217,6 +228,7 @@ async def _running(
         desired_replicas=metrics.desired_replicas,
         move_steps=(settings.move_step_share, settings.move_step_s),
         webhooks=webhooks,
+        prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
     )
     stoppable = [
         asyncio.create_task(c)
@@ -227,6 +239,7 @@ async def _running(
             collector.run(stop),
             selector.run(stop),
             prune_forever(sessions, settings.usage_retention_days, metrics, stop),
+            publish_readiness(sessions, registry, metrics.ready, settings.probe_interval_s, stop),
         )
     ]
     if webhooks is not None:  # at the stop, queued events get a short grace to go out

@@ -194,6 +194,15 @@ class Snapshot:
         curve = self.curves.get((model, method, backend.gpu_type))
         return None if curve is None else 1000 * max(c, 1.0) / (curve.at(c) * backend.gpu_count)
 
+    def planner_error(self) -> dict[str, float]:
+        """The planner's mean error on each model's measured points: the mean over its
+        curves that have two or more (models with none are left out)."""
+        errors: dict[str, list[float]] = defaultdict(list)
+        for (model, _, _), band in self.bands.items():
+            if band.planner_error is not None:
+                errors[model].append(band.planner_error)
+        return {model: sum(e) / len(e) for model, e in errors.items()}
+
     def auto_method(self, model: str) -> str | None:
         """The cheapest method with measurements and an enabled backend, else plain."""
         backends = self.backends.get(model, ())

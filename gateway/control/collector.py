@@ -215,6 +215,10 @@ class Collector:
             state.acceptance_per_position = tuple(
                 a / observation.drafts for a in observation.accepted_per_position
             )
+        if state.acceptance_length is None:
+            self.metrics.acceptance_length.remove(backend.name)
+        else:
+            self.metrics.acceptance_length.labels(backend.name).set(state.acceptance_length)
         if observation is not None:  # the load, from every replica, that prices its requests
             state.scraped(observation.running)
         if observation is None or observation.output_tokens <= 0:

@@ -15,6 +15,11 @@ backends deliver at their in-flight counts, smoothed like the load, over what on
 of the routed method serves within the ITL objective, with `sizing_headroom` to spare;
 pools the policy does not route to now want `idle_pool_replicas`. Because the routed method
 moves only with the selector's margin and dwell time, so does the signal.
+
+Every round also publishes, for every model (pinned ones too), each method's $/1M at the
+model's current load beside plain decoding's on the same GPUs at the same load
+(`draftgate_method_usd_per_mtok`, `draftgate_method_plain_usd_per_mtok`): what the alert
+on a method costing more than plain reads.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.classes import ClassView, candidates
 from gateway.db.session import transaction
+from gateway.metrics import set_exactly
 from gateway.moves import Move
 from gateway.registry import BackendView, Registry, Snapshot
 from gateway.reports import FleetNow
@@ -68,6 +74,14 @@ class _Audit:
     starts: list[Decision]  # a model's first choice on this replica
     decisions: list[Decision]  # moves the load made
     steps: list[tuple[str, Move, int]]  # steps of gradual moves reached
+
+
+@dataclass(frozen=True)
+class PriceGauges:
+    """Where the selector publishes each method's price and plain's beside it."""
+
+    method: Gauge
+    plain: Gauge
 
 
 def decide(
@@ -109,6 +123,7 @@ class Selector:
         desired_replicas: Gauge,
         move_steps: tuple[float, float] = (1.0, 0.0),
         webhooks: WebhookSender | None = None,  # told of each move, with its candidates
+        prices: PriceGauges | None = None,
     ) -> None:
         self.webhooks = webhooks
         self.registry, self.sessions = registry, sessions
@@ -125,6 +140,7 @@ class Selector:
         self._steps_seen: dict[str, tuple[Move, int]] = {}  # the last step audited per model
         self._started: set[str] = set()  # auto models whose first choice here is audited
         self._unaudited: list[_Audit] = []  # audits a database error kept back, oldest first
+        self.prices = prices
 
     async def run(self, stop: asyncio.Event) -> None:
         """Decide on an interval until `stop`."""
@@ -173,6 +189,7 @@ class Selector:
                     )
                     decisions.append(replace(decision, objective=objective.objective))
         self._publish_desired(snapshot)
+        self._publish_prices(snapshot, now)
         steps = self._steps_reached(snapshot, time.time())
         if decisions or steps or starts or self._unaudited:
             audits = [*self._unaudited, _Audit(starts, decisions, steps)]
@@ -292,6 +309,42 @@ class Selector:
                 routed_method=routed,
                 desired_replicas=desired,
             )
+
+    def _publish_prices(self, snapshot: Snapshot, now: float) -> None:
+        """Set every model's price per method, and plain's beside each, at its load."""
+        if self.prices is None:
+            return
+        method: dict[tuple[str, ...], float] = {}
+        plain: dict[tuple[str, ...], float] = {}
+        for model, backends in snapshot.backends.items():
+            load = self._load.get(model, 0.0)
+            priced = self._against_plain(snapshot, model, backends, load, now)
+            for name, (usd, plain_usd) in priced.items():
+                method[(model, name)], plain[(model, name)] = usd, plain_usd
+        set_exactly(self.prices.method, method)
+        set_exactly(self.prices.plain, plain)
+
+    def _against_plain(
+        self,
+        snapshot: Snapshot,
+        model: str,
+        backends: Sequence[BackendView],
+        load: float,
+        now: float,
+    ) -> dict[str, tuple[float, float]]:
+        """($/1M, plain's $/1M on the same backend at the same load) per method with a
+        healthy backend, its cheapest backend's, at the load `_prices` gives it."""
+        healthy = [b for b in backends if self.registry.states[b.name].available(now)]
+        replicas = Counter(b.method for b in healthy)
+        best: dict[str, tuple[float, float]] = {}
+        for b in healthy:
+            c = max(load / replicas[b.method], 1.0)
+            usd = snapshot.usd_per_mtok(model, b.method, b, c)
+            plain = snapshot.usd_per_mtok(model, "plain", b, c)
+            known = best.get(b.method)
+            if usd is not None and plain is not None and (known is None or usd < known[0]):
+                best[b.method] = (usd, plain)
+        return best
 
     def _prices(
         self,

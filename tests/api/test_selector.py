@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import select, text
 
 from gateway.classes import ClassView, candidates
-from gateway.control.selector import Selector, decide
+from gateway.control.selector import PriceGauges, Selector, decide
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
@@ -245,6 +245,62 @@ async def test_each_request_class_gets_its_objectives_choice(database_url: str) 
         )
         assert audited["thrifty"]["usd_per_mtok"] == {"plain": pytest.approx(2.78, rel=0.01)}
         assert await selector.step() == []  # nothing moved: nothing new to audit
+    finally:
+        engine.dispose()
+
+
+async def test_every_models_methods_are_priced_beside_plain_on_the_same_gpus(
+    database_url: str,
+) -> None:
+    """A pinned model too: what the alert on a method costlier than plain reads. At c=1 on
+    a $6 B200, P-EAGLE's 900 tokens/s cost 6 / (900 x 3600) x 1e6 = $1.85 per 1M, and plain
+    on that backend's GPU (400 tokens/s) $4.17; a backend gone unhealthy is priced no more."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    metrics = GatewayMetrics()
+    try:
+        registry = Registry(sessions, refresh_s=60)
+        registry.snapshot = Snapshot(
+            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
+            policies={"m": PolicyView("pinned", method="p-eagle")},
+            prices={"B200": 6.0},
+            curves={
+                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
+                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
+            },
+        )
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=1,
+            min_dwell_s=0,
+            switch_margin=0.05,
+            sizing=Sizing(0.2, 1),
+            desired_replicas=metrics.desired_replicas,
+            prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
+        )
+
+        def priced(name: str) -> dict[str, float | None]:
+            return {
+                method: metrics.registry.get_sample_value(name, {"model": "m", "method": method})
+                for method in ("plain", "p-eagle")
+            }
+
+        await selector.step()
+        method, plain = "draftgate_method_usd_per_mtok", "draftgate_method_plain_usd_per_mtok"
+        assert priced(method) == {
+            "plain": pytest.approx(4.1667, rel=1e-4),
+            "p-eagle": pytest.approx(1.8519, rel=1e-4),
+        }
+        assert priced(plain) == {
+            "plain": pytest.approx(4.1667, rel=1e-4),
+            "p-eagle": pytest.approx(4.1667, rel=1e-4),
+        }
+        registry.states["b"].healthy = False
+        await selector.step()
+        assert priced(method) == {"plain": pytest.approx(4.1667, rel=1e-4), "p-eagle": None}
+        assert priced(plain)["p-eagle"] is None
     finally:
         engine.dispose()
 

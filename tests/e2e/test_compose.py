@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -37,12 +38,14 @@ from gateway.services.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from planner.catalog import default_prices
 from tests.unit.k8s_queries import OAUTH2_PROXY_REQUIRED, oauth2_proxy_options
+from tests.unit.test_alerts import alerting_rules, exported_metric_names, metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DEPLOY = ROOT / "deploy" / "compose"
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
+PROMTOOL = shutil.which("promtool")
 PROFILES = ("sim", "gpu")  # the backends' profiles
 LOGIN_PROFILE = "login"
 # What `docker compose up` needs set, whatever the profiles: compose reads every service's
@@ -606,6 +609,28 @@ def test_prometheus_scrapes_every_gateway_replica_and_every_backend(
     )
 
 
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool (make test installs it)")
+def test_prometheus_loads_the_alerting_rules_mounted_beside_its_config(
+    compose: dict[str, Any],
+) -> None:
+    """The container reads /etc/prometheus/prometheus.yml and finds `rule_files` beside it:
+    the same layout as deploy/compose/, so promtool checks both as Prometheus will load them."""
+    volumes = compose["services"]["prometheus"]["volumes"]
+    assert "./deploy/compose/alerts.yml:/etc/prometheus/alerts.yml:ro" in volumes
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text(encoding="utf-8"))
+    assert config["rule_files"] == ["alerts.yml"]
+    checked = subprocess.run(
+        [str(PROMTOOL), "check", "config", "prometheus.yml"],
+        cwd=DEPLOY,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in checked.stdout
+
+
 def test_grafana_is_provisioned_with_the_dashboard_and_data_source(compose: dict[str, Any]) -> None:
     grafana = compose["services"]["grafana"]
     provisioning = DEPLOY / "grafana" / "provisioning"
@@ -659,6 +684,22 @@ def test_grafana_shows_gateway_and_spec_decode_panels() -> None:
             assert {"source_labels": ["__meta_dns_name"], "target_label": "backend"} in job[
                 "relabel_configs"
             ]
+
+
+def test_grafana_draws_every_figure_an_alert_reads_and_the_alerts_firing() -> None:
+    names = grafana_metric_names()
+    read = set().union(*(metric_names(rule["expr"]) for rule in alerting_rules()))
+    assert read - {"up"} <= names, read - names
+    drawn = {n for n in names if n.startswith("draftgate_")}
+    assert drawn <= exported_metric_names(), drawn - exported_metric_names()
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "draftgate.json").read_text())
+    [alerts] = [p for p in dashboard["panels"] if p["title"] == "Alerts firing"]
+    assert [t["expr"] for t in alerts["targets"]] == [
+        'ALERTS{alertstate="firing", alertname=~"Draftgate.*"}'
+    ]
+    panels = sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    assert panels[0]["type"] == "row"
+    assert panels[1] is alerts  # the first thing one sees
 
 
 # --- the image ---
