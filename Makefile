@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint typecheck vllm-cpu chromium accuracy docs clean
+.PHONY: up test lint typecheck vllm-cpu chromium prometheus accuracy docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy gateway planner backends dashboard
 
-test: lint typecheck vllm-cpu chromium
+test: lint typecheck vllm-cpu chromium prometheus
 	$(BIN)/pytest
 
 # vLLM's CPU build for the real-vLLM tier (tests/vllm), in a virtualenv of its own cached
@@ -47,6 +47,15 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 chromium:
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+# Debian's Prometheus for the alerting rules' tests (promtool in tests/unit/test_alerts.py,
+# the server in tests/e2e/test_alerts.py, which runs its own on a loopback port with its
+# own storage: the package's service, if the machine starts one, is not used); a no-op
+# once both exist.
+prometheus:
+	@test -x /usr/bin/promtool -a -x /usr/bin/prometheus || { $(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		prometheus; }
 
 # Regenerate the planner's accuracy report (tests fail when the committed one is stale).
 accuracy: $(VENV)/.installed

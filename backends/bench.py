@@ -96,7 +96,8 @@ class LevelResult:
     input_tokens: int
     output_tokens_per_s: float
     ttft_ms: list[float]
-    itl_ms: list[float]
+    itl_ms: list[float]  # between streamed chunks, as vLLM's bench names it (one chunk may
+    # carry several tokens when drafts are accepted): not the per-token latency
     e2e_ms: list[float]
     acceptance_length: float | None
     acceptance_per_position: list[float] | None
@@ -104,6 +105,9 @@ class LevelResult:
     # Requests sent / time of the last send; below the rate asked when the cap held them back.
     achieved_request_rate_per_s: float | None = None
     mean_in_flight: float = 0.0  # Σ e2e latency / duration (Little's law)
+    # Per request, (e2e - TTFT) / (output tokens - 1): vLLM bench's TPOT, the per-token
+    # latency the planner, the selector and `itl_objective_ms` mean.
+    tpot_ms: list[float] = field(default_factory=list)
 
     @property
     def load_concurrency(self) -> float:
@@ -287,6 +291,11 @@ def _summarise(
         ttft_ms=[r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
         itl_ms=[x * 1000 for r in ok for x in r.itls_s],
         e2e_ms=[r.e2e_s * 1000 for r in ok],
+        tpot_ms=[
+            (r.e2e_s - r.ttft_s) * 1000 / (r.output_tokens - 1)
+            for r in ok
+            if r.ttft_s is not None and r.output_tokens > 1
+        ],
         acceptance_length=acceptance,
         acceptance_per_position=per_position,
         mean_in_flight=sum(r.e2e_s for r in ok) / elapsed if elapsed else 0.0,
@@ -326,7 +335,13 @@ def vllm_bench_json(config: BenchConfig, level: LevelResult) -> dict[str, Any]:
         if level.duration_s
         else 0.0,
     }
-    for name, values in (("ttft", level.ttft_ms), ("itl", level.itl_ms), ("e2el", level.e2e_ms)):
+    figures = (
+        ("ttft", level.ttft_ms),
+        ("tpot", level.tpot_ms),
+        ("itl", level.itl_ms),
+        ("e2el", level.e2e_ms),
+    )
+    for name, values in figures:
         body |= _stats(values, name)
     if level.acceptance_length is not None:
         body["spec_decode_acceptance_length"] = level.acceptance_length

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 
 from backends.methods import MethodSpec, render_vllm_args
 
-VLLM_IMAGE = "vllm/vllm-openai:latest"
+# The release whose `--speculative-config` fields (dflash, dspark, parallel_drafting) and
+# `vllm:*` metrics this project renders and reads; move it with backends/methods.py.
+VLLM_VERSION = "0.32.0"
+VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 VLLM_PORT = 8000
 # Where the vLLM image keeps Hugging Face downloads: a named volume keeps them across restarts.
 HF_CACHE_PATH = "/root/.cache/huggingface"
@@ -30,9 +33,20 @@ def vllm_healthcheck(port: int = VLLM_PORT) -> dict[str, object]:
     }
 
 
-def gpu_reservation(gpu_count: int) -> dict[str, object]:
-    """`deploy:` reserving `gpu_count` NVIDIA GPUs for one service."""
-    device = {"driver": "nvidia", "count": gpu_count, "capabilities": ["gpu"]}
+def gpu_device_ids(first_gpu: int, gpu_count: int) -> list[str]:
+    """The host's GPU indices a service gets: `gpu_count` of them from `first_gpu`."""
+    return [str(i) for i in range(first_gpu, first_gpu + gpu_count)]
+
+
+def gpu_reservation(gpu_count: int, first_gpu: int = 0) -> dict[str, object]:
+    """`deploy:` reserving these GPUs by index for one service. By index, not `count:`:
+    Docker gives every `count: 1` service the same first GPU, so a second vLLM on the
+    host would start on a GPU the first already fills."""
+    device = {
+        "driver": "nvidia",
+        "device_ids": gpu_device_ids(first_gpu, gpu_count),
+        "capabilities": ["gpu"],
+    }
     return {"resources": {"reservations": {"devices": [device]}}}
 
 
@@ -51,17 +65,19 @@ def vllm_service(
     *,
     port: int = VLLM_PORT,
     gpu_count: int = 1,
+    first_gpu: int = 0,
     hf_cache_volume: str = "hf-cache",
     image: str = VLLM_IMAGE,
     extra_args: Sequence[str] = (),
 ) -> dict[str, object]:
-    """One compose service running `vllm serve` for `model` with `spec` on `gpu_count` GPUs."""
+    """One compose service running `vllm serve` for `model` with `spec` on `gpu_count` GPUs,
+    host GPUs `first_gpu` onwards."""
     return {
         "image": image,
         "command": vllm_command(model, spec, port=port, extra_args=extra_args),
         "environment": {"HF_TOKEN": "${HF_TOKEN:-}"},
         "volumes": [f"{hf_cache_volume}:{HF_CACHE_PATH}"],
         "ipc": "host",
-        "deploy": gpu_reservation(gpu_count),
+        "deploy": gpu_reservation(gpu_count, first_gpu),
         "healthcheck": vllm_healthcheck(port),
     }

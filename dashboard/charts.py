@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from itertools import pairwise
 from typing import Any
 
 import altair as alt
@@ -11,6 +12,14 @@ from dashboard.schemas import AccuracyPoint, Curve, PlanPoint, UsageRow
 
 Rows = list[dict[str, Any]]
 CAPACITY, BELOW_PLAIN = "capacity cost", "capacity cost below plain"  # never money saved
+# Solid where the planner's point is a measurement, dashed where it is estimated: fixed, or
+# Vega-Lite would give the first kind present the solid line (all solid with no measurement).
+SOURCE_DASHES = alt.Scale(domain=["measured", "estimated"], range=[[1, 0], [6, 4]])
+
+
+def _legend(title: str) -> alt.Legend:
+    """A legend under the chart, labels whole: a long method name is never cut off."""
+    return alt.Legend(title=title, orient="bottom", labelLimit=0, columns=3)
 
 
 def _chart(rows: Rows) -> alt.Chart:
@@ -18,11 +27,27 @@ def _chart(rows: Rows) -> alt.Chart:
     return chart
 
 
+def _segments(curves: dict[str, list[PlanPoint]]) -> Rows:
+    """Each method's line as segments between consecutive points: `measured` where both
+    ends are measured, else `estimated` (drawn dashed)."""
+    rows = []
+    for method, points in curves.items():
+        for i, (a, b) in enumerate(pairwise(points)):
+            kind = "measured" if a.source == b.source == "measured" else "estimated"
+            for p in (a, b):
+                rows.append(
+                    {"concurrency": p.concurrency, "tokens_per_s": p.output_tokens_per_s,
+                     "series": method, "kind": kind, "segment": f"{method}/{i}"}
+                )  # fmt: skip
+    return rows
+
+
 def throughput_vs_concurrency(
     curves: dict[str, list[PlanPoint]], measured: list[AccuracyPoint], gpu_count: int
 ) -> alt.LayerChart:
-    """Every method's planner curve (its best K per load) and every measured point."""
-    rows = [
+    """Every method's planner curve (its best K per load), solid between measured points and
+    dashed where estimated, its points filled where measured, and every measured point."""
+    points = [
         {
             "concurrency": p.concurrency,
             "tokens_per_s": p.output_tokens_per_s,
@@ -35,14 +60,30 @@ def throughput_vs_concurrency(
     ]
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
     y = alt.Y("tokens_per_s:Q", title="output tokens/s")
-    curves = (
-        _chart(rows)
-        .mark_line(point=True)
+    color = alt.Color("series:N", legend=_legend("method"))
+    lines = (
+        _chart(_segments(curves))
+        .mark_line()
         .encode(
             x=x,
             y=y,
-            color="series:N",
-            strokeDash=alt.StrokeDash("kind:N", title="planner point"),
+            color=color,
+            detail="segment:N",
+            strokeDash=alt.StrokeDash(
+                "kind:N", title="planner line", scale=SOURCE_DASHES, legend=_legend("line")
+            ),
+        )
+    )
+    planner_points = (
+        _chart(points)
+        .mark_point(size=40)
+        .encode(
+            x=x,
+            y=y,
+            color=color,
+            fill=alt.condition(
+                alt.datum.kind == "measured", alt.Color("series:N"), alt.value("white")
+            ),
             tooltip=["series:N", "K:Q", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
         )
     )
@@ -60,11 +101,12 @@ def throughput_vs_concurrency(
         .encode(
             x=x,
             y=y,
-            color="series:N",
+            color=alt.Color("series:N", legend=_legend("method")),
             tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q"],
         )
     )
-    layered: alt.LayerChart = alt.LayerChart(layer=[curves, marks] if measured else [curves])
+    layers = [lines, planner_points, marks] if measured else [lines, planner_points]
+    layered: alt.LayerChart = alt.LayerChart(layer=layers)
     return layered
 
 
@@ -87,7 +129,7 @@ def live_curves(curves: list[Curve]) -> alt.LayerChart:
     ]
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
     y = alt.Y("tokens_per_s:Q", title="output tokens/s per GPU")
-    color = alt.Color("series:N", legend=alt.Legend(title="method", labelLimit=0))
+    color = alt.Color("series:N", legend=_legend("method"))
     band = _chart(rows).mark_area(opacity=0.15).encode(x=x, y="low:Q", y2="high:Q", color=color)
     line = _chart(rows).mark_line().encode(x=x, y=y, color=color)
     points = (

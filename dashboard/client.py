@@ -34,6 +34,7 @@ from dashboard.schemas import (
     ModelInfo,
     Plan,
     Policy,
+    PolicySaved,
     Price,
     Spend,
     Usage,
@@ -159,8 +160,8 @@ class AdminClient:
         """The GPU types the planner knows (its catalog), in catalog order."""
         return self._list(Gpu, "/gpus")
 
-    def keys(self) -> list[ApiKey]:
-        return self._list(ApiKey, "/keys")
+    def keys(self, include_revoked: bool = False) -> list[ApiKey]:
+        return self._list(ApiKey, "/keys", include_revoked=include_revoked or None)
 
     def benchmarks(self) -> list[Benchmark]:
         return self._list(Benchmark, "/benchmarks")
@@ -243,10 +244,10 @@ class AdminClient:
 
     # --- changes ---
 
-    def set_policy(self, model: str, policy: Policy, immediate: bool = False) -> ModelInfo:
+    def set_policy(self, model: str, policy: Policy, immediate: bool = False) -> PolicySaved:
         body = policy.model_dump(mode="json")
         path = f"/models/{_path_name(model)}/policy" + ("?immediate=true" if immediate else "")
-        return _parse(ModelInfo, self._write("PUT", path, body))
+        return _parse(PolicySaved, self._write("PUT", path, body))
 
     def add_backend(self, fields: dict[str, object]) -> Backend:
         return _parse(Backend, self._write("POST", "/backends", fields))

@@ -95,6 +95,10 @@ class ModelInfo(Record):
     move: Move | None = None  # a gradual move to the pinned method, while under way
 
 
+class PolicySaved(ModelInfo):
+    warnings: list[str] = []  # what in the policy no enabled backend runs
+
+
 class Price(Record):
     id: int
     gpu_type: str
@@ -140,6 +144,7 @@ class AuditEntry(Record):
     action: str
     resource_type: str
     resource_id: str
+    before: dict[str, Any] | None = None
     after: dict[str, Any] | None
 
 
@@ -319,7 +324,8 @@ class BenchmarkLevel(Record):
     concurrency: float
     completed: int
     output_tokens_per_s: float
-    mean_itl_ms: float | None = None
+    mean_tpot_ms: float | None = None  # per-token latency (absent from older runs)
+    mean_itl_ms: float | None = None  # between streamed chunks
     acceptance_length: float | None = None
     acceptance_per_position: list[float] | None = None
 

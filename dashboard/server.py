@@ -44,6 +44,9 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
 ]
 REFUSED = b"host not allowed: add it to DRAFTGATE_DASHBOARD_ALLOWED_HOSTS"
+# Streamlit serves the default page at `/` only; its own name, linked to, would be a
+# "Page not found".
+DEFAULT_PAGE_PATH = "/overview"
 
 
 def host_allowed(host: str | None, allowed: Sequence[str]) -> bool:
@@ -90,6 +93,9 @@ class Door:
         if kind == "websocket":
             await self.app(scope, receive, send)
             return
+        if scope["path"].rstrip("/") == DEFAULT_PAGE_PATH:
+            await _redirect_home(scope, send)
+            return
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -97,6 +103,14 @@ class Door:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+async def _redirect_home(scope: Scope, send: Send) -> None:
+    query = scope.get("query_string", b"")
+    location = b"/" + (b"?" + query if query else b"")
+    headers = [(b"location", location), (b"content-length", b"0"), *SECURITY_HEADERS]
+    await send({"type": "http.response.start", "status": 308, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _refuse(kind: str, send: Send) -> None:

@@ -21,23 +21,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
+from gateway.budget_alerts import BudgetWatch
 from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector, Gate
 from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
+from gateway.control.readiness import publish_readiness
 from gateway.control.retention import prune_forever
-from gateway.control.selector import Selector
+from gateway.control.selector import PriceGauges, Selector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Services, authorize_admin
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
 from gateway.limits import Limiter
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.services.rightsizing import Sizing
 from gateway.settings import Settings
+from gateway.webhooks import WebhookSender
 
 if TYPE_CHECKING:
     from gateway.tracing import Tracing
@@ -162,6 +165,15 @@ def create_app(settings: Settings, managed: ManagedBackends | None = None) -> Ga
     return app
 
 
+def _publish_snapshot_figures(
+    metrics: GatewayMetrics, registry: Registry, limiter: Limiter
+) -> None:
+    """The gauges a fresh snapshot changes: keys' budget use and the planner's error."""
+    snapshot = registry.snapshot
+    set_exactly(metrics.budget_used, limiter.budget_used(snapshot))
+    set_exactly(metrics.planner_error, {(m,): e for m, e in snapshot.planner_error().items()})
+
+
 def start_tracing(settings: Settings) -> Tracing | None:
     """The tracer when `settings.tracing` is on (the `otel` extra, imported only then)."""
     if not settings.tracing:
@@ -193,6 +205,12 @@ async def _running(
     limiter = Limiter(sessions, settings.limits_sync_s)
     registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
     registry.on_load.append(limiter.snapshot_loaded)
+    webhooks = WebhookSender.of(settings, metrics)  # None without webhook URLs: nothing runs
+    if webhooks is not None:
+        watch = BudgetWatch(settings.budget_thresholds, webhooks)
+        registry.on_load_start.append(watch.load_starting)
+        registry.on_load.append(lambda: watch.check(registry.snapshot))
+    registry.on_load.append(lambda: _publish_snapshot_figures(metrics, registry, limiter))
     client = upstream_client(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     benchmarks = BenchmarkManager(sessions)
@@ -222,6 +240,7 @@ async def _running(
         interval_s=settings.collect_interval_s,
         window_s=settings.measurement_window_s,
         gate=Gate(settings.measurement_min_requests, settings.measurement_min_output_tokens),
+        webhooks=webhooks,
     )
     selector = Selector(
         registry,
@@ -232,6 +251,8 @@ async def _running(
         sizing=Sizing.of(settings),
         desired_replicas=metrics.desired_replicas,
         move_steps=(settings.move_step_share, settings.move_step_s),
+        webhooks=webhooks,
+        prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
     )
     stoppable = [
         asyncio.create_task(c)
@@ -242,10 +263,13 @@ async def _running(
             collector.run(stop),
             selector.run(stop),
             prune_forever(sessions, settings.usage_retention_days, metrics, stop),
+            publish_readiness(sessions, registry, metrics.ready, settings.probe_interval_s, stop),
         )
     ]
+    if webhooks is not None:  # at the stop, queued events get a short grace to go out
+        stoppable.append(asyncio.create_task(webhooks.run(stop)))
     prober = asyncio.create_task(
-        probe_forever(registry, control, settings.probe_interval_s, metrics)
+        probe_forever(registry, control, settings.probe_interval_s, metrics, webhooks)
     )
     try:
         yield
@@ -261,5 +285,7 @@ async def _running(
         await ledger.drain()
         await client.aclose()
         await control.aclose()
+        if webhooks is not None:
+            await webhooks.aclose()
         if tracing is not None:
             await anyio.to_thread.run_sync(tracing.shutdown)

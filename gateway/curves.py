@@ -211,6 +211,9 @@ class Band:
 
     measured: tuple[tuple[float, float], ...]
     estimated: float
+    # The planner's mean error on the curve's measured points, the shape its estimates rest
+    # on (None: fewer than two points, or a model the planner has no spec for).
+    planner_error: float | None = None
 
     def source(self, concurrency: float) -> Literal["measured", "estimated"]:
         """ "measured" within the measured points (interpolated between them)."""
@@ -319,7 +322,8 @@ def _curve(
     estimated = MEAN_ERROR_TO_95 * (
         OUT_OF_SAMPLE_ERROR if error is None else max(error, CALIBRATED_ERROR)
     )
-    return ThroughputCurve.from_points(extend(_pairs(rows), predicted)), _band(rows, estimated)
+    band = _band(rows, estimated, error)
+    return ThroughputCurve.from_points(extend(_pairs(rows), predicted)), band
 
 
 def relative_95(point: Aggregate) -> float | None:
@@ -327,14 +331,15 @@ def relative_95(point: Aggregate) -> float | None:
     return Z_95 * point.spread / math.sqrt(point.points) if point.points > 1 else None
 
 
-def _band(rows: list[Aggregate], estimated: float) -> Band:
+def _band(rows: list[Aggregate], estimated: float, planner_error: float | None = None) -> Band:
     """Each measured point's half-width; one window's from the curve's spread (pure)."""
     several = [(r.requests, r.spread) for r in rows if r.points > 1]
     one_window = (
         Z_95 * sum(n * s for n, s in several) / sum(n for n, _ in several) if several else estimated
     )
     measured = [(r.concurrency, relative_95(r)) for r in rows if r.concurrency > 0]
-    return Band(tuple((c, one_window if h is None else h) for c, h in measured), estimated)
+    half_widths = tuple((c, one_window if h is None else h) for c, h in measured)
+    return Band(half_widths, estimated, planner_error)
 
 
 def _shape_error(

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.session import transaction, upsert_insert
 from gateway.db.tables import RateWindow
 from gateway.errors import QuotaExceeded, RateLimited
-from gateway.registry import KeyView
+from gateway.registry import KeyView, Snapshot
 
 logger = logging.getLogger(__name__)
 WINDOW_S = 60
@@ -140,6 +140,17 @@ class Limiter:
         counted.unsynced_tokens += tokens
         self._in_flight[key.id] = in_flight + 1
         return Reservation(key.id, window, tokens, usd if budget is not None else 0.0)
+
+    def budget_used(self, snapshot: Snapshot) -> dict[tuple[str, ...], float]:
+        """The share of its budget each budgeted key spent in its period, as its checks see
+        it (reservations in flight aside), by (key id, key name)."""
+        used: dict[tuple[str, ...], float] = {}
+        for key in snapshot.keys.values():
+            if key.budget_usd:
+                spent = snapshot.key_spend_usd.get(key.id, 0.0)
+                spent += self._spend_since_snapshot.get(key.id, 0.0)
+                used[(str(key.id), key.name)] = spent / key.budget_usd
+        return used
 
     def settle(self, held: Reservation, tokens: int, cost_usd: float | None) -> None:
         """A request ended: its actual tokens and cost replace its reservation."""

@@ -33,6 +33,7 @@ class MethodRender(Strict):
     drafter: str | None = Field(default=None, max_length=500)
     speculative_options: dict[str, Any] = Field(default_factory=dict)
     gpu_count: int = Field(default=1, ge=1, le=1024)  # GPUs the compose service reserves
+    first_gpu: int = Field(default=0, ge=0, le=1023)  # the first of them, by host index
     port: int = Field(default=8000, ge=1, le=65535)  # vLLM's port, published on loopback
 
     def method_spec(self) -> MethodSpec:
@@ -59,7 +60,7 @@ class ComposeDevice(BaseModel):
     """GPUs a compose service reserves."""
 
     driver: str
-    count: int
+    device_ids: list[str]  # host GPU indices: each service its own
     capabilities: list[str]
 
 

@@ -1,10 +1,16 @@
 """Every Prometheus metric the gateway exposes, declared once, in one registry per app.
 
 Labels are bounded: model and method come from the registry (not from clients), status is
-an HTTP status class, backend names from the registry. No per-key labels.
+an HTTP status class, backend names from the registry. Keys label only the budget gauge (the
+keys with a budget, set on each registry refresh); no per-request label.
+
+Gauges the alerting rules read (deploy/compose/alerts.yml) are set by control loops and the
+registry refresh, never per request.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -133,6 +139,13 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        self.acceptance_length = Gauge(
+            "draftgate_backend_acceptance_length",
+            "Mean acceptance length (1 + accepted / drafts) of the backend's last scrape "
+            "interval in which it drafted; absent for plain backends.",
+            ["backend"],
+            registry=r,
+        )
         self.windows_rejected = Counter(
             "draftgate_measurement_windows_rejected",
             "Collector windows not stored as measurements: too few requests or output tokens.",
@@ -145,6 +158,40 @@ class GatewayMetrics:
             ["model", "method"],
             registry=r,
         )
+        self.method_usd_per_mtok = Gauge(
+            "draftgate_method_usd_per_mtok",
+            "Capacity cost ($ per 1M output tokens) of each method with a healthy backend at "
+            "the model's current load, as the selector prices it.",
+            ["model", "method"],
+            registry=r,
+        )
+        self.plain_usd_per_mtok = Gauge(
+            "draftgate_method_plain_usd_per_mtok",
+            "What plain decoding would cost ($ per 1M output tokens) on the same GPUs at the "
+            "same load as each method of draftgate_method_usd_per_mtok.",
+            ["model", "method"],
+            registry=r,
+        )
+        self.planner_error = Gauge(
+            "draftgate_planner_error_ratio",
+            "Mean relative error of the planner's curve shape on the model's measured points "
+            "(each predicted from its nearest measured neighbour), over its curves with two "
+            "or more measured points.",
+            ["model"],
+            registry=r,
+        )
+        self.budget_used = Gauge(
+            "draftgate_key_budget_used_ratio",
+            "Share of each budgeted API key's budget spent in its current period.",
+            ["key_id", "key_name"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "draftgate_ready",
+            "1 if this replica is ready (GET /ready would answer 200), checked at the probe "
+            "interval.",
+            registry=r,
+        )
         self.ledger_pending = Gauge(
             "draftgate_ledger_pending", "Usage records waiting to be written.", registry=r
         )
@@ -152,6 +199,22 @@ class GatewayMetrics:
             "draftgate_ledger_dropped",
             "Usage records dropped because the pending queue was full.",
             registry=r,
+        )
+        self.webhook_events = Counter(
+            "draftgate_webhook_events",
+            "Webhook events per URL by type and outcome: sent, failed (attempts used up or "
+            "refused with a 4xx), dropped (the URL's queue was full).",
+            ["type", "outcome"],
+            registry=r,
+        )
+        self.webhook_retries = Counter(
+            "draftgate_webhook_retries",
+            "Webhook delivery attempts after an event's first, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.webhook_queued = Gauge(
+            "draftgate_webhook_queued", "Webhook events waiting, over every URL.", registry=r
         )
         self.usage_rejected = Counter(
             "draftgate_usage_values_rejected",
@@ -183,3 +246,15 @@ class GatewayMetrics:
     def exposition(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+def set_exactly(gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
+    """Set `gauge` to `values` (by label values) and remove every other label set, so a
+    series that is gone stops being exported without a moment of no series at all."""
+    for labels, value in values.items():
+        gauge.labels(*labels).set(value)
+    for metric in gauge.collect():
+        for sample in metric.samples:
+            labels = tuple(sample.labels.values())  # in the gauge's label order
+            if labels not in values:
+                gauge.remove(*labels)

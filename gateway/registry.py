@@ -194,6 +194,15 @@ class Snapshot:
         curve = self.curves.get((model, method, backend.gpu_type))
         return None if curve is None else 1000 * max(c, 1.0) / (curve.at(c) * backend.gpu_count)
 
+    def planner_error(self) -> dict[str, float]:
+        """The planner's mean error on each model's measured points: the mean over its
+        curves that have two or more (models with none are left out)."""
+        errors: dict[str, list[float]] = defaultdict(list)
+        for (model, _, _), band in self.bands.items():
+            if band.planner_error is not None:
+                errors[model].append(band.planner_error)
+        return {model: sum(e) / len(e) for model, e in errors.items()}
+
     def auto_method(self, model: str) -> str | None:
         """The cheapest method with measurements and an enabled backend, else plain."""
         backends = self.backends.get(model, ())
@@ -208,7 +217,8 @@ class Snapshot:
         return "plain" if "plain" in methods else (min(methods) if methods else None)
 
 
-def _period_start(period: str, now: dt.datetime) -> dt.datetime | None:
+def period_start(period: str, now: dt.datetime) -> dt.datetime | None:
+    """When the budget period holding `now` began (UTC); None for a `total` budget."""
     if period == "daily":
         return now.replace(hour=0, minute=0, second=0, microsecond=0)
     if period == "monthly":
@@ -304,7 +314,7 @@ def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
             .where(UsageHourly.api_key_id.in_(ids))
             .group_by(UsageHourly.api_key_id)
         )
-        start = _period_start(period, now)
+        start = period_start(period, now)
         if start is not None:
             query = query.where(UsageHourly.hour >= start)
         spend.update({int(k): float(total or 0.0) for k, total in session.execute(query) if k})

@@ -293,6 +293,12 @@ class ModelPublic(BaseModel):
     updated_at: dt.datetime
 
 
+class PolicySaved(ModelPublic):
+    """A model after its policy was set, with what in the policy no backend serves."""
+
+    warnings: list[str] = Field(default_factory=list)
+
+
 class PriceFields(Strict):
     """What one GPU-hour costs, and where that figure came from."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,7 +24,10 @@ UNFORWARDABLE_HEADERS = frozenset(
 class Settings(BaseSettings):
     """Settings of one gateway process; read once and passed to `create_app`."""
 
-    model_config = SettingsConfigDict(env_prefix="DRAFTGATE_", extra="ignore")
+    # Errors never echo their input: it may hold a token, a secret or a URL with a token in it.
+    model_config = SettingsConfigDict(
+        env_prefix="DRAFTGATE_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = Field(
         default="sqlite:///.draftgate/draftgate.db",
@@ -36,7 +40,8 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         default=None,
         description=(
-            "Bearer token for `/admin/v1`. No default: `draftgate up` generates one when unset, "
+            "Bearer token for `/admin/v1`. No default: `draftgate up` generates one when unset "
+            "and keeps it in `.draftgate/admin-token` (mode 600) for later starts, "
             "`draftgate gateway` refuses to start without one. Placeholders and tokens shorter "
             f"than {MIN_ADMIN_TOKEN_CHARS} characters are refused unless `dev_mode` is on."
         ),
@@ -487,6 +492,75 @@ class Settings(BaseSettings):
             "so limits hold across replicas. Default 1 s (the tolerance of shared limits)."
         ),
     )
+    webhook_urls: str | None = Field(
+        default=None,
+        description=(
+            "URLs that receive the gateway's events as signed JSON POSTs, comma-separated: "
+            "automatic method moves, budget thresholds, backends going down and up, method "
+            "mismatches (docs/webhooks.md). Only scheme, host and port are ever logged: a "
+            "path may hold a token. Default: none, and then nothing is started."
+        ),
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Key of the HMAC-SHA256 signature every webhook carries "
+            "(`x-draftgate-signature`), so a receiver can tell the gateway's events from "
+            "anyone's. No default: required with `webhook_urls` (at least "
+            f"{MIN_ADMIN_TOKEN_CHARS} characters, no placeholder) unless `dev_mode` is on, "
+            "which sends unsigned events without one."
+        ),
+    )
+    webhook_queue_size: int = Field(
+        default=1000,
+        ge=1,
+        description=(
+            "Events waiting per webhook URL while its receiver is slow or down; beyond it "
+            "the oldest is dropped and counted (`draftgate_webhook_events_total{outcome="
+            '"dropped"}`). Default 1000: a fleet sends a few events a minute, so hours of a '
+            "receiver's outage."
+        ),
+    )
+    webhook_max_attempts: int = Field(
+        default=6,
+        ge=1,
+        le=20,
+        description=(
+            "Attempts to deliver one event to one URL (the first included) on connection "
+            "errors, timeouts, 5xx and 429; another 4xx is not retried. Default 6: with the "
+            "default backoff 15 to 31 s of retrying, then the event counts as failed."
+        ),
+    )
+    webhook_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description=(
+            "Seconds before the first retry of a webhook; each next wait doubles (at most "
+            "60 s, or a 429's `Retry-After`), less up to half at random so receivers that "
+            "come back are not hit by every replica at once. Default 1 s."
+        ),
+    )
+    webhook_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description=(
+            "Seconds one webhook attempt may take (connecting at most 3 s of it) before it "
+            "counts as failed and is retried. Default 5 s: a receiver should answer at once "
+            "and do its work later."
+        ),
+    )
+    webhook_budget_thresholds: str = Field(
+        default="0.8,1.0",
+        pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?)*$",
+        description=(
+            "Fractions of a key's budget whose crossing sends `budget.threshold`, "
+            "comma-separated; each fires once per key and budget period (again only after "
+            "the spend fell below it: a raised budget, a new period). Default `0.8,1.0`: a "
+            "warning, then the budget spent."
+        ),
+    )
     vllm_python: Path | None = Field(
         default=None,
         description=(
@@ -623,6 +697,51 @@ class Settings(BaseSettings):
     def forwarded_headers(self) -> tuple[bytes, ...]:
         """`forward_headers` as the relay looks them up (lower-case bytes)."""
         return tuple(n.encode() for n in self.forward_headers.split(",") if n)
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _webhook_urls(cls, urls: str | None) -> str | None:
+        listed = [u.strip() for u in (urls or "").split(",") if u.strip()]
+        for url in listed:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
+                # the URL itself is not repeated: its path may hold a token
+                raise ValueError("DRAFTGATE_WEBHOOK_URLS holds an entry that is no http(s) URL")
+        return ",".join(listed) or None
+
+    @field_validator("webhook_budget_thresholds")
+    @classmethod
+    def _thresholds(cls, thresholds: str) -> str:
+        values = sorted({float(t) for t in thresholds.split(",")})
+        if values[0] <= 0:
+            raise ValueError("DRAFTGATE_WEBHOOK_BUDGET_THRESHOLDS must be fractions above 0")
+        return ",".join(f"{v:g}" for v in values)
+
+    @property
+    def webhook_url_list(self) -> tuple[str, ...]:
+        """`webhook_urls` in order."""
+        return tuple(u for u in (self.webhook_urls or "").split(",") if u)
+
+    @property
+    def budget_thresholds(self) -> tuple[float, ...]:
+        """`webhook_budget_thresholds`, ascending."""
+        return tuple(float(t) for t in self.webhook_budget_thresholds.split(","))
+
+    @model_validator(mode="after")
+    def _signed_webhooks(self) -> Settings:
+        """Refuse webhook URLs without a strong secret outside dev mode: an unsigned event
+        is one any sender could forge."""
+        if not self.webhook_urls or self.dev_mode:
+            return self
+        secret = self.webhook_secret
+        if secret is None or _weak(secret.get_secret_value()):
+            raise ValueError(
+                "DRAFTGATE_WEBHOOK_URLS needs DRAFTGATE_WEBHOOK_SECRET: a random secret of at "
+                f"least {MIN_ADMIN_TOKEN_CHARS} characters (e.g. `python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'`), or DRAFTGATE_DEV_MODE=true to send "
+                "unsigned events in local development"
+            )
+        return self
 
     @model_validator(mode="after")
     def _refuse_weak_admin_tokens(self) -> Settings:

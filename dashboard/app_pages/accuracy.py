@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import charts
 from dashboard.client import admin_client, shows_api_errors
+from dashboard.formats import NO_DATA, count
 
 
 @shows_api_errors
@@ -20,7 +21,7 @@ def render() -> None:
         )
         return
     mean = accuracy.mean_absolute_error
-    st.metric("Mean absolute error (held out)", "—" if mean is None else f"{mean:.1%}")
+    st.metric("Mean absolute error (held out)", NO_DATA if mean is None else f"{mean:.1%}")
     if mean is None:
         st.caption(
             "No error yet: a point is predicted from the other measurements of its "
@@ -40,7 +41,7 @@ def render() -> None:
                 "K": p.k,
                 "concurrency": round(p.concurrency, 2),
                 "source": p.source,
-                "measured tokens/s per GPU": round(p.measured_output_tokens_per_s, 1),
+                "measured tokens/s per GPU": count(p.measured_output_tokens_per_s),
                 "predicted": None
                 if p.predicted_output_tokens_per_s is None
                 else round(p.predicted_output_tokens_per_s, 1),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.live import live_panel
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
+from dashboard.formats import NO_DATA, or_missing, share
 from dashboard.schemas import Backend
 
-NO_DATA = "—"  # plain decoding, or nothing measured yet: never a made-up figure
 ACCEPTANCE_SOURCES = {"scrape": "live scrape", "measurement": "last stored measurement"}
 
 
@@ -39,13 +40,6 @@ def _acceptance(b: Backend) -> dict[str, str]:
     }
 
 
-def _share(fraction: float) -> str:
-    """A share such as KV-cache use: small but nonzero ones are not rounded to 0%."""
-    if fraction <= 0:
-        return "0%"
-    return "<0.01%" if fraction < 1e-4 else f"{fraction:.2%}"
-
-
 def _table(backends: list[Backend]) -> None:
     st.dataframe(
         [
@@ -53,13 +47,13 @@ def _table(backends: list[Backend]) -> None:
                 "name": b.name,
                 "health": _health(b),
                 "method": b.method,
-                "K": b.k,
-                "in flight": b.runtime.in_flight if b.runtime else None,
-                "waiting": b.runtime.waiting if b.runtime else None,
-                "KV cache": _share(b.runtime.kv_cache_usage) if b.runtime else None,
+                "K": or_missing(b.k),
+                "in flight": or_missing(b.runtime.in_flight if b.runtime else None),
+                "waiting": or_missing(b.runtime.waiting if b.runtime else None),
+                "KV cache": share(b.runtime.kv_cache_usage if b.runtime else None),
                 **_acceptance(b),
                 "model": b.model,
-                "drafter": b.drafter,
+                "drafter": or_missing(b.drafter),
                 "GPU": f"{b.gpu_count} x {b.gpu_type}",
                 "managed": b.managed,
                 "url": b.url,
@@ -131,7 +125,7 @@ def _add_form(api: AdminClient) -> None:
         "gpu_count": int(gpu_count),
     }
     added = api.add_backend(fields)
-    st.success(f"Added {added.name} ({added.method}) for {added.model}")
+    changed(f"Added {added.name} ({added.method}) for {added.model}")
 
 
 def _change_form(api: AdminClient, backends: list[Backend]) -> None:
@@ -143,17 +137,18 @@ def _change_form(api: AdminClient, backends: list[Backend]) -> None:
     label = "Disable" if chosen.enabled else "Enable"
     if left.button(f"{label} {name}", key="change-toggle"):
         updated = api.set_backend_enabled(name, not chosen.enabled)
-        st.success(f"{updated.name} is now {'enabled' if updated.enabled else 'disabled'}")
+        changed(f"{updated.name} is now {'enabled' if updated.enabled else 'disabled'}")
     sure = right.checkbox(f"Yes, remove {name}", key="change-sure")
     if right.button("Remove", key="change-remove", disabled=not sure):
         api.remove_backend(name)
-        st.success(f"Removed {name}")
+        changed(f"Removed {name}")
 
 
 @shows_api_errors
 def render() -> None:
     """The Backends page."""
     st.title("Backends")
+    show_flash()
     api = admin_client()
     live_panel(_runtime, "backends-live")
     backends = api.backends()

@@ -6,6 +6,7 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.live import live_panel
 from dashboard.client import (
     AdminClient,
@@ -14,6 +15,7 @@ from dashboard.client import (
     refresh_reads,
     shows_api_errors,
 )
+from dashboard.formats import NO_DATA, count, ms, or_missing
 from dashboard.schemas import Backend, Benchmark
 
 LATEST = 20  # measurements listed
@@ -24,7 +26,8 @@ LEVEL_COLUMNS = {
     "failed": "failed",
     "output_tokens_per_s": "output tokens/s",
     "mean_ttft_ms": "TTFT (ms)",
-    "mean_itl_ms": "ITL (ms)",
+    "mean_tpot_ms": "per-token latency (ms)",
+    "mean_itl_ms": "inter-chunk latency (ms)",
     "acceptance_length": "acceptance length",
 }
 
@@ -47,7 +50,7 @@ def _start_form(api: AdminClient, backends: list[Backend]) -> None:
         st.error(f"Concurrency levels are whole numbers separated by commas, not {levels!r}")
         return
     run = api.start_benchmark(name, concurrency, int(requests))
-    st.success(f"Started benchmark {run.id} against {name}: levels {concurrency}")
+    changed(f"Started benchmark {run.id} against {name}: levels {concurrency}")
 
 
 def _run(run: Benchmark) -> None:
@@ -66,6 +69,7 @@ def _run(run: Benchmark) -> None:
 def render() -> None:
     """The Benchmarks page."""
     st.title("Benchmarks")
+    show_flash()
     api = admin_client()
     backends = api.backends()
     if not backends:
@@ -102,13 +106,13 @@ def _measurements(api: AdminClient) -> None:
                 "model": m.model,
                 "GPU": f"{m.gpu_count} x {m.gpu_type}",
                 "method": m.method,
-                "K": m.k,
+                "K": or_missing(m.k),
                 "concurrency": round(m.concurrency, 2),
-                "output tokens/s": round(m.output_tokens_per_s),
-                "acceptance length": None
+                "output tokens/s": count(m.output_tokens_per_s),
+                "acceptance length": NO_DATA
                 if m.mean_acceptance_length is None
-                else round(m.mean_acceptance_length, 2),
-                "ITL (ms)": None if m.itl_ms is None else round(m.itl_ms, 2),
+                else f"{m.mean_acceptance_length:.2f}",
+                "inter-chunk latency": ms(m.itl_ms),
                 "source": SOURCES.get(m.source, m.source),
             }
             for m in latest

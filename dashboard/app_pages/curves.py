@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import charts
 from dashboard.client import AdminClient
+from dashboard.formats import NO_DATA
 from dashboard.schemas import Curve, CurveLinePoint
 
 
@@ -36,6 +37,6 @@ def _line_row(curve: Curve, point: CurveLinePoint) -> dict[str, object]:
         "concurrency": point.concurrency,
         "tokens/s per GPU": f"{point.output_tokens_per_s:,.0f}",
         "$ per 1M output tokens": "no price" if usd is None else f"${usd:,.4f}",
-        "95% interval": "-" if band is None else f"${band[0]:,.4f} to ${band[1]:,.4f}",
+        "95% interval": NO_DATA if band is None else f"${band[0]:,.4f} to ${band[1]:,.4f}",
         "source": point.source,
     }

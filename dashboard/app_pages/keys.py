@@ -5,8 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.app_pages.downloads import usage_csv_button
+from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.periods import period_start
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
+from dashboard.formats import NO_DATA, count, or_missing, usd
 from dashboard.schemas import ApiKey, UsageRow
 
 KEYLESS = 0  # the ledger's rollups count requests sent without a key under key 0
@@ -27,13 +29,13 @@ def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow]) -> None:
                 "id": key.id,
                 "name": key.name,
                 "prefix": key.key_prefix,
-                "requests (30 days)": row.requests if row else 0,
-                "output tokens (30 days)": row.completion_tokens if row else 0,
-                "spent (USD, 30 days)": round(spent, 6),
-                "budget (USD)": key.budget_usd,
-                "budget period": key.budget_period,
-                "budget used": f"{spent / key.budget_usd:.0%}" if key.budget_usd else "-",
-                "revoked": key.revoked_at is not None,
+                "requests (30 days)": count(row.requests if row else 0),
+                "output tokens (30 days)": count(row.completion_tokens if row else 0),
+                "spent (30 days)": usd(spent),
+                "budget": usd(key.budget_usd),
+                "budget period": or_missing(key.budget_period if key.budget_usd else None),
+                "budget used": f"{spent / key.budget_usd:.0%}" if key.budget_usd else NO_DATA,
+                "revoked": f"{key.revoked_at:%Y-%m-%d %H:%M} UTC" if key.revoked_at else NO_DATA,
             }
         )
     st.dataframe(rows, hide_index=True)
@@ -47,7 +49,7 @@ def _keyless(row: UsageRow | None) -> None:
     cols = st.columns(3)
     cols[0].metric("Requests", f"{row.requests:,}")
     cols[1].metric("Output tokens", f"{row.completion_tokens:,}")
-    cols[2].metric("Capacity cost", f"${row.cost_usd:,.4f}")
+    cols[2].metric("Capacity cost", usd(row.cost_usd))
     st.caption(
         "Requests sent with no key: the gateway accepts them when "
         "DRAFTGATE_REQUIRE_API_KEY is off (as under draftgate up). A request with a key "
@@ -73,8 +75,8 @@ def _create_form(api: AdminClient) -> None:
         if not st.form_submit_button("Create key", key="key-create"):
             return
     created = api.create_key(name, float(budget) or None)
-    st.success(f"Created key {created.id} ({created.name}). Copy it now: it is shown only once.")
-    st.code(created.key, language=None)
+    message = f"Created key {created.id} ({created.name}). Copy it now: it is shown only once."
+    changed(message, secret=created.key)
 
 
 def _revoke_form(api: AdminClient, keys: list[ApiKey]) -> None:
@@ -86,15 +88,22 @@ def _revoke_form(api: AdminClient, keys: list[ApiKey]) -> None:
     label = st.selectbox("Key", list(labels), key="revoke-key")
     if st.button("Revoke", key="revoke"):
         api.revoke_key(labels[label])
-        st.success(f"Revoked key {labels[label]}")
+        changed(f"Revoked key {labels[label]}")
 
 
 @shows_api_errors
 def render() -> None:
     """The Keys and usage page."""
     st.title("Keys and usage")
+    show_flash()
     api = admin_client()
-    keys = api.keys()
+    revoked = st.toggle(
+        "Show revoked keys",
+        key="keys-show-revoked",
+        help="A revoked key's usage stays its own: `draftgate up` revokes the previous "
+        "start's demo key, and its traffic is listed under it.",
+    )
+    keys = api.keys(include_revoked=revoked)
     usage = {row.key: row for row in api.usage(period_start("30 days"), "key").data}
     if keys:
         _table(keys, usage)

@@ -10,8 +10,11 @@ import streamlit as st
 
 from dashboard import charts
 from dashboard.app_pages.curves import live_curves
+from dashboard.app_pages.flash import changed, show_flash
 from dashboard.app_pages.periods import choose_price_kind
+from dashboard.audit_view import MOVES, audit_rows, candidates
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
+from dashboard.formats import NO_DATA, count, ms, or_missing, usd
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 
 GPUS = ("B200", "H100")
@@ -26,7 +29,10 @@ def _choose_model(models: list[ModelInfo], backends: list[Backend]) -> str | Non
             "its model appears here."
         )
         return None
-    chosen: str = st.selectbox("Model", names, key="methods-model")
+    linked = st.query_params.get("model")  # /methods?model=... opens on that model
+    index = names.index(linked) if linked in names else 0
+    chosen: str = st.selectbox("Model", names, index=index, key="methods-model")
+    st.query_params["model"] = chosen  # the address links to what is shown
     return chosen
 
 
@@ -39,15 +45,15 @@ def _cost_table(plans: dict[str, Plan]) -> None:
             "concurrency": choice.concurrency,
             "best method": choice.method,
             "K": choice.k,
-            "output tokens/s": round(choice.output_tokens_per_s),
-            "ITL (ms)": round(choice.itl_ms, 1),
+            "output tokens/s": count(choice.output_tokens_per_s),
+            "per-token latency": ms(choice.itl_ms),
             "point": choice.source,
         }
         for gpu, plan in plans.items():
             here = plan.choices[i]
             row[f"{gpu} best"] = f"{here.method} K={here.k}"
-            row[f"$/1M {gpu} best"] = f"{here.usd_per_mtok:.4f} ±{plan.fit.relative_95:.0%}"
-            row[f"$/1M {gpu} plain"] = round(here.usd_per_mtok * here.speedup_vs_plain, 4)
+            row[f"$/1M {gpu} best"] = f"{usd(here.usd_per_mtok)} ±{plan.fit.relative_95:.0%}"
+            row[f"$/1M {gpu} plain"] = usd(here.usd_per_mtok * here.speedup_vs_plain)
         rows.append(row)
     st.dataframe(rows, hide_index=True)
 
@@ -77,14 +83,15 @@ def _curves(api: AdminClient, model: str, plan: Plan) -> None:
     st.altair_chart(charts.throughput_vs_concurrency(plan.methods, measured, plan.gpu_count))
     st.caption(
         f"{plan.gpu}: a line per method at its best K for each load, the planner's "
-        f"(solid: at a measured point, dashed: estimated); diamonds are the "
+        f"(solid between measured points, dashed where estimated; points filled where "
+        f"measured, hollow where estimated); diamonds are the "
         f"{len(measured)} measured point(s)."
     )
 
 
 def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
     """Acceptance per backend now (scrapes), then per load from finished benchmark sweeps."""
-    st.subheader("Measured acceptance and ITL")
+    st.subheader("Measured acceptance and latency")
     mine = [b for b in backends if b.model == model]
     _live_acceptance(mine)
     by_name = {b.name: b for b in mine}
@@ -100,7 +107,7 @@ def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
     if not rows:
         st.info(
             "No benchmark sweep of this model's backends yet: start one on the Benchmarks "
-            "page for acceptance and ITL at set loads."
+            "page for acceptance and latency at set loads."
         )
         return
     st.markdown("**By load, from benchmark sweeps**")
@@ -148,11 +155,12 @@ def _acceptance_row(backend: Backend, level: BenchmarkLevel) -> dict[str, object
     return {
         "backend": backend.name,
         "method": backend.method,
-        "K": backend.k,
+        "K": or_missing(backend.k),
         "concurrency": level.concurrency,
-        "output tokens/s": round(level.output_tokens_per_s),
-        "ITL (ms)": None if level.mean_itl_ms is None else round(level.mean_itl_ms, 2),
-        "acceptance length": level.acceptance_length,
+        "output tokens/s": count(level.output_tokens_per_s),
+        "per-token latency": ms(level.mean_tpot_ms),
+        "inter-chunk latency": ms(level.mean_itl_ms),
+        "acceptance length": or_missing(level.acceptance_length),
         "accepted per position": " ".join(f"{rate:.0%}" for rate in per_position),
     }
 
@@ -189,7 +197,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool
             "Pinned K (0: the backend's own)", 0, 64, current.k or 0, key="policy-k"
         )
         itl = st.number_input(
-            "ITL objective, ms (0: none)",
+            "Per-token latency objective, ms (0: none)",
             0.0,
             10_000.0,
             current.itl_objective_ms or 0.0,
@@ -250,13 +258,12 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     """Set the model's policy through the admin API; show it and its audit trail."""
     st.subheader("Policy")
     current = next((m.policy for m in models if m.name == model), Policy())
-    shown = st.empty()  # filled once the form is handled, so a saved change shows at once
+    shown = st.empty()  # filled once the form is handled
     move = next((m.move for m in models if m.name == model), None)
     wanted = _policy_from_form(current, methods) if offers_changes(api) else None
     if wanted is not None:
         saved = api.set_policy(model, *wanted)
-        current, move = saved.policy, saved.move
-        st.success(f"Policy of {model} set to {_describe(current)}")
+        changed(f"Policy of {model} set to {_describe(saved.policy)}", warnings=saved.warnings)
     shown.write(f"Current: **{_describe(current)}**")
     if move is not None:
         st.info(
@@ -269,13 +276,14 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
     entries = api.audit("model", model, limit=5)
     if entries:
         st.caption("Recent changes (audit log)")
-        st.dataframe(
-            [
-                {"at": e.at, "actor": e.actor, "action": e.action, "after": str(e.after)}
-                for e in entries
-            ],
-            hide_index=True,
-        )
+        st.dataframe(audit_rows(entries), hide_index=True)
+        latest = next((e for e in entries if e.action in MOVES), None)
+        if latest is not None:
+            st.caption(
+                f"The candidates of the latest automatic choice ({latest.at:%H:%M:%S} UTC): "
+                "each method's price and per-token latency at that load"
+            )
+            st.dataframe(candidates(latest), hide_index=True)
 
 
 def _rules(policy: Policy) -> None:
@@ -289,7 +297,7 @@ def _rules(policy: Policy) -> None:
     st.caption("Rules, checked in order before the policy (the first match picks the method)")
     rows = [
         {"#": i, "when": " and ".join(r.get("when", [])), "method": r.get("method"),
-         "K": r.get("k") or "—"}
+         "K": r.get("k") or NO_DATA}
         for i, r in enumerate(policy.rules)
     ]  # fmt: skip
     st.dataframe(rows, hide_index=True)
@@ -302,8 +310,8 @@ def _classes(policy: Policy) -> None:
     st.caption("Request classes (x-draftgate-class, else the key's): what auto optimises")
     rows = [
         {"class": name, "objective": c.get("objective", "cost"),
-         "ITL ceiling (ms)": c.get("itl_objective_ms") or "—",
-         "cost ceiling ($/1M)": c.get("max_usd_per_mtok") or "—"}
+         "per-token latency ceiling (ms)": c.get("itl_objective_ms") or NO_DATA,
+         "cost ceiling ($/1M)": c.get("max_usd_per_mtok") or NO_DATA}
         for name, c in policy.classes.items()
     ]  # fmt: skip
     st.dataframe(rows, hide_index=True)
@@ -315,7 +323,7 @@ def _describe(policy: Policy) -> str:
         text = f"pinned to {policy.method}{k}"
     else:
         text = "auto (the planner's choice by load)"
-    itl = f", ITL ≤ {policy.itl_objective_ms:g} ms" if policy.itl_objective_ms else ""
+    itl = f", per-token ≤ {policy.itl_objective_ms:g} ms" if policy.itl_objective_ms else ""
     return f"{text}{itl}, explore {policy.explore_fraction:.0%}"
 
 
@@ -323,6 +331,7 @@ def _describe(policy: Policy) -> str:
 def render() -> None:
     """The Methods page."""
     st.title("Methods")
+    show_flash()
     api = admin_client()
     models, backends = api.models(), api.backends()
     model = _choose_model(models, backends)

@@ -17,6 +17,7 @@ from dashboard.app_pages.downloads import usage_csv_button
 from dashboard.app_pages.live import live_panel
 from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
 from dashboard.client import AdminClient, admin_client, shows_api_errors
+from dashboard.formats import ms, ratio
 from dashboard.schemas import Backend, Fleet, FleetObjective, PriceKind, Spend, Usage, UsageRow
 
 
@@ -72,7 +73,8 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
     sized = (
         f"within {objective.itl_ms:g} ms per token"
         if objective.itl_ms is not None
-        else "for throughput alone (no ITL objective: plain often needs the fewest GPUs; "
+        else "for throughput alone (no per-token latency objective: plain often needs the "
+        "fewest GPUs; "
         f"speculative decoding pays under a latency objective{_pays(objective)})"
     )
     st.caption(
@@ -89,7 +91,7 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
                 "K": m.k,
                 "GPUs per replica": f"{m.gpu_count}x {m.gpu_type}",
                 "tokens/s per replica": f"{m.output_tokens_per_s_per_replica:,.0f}",
-                "ITL (ms)": f"{m.itl_ms:.1f}",
+                "per-token latency": ms(m.itl_ms),
                 "meets objective": "yes" if m.meets_objective else "no",
                 "peak replicas": m.peak_replicas,
                 "GPU-hours": f"{m.gpu_hours:,.3f}",
@@ -116,11 +118,9 @@ def _latency(fleet: Fleet) -> None:
                 "method": r.method,
                 "output tokens": f"{r.output_tokens:,}",
                 "streams per backend": f"{r.concurrency_per_backend:.1f}",
-                "ms per token": f"{r.itl_ms:.2f}",
-                "plain at that load": "-" if r.plain_itl_ms is None else f"{r.plain_itl_ms:.2f}",
-                "faster than plain": "-"
-                if r.speedup_vs_plain is None
-                else f"{r.speedup_vs_plain:.2f}x",
+                "per-token latency": ms(r.itl_ms),
+                "plain at that load": ms(r.plain_itl_ms),
+                "faster than plain": ratio(r.speedup_vs_plain),
             }
             for r in fleet.latency
         ],
@@ -262,7 +262,7 @@ def _spend(spend: Spend, label: str) -> None:
                 "model": r.model,
                 "method": r.method,
                 "GPU": f"{r.gpu_count}x {r.gpu_type}",
-                "GPU-hours": round(r.gpu_hours, 4),
+                "GPU-hours": f"{r.gpu_hours:,.2f}",
                 "USD per GPU-hour": r.usd_per_gpu_hour,
                 "USD": "no price" if r.usd is None else f"${r.usd:,.4f}",
             }

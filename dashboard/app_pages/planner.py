@@ -8,6 +8,7 @@ import streamlit as st
 from dashboard.app_pages.curves import live_curves
 from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import AdminApiError, AdminClient, admin_client, shows_api_errors
+from dashboard.formats import usd
 from dashboard.schemas import Backend, Capacity, DecodingMethod, MethodCapacity, Plan
 
 WORKLOADS = ("chat", "code", "math", "mixed")
@@ -25,9 +26,9 @@ def _capacity_table(capacity: Capacity) -> None:
                 "replicas": c.replicas,
                 "GPUs": c.gpus,
                 "streams per replica": c.concurrency_per_replica,
-                "USD per month": round(c.usd_per_month, 2),
+                "per month": usd(c.usd_per_month),
                 "USD per month, 95%": _interval(c.usd_per_month_95),
-                "saves vs plain (USD/month)": round(vs_plain.get(c.method, 0.0), 2),
+                "saves vs plain per month": usd(vs_plain.get(c.method, 0.0)),
                 "saves vs plain, 95%": _interval(vs_plain_95.get(c.method)),
             }
             for c in sorted(capacity.methods, key=lambda c: c.usd_per_month)
@@ -99,7 +100,7 @@ def render() -> None:
         "Output tokens per request", 1, 32_768, 500, key="plan-output-len"
     )
     workload = right.selectbox("Workload (acceptance profile)", WORKLOADS, key="plan-workload")
-    itl = left.number_input("ITL objective, ms", 1.0, 1000.0, 50.0, key="plan-itl")
+    itl = left.number_input("Per-token latency objective, ms", 1.0, 1000.0, 50.0, key="plan-itl")
     engine = right.selectbox("Engine", ENGINES, key="plan-engine")
     plan = api.plan(
         model,

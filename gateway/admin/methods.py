@@ -38,7 +38,11 @@ def render_method(request: MethodRender) -> MethodRendering:
     """A method spec as `vllm serve` arguments and a docker compose file; changes nothing."""
     spec = request.method_spec()
     deployment = methods.render_deployment(
-        request.model, spec, gpu_count=request.gpu_count, port=request.port
+        request.model,
+        spec,
+        gpu_count=request.gpu_count,
+        first_gpu=request.first_gpu,
+        port=request.port,
     )
     return MethodRendering(
         model=request.model,

@@ -8,12 +8,13 @@ from fastapi import APIRouter, Query, Response
 
 from gateway.db import queries
 from gateway.deps import ServicesDep, SessionDep
-from gateway.schemas import ListOf, ModelCreate, ModelPublic, Policy
+from gateway.schemas import ListOf, ModelCreate, ModelPublic, Policy, PolicySaved
 from gateway.services.models import (
     create_model,
     delete_model,
     model_public,
     policy_of,
+    policy_warnings,
     set_policy,
 )
 
@@ -48,14 +49,19 @@ def put_policy(
     immediate: Annotated[
         bool, Query(description="Move all traffic to a newly pinned method at once.")
     ] = False,
-) -> ModelPublic:
+) -> PolicySaved:
     """Set a model's policy: auto by load, or pinned to a method and K. Pinning another
     method than the one serving starts a gradual move (`DRAFTGATE_MOVE_STEP_SHARE` of the
-    traffic every `DRAFTGATE_MOVE_STEP_S`), shown as `move` until it ends."""
+    traffic every `DRAFTGATE_MOVE_STEP_S`), shown as `move` until it ends. `warnings` names
+    a pinned or rule's method or K that no enabled backend of the model runs (saved all the
+    same: requests fall back until one does)."""
     registry, settings = services.registry, services.settings
     steps = None if immediate else (settings.move_step_share, settings.move_step_s)
     auto = registry.auto_method(name, registry.snapshot)
-    return model_public(set_policy(session, name, policy, ACTOR, auto_method=auto, steps=steps))
+    row = set_policy(session, name, policy, ACTOR, auto_method=auto, steps=steps)
+    public = model_public(row)
+    warnings = policy_warnings(session, name, policy)
+    return PolicySaved(**public.model_dump(), warnings=warnings)
 
 
 @router.get("/{name:path}")

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-import secrets
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 import uvicorn
-from pydantic import SecretStr
 
 from gateway.cli.common import CLI_ACTOR, LOG_FORMAT, fail, session, settings_from_env
 from gateway.cli.dev import dev_app
@@ -50,7 +49,9 @@ def _exit_zero(signum: int, frame: FrameType | None) -> NoReturn:
     raise SystemExit(0)
 
 
-def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
+def _serve(
+    settings: Settings, managed: ManagedBackends | None = None, log_file: Path | None = None
+) -> None:
     from gateway.app import create_app
     from gateway.http_limits import RequestLimits, protocol_with
 
@@ -59,6 +60,10 @@ def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_zero)
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    if log_file is not None:  # beside the backends' logs; the terminal keeps its copy
+        handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logging.getLogger().addHandler(handler)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream request
     limits = RequestLimits(
         settings.max_header_bytes,
@@ -71,6 +76,7 @@ def _serve(settings: Settings, managed: ManagedBackends | None = None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers propagate to the handlers set up above
         access_log=False,
         http=protocol_with(limits),
         timeout_keep_alive=settings.keep_alive_s,
@@ -116,10 +122,18 @@ def up(
     from gateway.control.managed import ManagedBackends
 
     settings = settings_from_env(port=port, require_api_key=False)
+    state_dir = Path(".draftgate")
+    log_dir = state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    token_file = None
     if settings.admin_token is None:
-        token = secrets.token_urlsafe(32)
-        settings = settings.model_copy(update={"admin_token": SecretStr(token)})
-    log_dir = Path(".draftgate") / "logs"
+        token_file = state_dir / stack.ADMIN_TOKEN_FILE
+        try:
+            settings = settings.model_copy(
+                update={"admin_token": stack.kept_admin_token(token_file)}
+            )
+        except stack.TokenFileError as exc:
+            fail(str(exc))
     try:
         if real_vllm:
             servers, launch, demo_key = _start_real_vllm(
@@ -137,10 +151,11 @@ def up(
     try:
         if dashboard:
             dashboards.append(_start_dashboard(settings, dashboard_port, log_dir))
-        _print_banner(settings, servers + dashboards, log_dir, real_vllm, demo_traffic, demo_key)
+        where = _Banner(log_dir, token_file, real_vllm, demo_traffic)
+        _print_banner(settings, servers + dashboards, where, demo_key)
         if demo_traffic:
             traffic = _start_demo_traffic(settings, _model(real_vllm), demo_key)
-        _serve(settings, managed)
+        _serve(settings, managed, log_dir / "gateway.log")
     except LaunchError as exc:
         fail(f"the dashboard did not start: {exc}")
     finally:
@@ -201,22 +216,31 @@ def _prepare(settings: Settings, seed: Callable[[Session], None]) -> str:
         engine.dispose()
 
 
+@dataclass(frozen=True)
+class _Banner:
+    """What `up` started, for its banner."""
+
+    log_dir: Path
+    token_file: Path | None  # where the generated admin token is kept; None: it was set
+    real_vllm: bool
+    demo_traffic: bool
+
+
 def _print_banner(
-    settings: Settings,
-    servers: list[LocalServer],
-    log_dir: Path,
-    real_vllm: bool,
-    demo_traffic: bool,
-    demo_key: str,
+    settings: Settings, servers: list[LocalServer], where: _Banner, demo_key: str
 ) -> None:
     from gateway.urls import masked
 
     assert settings.admin_token is not None
     token = settings.admin_token.get_secret_value()
     base = f"http://{settings.host}:{settings.port}"
+    real_vllm, log_dir = where.real_vllm, where.log_dir
     kind, model = ("vLLM" if real_vllm else "simulated vLLM"), _model(real_vllm)
     traffic = "on: 1 to 24 streaming clients, rising and falling every 2 minutes"
-    traffic = traffic if demo_traffic else "off (--demo-traffic turns it on)"
+    traffic = traffic if where.demo_traffic else "off (--demo-traffic turns it on)"
+    kept = "DRAFTGATE_ADMIN_TOKEN (as set)"
+    if where.token_file:
+        kept = f"{where.token_file} (mode 600; the next start reuses it)"
     sims = "\n".join(
         f"  {s.name:<13}{s.url}   ({kind if s.name != 'dashboard' else 'Streamlit'})"
         for s in servers
@@ -229,8 +253,9 @@ draftgate is starting
   metrics      {base}/metrics
 {sims}
   database     {masked(settings.database_url)}
-  logs         {log_dir}/
+  logs         {log_dir}/   (gateway.log and one per backend)
   admin token  {token}
+  token from   {kept}
   demo API key {demo_key}   (optional in this demo; --demo-traffic sends it)
 
   try: curl {base}/v1/chat/completions -H 'content-type: application/json' \\

@@ -110,7 +110,7 @@ def _check_arrivals(rate: float | None, poisson: bool, burstiness: float | None)
 def _print_levels(results: list[Any]) -> None:
     typer.echo(
         f"{'c':>4} {'done':>5} {'fail':>4} {'req/s':>7} {'tok/s':>9} {'TTFT ms':>8} "
-        f"{'ITL ms':>7} {'e2e ms':>8} {'AL':>5}"
+        f"{'TPOT ms':>7} {'ITL ms':>7} {'e2e ms':>8} {'AL':>5}"
     )
     for r in results:
         al = "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}"
@@ -119,7 +119,7 @@ def _print_levels(results: list[Any]) -> None:
         typer.echo(
             f"{r.concurrency:>4} {r.completed:>5} {r.failed:>4} {rate:>7.2f} "
             f"{r.output_tokens_per_s:>9.0f} {_mean(r.ttft_ms):>8.1f} "
-            f"{_mean(r.itl_ms):>7.2f} {_mean(r.e2e_ms):>8.0f} {al:>5}"
+            f"{_mean(r.tpot_ms):>7.2f} {_mean(r.itl_ms):>7.2f} {_mean(r.e2e_ms):>8.0f} {al:>5}"
         )
 
 

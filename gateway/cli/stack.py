@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import stat
 import sys
 from pathlib import Path
 
@@ -32,6 +35,32 @@ DEMO_METHODS: dict[str, str | None] = {
 SIM_START_TIMEOUT_S = 30.0
 ACTOR = "demo"
 DEMO_KEY_NAME = "demo"
+ADMIN_TOKEN_FILE = "admin-token"  # noqa: S105  (a file name under .draftgate/, not a token)
+
+
+class TokenFileError(ValueError):
+    """The kept admin token cannot be used; the message says why."""
+
+
+def kept_admin_token(path: Path) -> SecretStr:
+    """The admin token kept at `path` (mode 600), made there on the first start, so a
+    restart keeps the token a dashboard or script already holds."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _read_token(path)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(secrets.token_urlsafe(32) + "\n")
+    return _read_token(path)
+
+
+def _read_token(path: Path) -> SecretStr:
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        raise TokenFileError(f"{path} is readable by others: chmod 600 it, or delete it")
+    token = path.read_text(encoding="utf-8").strip()
+    if len(token) < 32:
+        raise TokenFileError(f"{path} holds no token: delete it for a new one")
+    return SecretStr(token)
 
 
 def demo_backends(base_port: int) -> list[BackendCreate]:

@@ -111,7 +111,8 @@ def _level_json(level: LevelResult) -> dict[str, Any]:
         "mean_in_flight": level.mean_in_flight,
         "output_tokens_per_s": level.output_tokens_per_s,
         "mean_ttft_ms": _mean(level.ttft_ms),
-        "mean_itl_ms": _mean(level.itl_ms),
+        "mean_tpot_ms": _mean(level.tpot_ms),  # per-token latency
+        "mean_itl_ms": _mean(level.itl_ms),  # between streamed chunks
         "mean_e2e_ms": _mean(level.e2e_ms),
         "acceptance_length": level.acceptance_length,
         "acceptance_per_position": level.acceptance_per_position,

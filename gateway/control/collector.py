@@ -35,6 +35,7 @@ from gateway.db.session import transaction
 from gateway.db.tables import Measurement
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, Registry
+from gateway.webhooks import WebhookSender, backend_mismatch
 
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 2.0
@@ -148,7 +149,9 @@ class Collector:
         interval_s: float,
         window_s: float,
         gate: Gate,
+        webhooks: WebhookSender | None = None,  # told of each mismatch found
     ) -> None:
+        self.webhooks = webhooks
         self.registry, self.client, self.sessions, self.metrics = (
             registry,
             client,
@@ -195,7 +198,10 @@ class Collector:
     def _absorb(self, backend: BackendView, snapshot: VllmSnapshot, now: float) -> None:
         state = self.registry.states[backend.name]
         state.waiting, state.kv_usage = snapshot.waiting, snapshot.kv_cache_usage or 0.0
-        state.mismatch = method_mismatch(backend, snapshot)
+        mismatch = method_mismatch(backend, snapshot)
+        if self.webhooks is not None and mismatch is not None and mismatch != state.mismatch:
+            self.webhooks.emit(backend_mismatch(backend, mismatch))
+        state.mismatch = mismatch
         self.metrics.mismatch.labels(backend.name).set(int(state.mismatch is not None))
         previous = self._last.get(backend.name)
         self._last[backend.name] = (now, snapshot)
@@ -209,6 +215,10 @@ class Collector:
             state.acceptance_per_position = tuple(
                 a / observation.drafts for a in observation.accepted_per_position
             )
+        if state.acceptance_length is None:
+            self.metrics.acceptance_length.remove(backend.name)
+        else:
+            self.metrics.acceptance_length.labels(backend.name).set(state.acceptance_length)
         if observation is not None:  # the load, from every replica, that prices its requests
             state.scraped(observation.running)
         if observation is None or observation.output_tokens <= 0:

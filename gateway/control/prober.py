@@ -12,15 +12,21 @@ import httpx
 from backends.probe import Probe, probe_health, probe_max_model_len
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, Registry
+from gateway.webhooks import WebhookSender, backend_health
 
 logger = logging.getLogger(__name__)
 SLOW_PROBES_DOWN = 2  # a server too busy to answer /health once is not yet taken out
 
 
 async def probe_forever(
-    registry: Registry, client: httpx.AsyncClient, interval_s: float, metrics: GatewayMetrics
+    registry: Registry,
+    client: httpx.AsyncClient,
+    interval_s: float,
+    metrics: GatewayMetrics,
+    webhooks: WebhookSender | None = None,
 ) -> None:
-    """Probe every enabled backend's `/health` on an interval; publish health gauges."""
+    """Probe every enabled backend's `/health` on an interval; publish health gauges (and
+    send `backend.down` / `backend.up` when a backend's health changes)."""
     while True:
         backends = [b for group in registry.snapshot.backends.values() for b in group]
         # One backend's probe failing in a way nobody foresaw is that backend down, never
@@ -34,7 +40,11 @@ async def probe_forever(
             state = registry.states[backend.name]
             if isinstance(result, BaseException):
                 logger.warning("probe of %s failed: %r", backend.name, result)
-            apply_probe(state, result if isinstance(result, Probe) else Probe.DOWN)
+            probe = result if isinstance(result, Probe) else Probe.DOWN
+            was_healthy = state.healthy
+            apply_probe(state, probe)
+            if webhooks is not None and state.healthy != was_healthy:
+                webhooks.emit(backend_health(backend, state.healthy, probe.value))
             metrics.healthy.labels(backend.name).set(int(state.healthy and state.open_until <= now))
             metrics.in_flight.labels(backend.name).set(state.in_flight)
         unknown = [

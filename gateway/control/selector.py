@@ -15,6 +15,11 @@ backends deliver at their in-flight counts, smoothed like the load, over what on
 of the routed method serves within the ITL objective, with `sizing_headroom` to spare;
 pools the policy does not route to now want `idle_pool_replicas`. Because the routed method
 moves only with the selector's margin and dwell time, so does the signal.
+
+Every round also publishes, for every model (pinned ones too), each method's $/1M at the
+model's current load beside plain decoding's on the same GPUs at the same load
+(`draftgate_method_usd_per_mtok`, `draftgate_method_plain_usd_per_mtok`): what the alert
+on a method costing more than plain reads.
 """
 
 from __future__ import annotations
@@ -33,16 +38,19 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.classes import ClassView, candidates
 from gateway.db.session import transaction
+from gateway.metrics import set_exactly
 from gateway.moves import Move
 from gateway.registry import BackendView, Registry, Snapshot
 from gateway.reports import FleetNow
 from gateway.services.models import record_method_switch, record_move_step
 from gateway.services.rightsizing import Sizing, pools
+from gateway.webhooks import WebhookSender, method_moved
 from planner.rightsize import replica_capacity, replicas_needed
 
 logger = logging.getLogger(__name__)
 EMA_WEIGHT = 0.3  # weight of the newest sample in the load average
 ACTOR = "auto"
+MAX_UNAUDITED_ROUNDS = 100  # rounds of audits kept for a database that does not answer
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,23 @@ class Decision:
     itl_ms: Mapping[str, float] = field(default_factory=dict)
     request_class: str | None = None  # a class with an objective of its own, or the model's
     objective: str = "cost"
+
+
+@dataclass(frozen=True)
+class _Audit:
+    """One round's entries for the audit log."""
+
+    starts: list[Decision]  # a model's first choice on this replica
+    decisions: list[Decision]  # moves the load made
+    steps: list[tuple[str, Move, int]]  # steps of gradual moves reached
+
+
+@dataclass(frozen=True)
+class PriceGauges:
+    """Where the selector publishes each method's price and plain's beside it."""
+
+    method: Gauge
+    plain: Gauge
 
 
 def decide(
@@ -97,7 +122,10 @@ class Selector:
         sizing: Sizing,
         desired_replicas: Gauge,
         move_steps: tuple[float, float] = (1.0, 0.0),
+        webhooks: WebhookSender | None = None,  # told of each move, with its candidates
+        prices: PriceGauges | None = None,
     ) -> None:
+        self.webhooks = webhooks
         self.registry, self.sessions = registry, sessions
         self.interval_s, self.min_dwell_s, self.switch_margin = (
             interval_s,
@@ -110,6 +138,9 @@ class Selector:
         self._switched_at: dict[tuple[str, str | None], float] = {}
         self.move_steps = move_steps  # (share per step, seconds between steps)
         self._steps_seen: dict[str, tuple[Move, int]] = {}  # the last step audited per model
+        self._started: set[str] = set()  # auto models whose first choice here is audited
+        self._unaudited: list[_Audit] = []  # audits a database error kept back, oldest first
+        self.prices = prices
 
     async def run(self, stop: asyncio.Event) -> None:
         """Decide on an interval until `stop`."""
@@ -121,7 +152,8 @@ class Selector:
 
     async def step(self) -> list[Decision]:
         """One round over every auto model."""
-        decisions = []
+        decisions: list[Decision] = []
+        starts: list[Decision] = []
         snapshot, now = self.registry.snapshot, time.monotonic()
         for model, backends in snapshot.backends.items():
             policy = snapshot.policies.get(model)
@@ -133,7 +165,12 @@ class Selector:
             costs, itls = self._prices(snapshot, model, backends, load, now)
             own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
             current = self.registry.auto_method(model, snapshot)
-            decision = self._decide(model, None, current, candidates(own, costs, itls), load, now)
+            scores = candidates(own, costs, itls)
+            if model not in self._started and current is not None and scores:
+                self._started.add(model)  # what this replica starts serving, and why
+                start = Decision(model, None, current, load, scores, {m: itls[m] for m in scores})
+                starts.append(start)
+            decision = self._decide(model, None, current, scores, load, now)
             if decision is not None:
                 self.registry.auto_choice[model] = decision.after
                 self._start_move(decision)
@@ -152,12 +189,19 @@ class Selector:
                     )
                     decisions.append(replace(decision, objective=objective.objective))
         self._publish_desired(snapshot)
+        self._publish_prices(snapshot, now)
         steps = self._steps_reached(snapshot, time.time())
-        if decisions or steps:
+        if decisions or steps or starts or self._unaudited:
+            audits = [*self._unaudited, _Audit(starts, decisions, steps)]
             try:
-                await asyncio.to_thread(self._audit, decisions, steps)
-            except SQLAlchemyError as exc:
-                logger.warning("automatic switches not audited: %s", exc)
+                await asyncio.to_thread(self._audit, audits)
+                self._unaudited = []
+            except SQLAlchemyError as exc:  # kept for the next round, so none is lost
+                self._unaudited = audits[-MAX_UNAUDITED_ROUNDS:]
+                logger.warning("automatic switches not audited yet (retried): %s", exc)
+        if self.webhooks is not None:  # moves only: a replica's first choice is no move
+            for decision in decisions:
+                self.webhooks.emit(method_moved(decision, snapshot))
         return decisions
 
     def _decide(
@@ -266,6 +310,42 @@ class Selector:
                 desired_replicas=desired,
             )
 
+    def _publish_prices(self, snapshot: Snapshot, now: float) -> None:
+        """Set every model's price per method, and plain's beside each, at its load."""
+        if self.prices is None:
+            return
+        method: dict[tuple[str, ...], float] = {}
+        plain: dict[tuple[str, ...], float] = {}
+        for model, backends in snapshot.backends.items():
+            load = self._load.get(model, 0.0)
+            priced = self._against_plain(snapshot, model, backends, load, now)
+            for name, (usd, plain_usd) in priced.items():
+                method[(model, name)], plain[(model, name)] = usd, plain_usd
+        set_exactly(self.prices.method, method)
+        set_exactly(self.prices.plain, plain)
+
+    def _against_plain(
+        self,
+        snapshot: Snapshot,
+        model: str,
+        backends: Sequence[BackendView],
+        load: float,
+        now: float,
+    ) -> dict[str, tuple[float, float]]:
+        """($/1M, plain's $/1M on the same backend at the same load) per method with a
+        healthy backend, its cheapest backend's, at the load `_prices` gives it."""
+        healthy = [b for b in backends if self.registry.states[b.name].available(now)]
+        replicas = Counter(b.method for b in healthy)
+        best: dict[str, tuple[float, float]] = {}
+        for b in healthy:
+            c = max(load / replicas[b.method], 1.0)
+            usd = snapshot.usd_per_mtok(model, b.method, b, c)
+            plain = snapshot.usd_per_mtok(model, "plain", b, c)
+            known = best.get(b.method)
+            if usd is not None and plain is not None and (known is None or usd < known[0]):
+                best[b.method] = (usd, plain)
+        return best
+
     def _prices(
         self,
         snapshot: Snapshot,
@@ -291,21 +371,24 @@ class Selector:
                 itls[b.method] = min(itl, itls.get(b.method, itl))
         return costs, itls
 
-    def _audit(self, decisions: list[Decision], steps: list[tuple[str, Move, int]]) -> None:
+    def _audit(self, audits: list[_Audit]) -> None:
         with transaction(self.sessions) as session:
-            for d in decisions:
-                record_method_switch(
-                    session,
-                    d.model,
-                    d.before,
-                    d.after,
-                    d.concurrency,
-                    d.usd_per_mtok,
-                    ACTOR,
-                    itl_ms=d.itl_ms,
-                    request_class=d.request_class,
-                    objective=d.objective,
-                )
-            for model, move, step in steps:
-                share = min(1.0, step * move.step_share)
-                record_move_step(session, model, move.source, move.target, step, share, ACTOR)
+            for audit in audits:
+                for reason, decisions in (("start", audit.starts), ("load", audit.decisions)):
+                    for d in decisions:
+                        record_method_switch(
+                            session,
+                            d.model,
+                            d.before,
+                            d.after,
+                            d.concurrency,
+                            d.usd_per_mtok,
+                            ACTOR,
+                            itl_ms=d.itl_ms,
+                            request_class=d.request_class,
+                            objective=d.objective,
+                            reason=reason,
+                        )
+                for model, move, step in audit.steps:
+                    share = min(1.0, step * move.step_share)
+                    record_move_step(session, model, move.source, move.target, step, share, ACTOR)

@@ -41,12 +41,23 @@ def catalog() -> list[MethodInfo]:
 
 
 def render_deployment(
-    model: str, spec: MethodSpec, *, gpu_count: int = 1, port: int = VLLM_PORT
+    model: str,
+    spec: MethodSpec,
+    *,
+    gpu_count: int = 1,
+    first_gpu: int = 0,
+    port: int = VLLM_PORT,
 ) -> Deployment:
-    """`vllm serve` for `model` with `spec`, and a compose file running it on `gpu_count` GPUs."""
+    """`vllm serve` for `model` with `spec`, and a compose file running it on `gpu_count` GPUs
+    from host GPU `first_gpu`."""
     argv = render_vllm_args(model, spec, host=CONTAINER_HOST, port=port)
     service = vllm_service(
-        model, spec, port=port, gpu_count=gpu_count, hf_cache_volume=HF_CACHE_VOLUME
+        model,
+        spec,
+        port=port,
+        gpu_count=gpu_count,
+        first_gpu=first_gpu,
+        hf_cache_volume=HF_CACHE_VOLUME,
     )
     service["ports"] = [f"{PUBLISH_HOST}:{port}:{port}"]
     compose = {"services": {SERVICE_NAME: service}, "volumes": {HF_CACHE_VOLUME: {}}}

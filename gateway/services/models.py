@@ -91,6 +91,40 @@ def ensure_model(session: Session, name: str, actor: str) -> ModelPolicy:
     return row or create_model(session, ModelCreate(name=name), actor)
 
 
+def policy_warnings(session: Session, name: str, policy: Policy) -> list[str]:
+    """What in a policy no enabled backend of the model serves: a pinned method or K, or a
+    rule's, that requests would ask for and fall back from. Saved all the same: the
+    backend may be on its way."""
+    served = {(b.method, b.k) for b in queries.list_backends(session, name) if b.enabled}
+    asks = [("pinned", policy.method, policy.k)] if policy.mode == "pinned" else []
+    asks += [(f"rule {i + 1}", r.method, r.k) for i, r in enumerate(policy.rules)]
+    return [
+        _unserved(name, what, method, k, served)
+        for what, method, k in asks
+        if method is not None and not _serves(served, method, k)
+    ]
+
+
+def _serves(served: set[tuple[str, int | None]], method: str, k: int | None) -> bool:
+    return any(m == method and (k is None or bk == k) for m, bk in served)
+
+
+def _unserved(
+    name: str, what: str, method: str, k: int | None, served: set[tuple[str, int | None]]
+) -> str:
+    ks = sorted(bk for m, bk in served if m == method and bk is not None)
+    if _serves(served, method, None):  # the method runs, at other K
+        runs = ", ".join(f"K={bk}" for bk in ks) or "its default K"
+        return (
+            f"{what}: no enabled backend of {name} runs {method} at K={k} (it runs at "
+            f"{runs}); its requests go to those"
+        )
+    return (
+        f"{what}: no enabled backend of {name} runs {method}; its requests go to the "
+        "other methods' backends until one does"
+    )
+
+
 def set_policy(
     session: Session,
     name: str,
@@ -175,11 +209,15 @@ def record_method_switch(
     itl_ms: Mapping[str, float] | None = None,
     request_class: str | None = None,
     objective: str = "cost",
+    reason: str = "load",
 ) -> None:
     """Audit an automatic move of a model (or of one of its request classes) to another
-    method, with the load and every candidate's $/1M output tokens and ITL behind it."""
+    method, with the load and every candidate's $/1M output tokens and ITL behind it.
+    `reason` is `load` for a move (action `switch`), `start` for the first choice a gateway
+    replica makes (action `start`, `before` None)."""
     entry: dict[str, Any] = {
         "method": after,
+        "reason": reason,
         "concurrency": round(concurrency, 2),
         "usd_per_mtok": {m: round(v, 6) for m, v in usd_per_mtok.items()},
     }
@@ -190,7 +228,7 @@ def record_method_switch(
     queries.record_audit(
         session,
         actor=actor,
-        action="switch",
+        action="switch" if reason == "load" else "start",
         resource=("model", model),
         before={"method": before},
         after=entry,

@@ -50,6 +50,7 @@ async def test_render_matches_vllm_serve_and_the_compose_service(
         "k": 3,
         "drafter": DRAFTER,
         "gpu_count": 2,
+        "first_gpu": 4,
         "speculative_options": {"num_speculative_tokens_per_batch_size": SCHEDULE},
     }
     response = await client.post("/admin/v1/methods/render", json=request)
@@ -65,8 +66,11 @@ async def test_render_matches_vllm_serve_and_the_compose_service(
         "num_speculative_tokens": 3,
         "num_speculative_tokens_per_batch_size": SCHEDULE,
     }
-    service: dict[str, Any] = vllm_service(MODEL, spec, gpu_count=2)
+    service: dict[str, Any] = vllm_service(MODEL, spec, gpu_count=2, first_gpu=4)
     assert body["compose_service"] == service | {"ports": ["127.0.0.1:8000:8000"]}
+    [gpus] = body["compose_service"]["deploy"]["resources"]["reservations"]["devices"]
+    assert gpus["device_ids"] == ["4", "5"]
+    assert body["compose_service"]["image"] == "vllm/vllm-openai:v0.32.0"
     compose = yaml.safe_load(body["compose_yaml"])
     assert compose == {"services": {"vllm": body["compose_service"]}, "volumes": {"hf-cache": {}}}
     assert (body["model"], body["method"], body["k"], body["drafter"]) == (
@@ -86,7 +90,7 @@ async def test_render_plain_has_no_speculative_config_and_changes_nothing(
     assert body["argv"] == ["vllm", "serve", MODEL, "--host", ALL_INTERFACES, "--port", "9000"]
     assert body["compose_service"]["ports"] == ["127.0.0.1:9000:9000"]
     [gpus] = body["compose_service"]["deploy"]["resources"]["reservations"]["devices"]
-    assert gpus["count"] == 1  # the default
+    assert gpus["device_ids"] == ["0"]  # the default: one GPU, the host's first
     assert (await client.get("/admin/v1/audit")).json()["data"] == []
     assert (await client.get("/admin/v1/models")).json()["data"] == []
 
@@ -109,6 +113,7 @@ async def test_render_plain_has_no_speculative_config_and_changes_nothing(
         ),  # a schedule's K above num_speculative_tokens
         ({"method": "medusa", "k": 3}, "method"),
         ({"method": "plain", "gpu_count": 0}, "gpu_count"),
+        ({"method": "plain", "first_gpu": -1}, "first_gpu"),
     ],
 )
 async def test_render_refuses_an_invalid_spec_naming_the_field(

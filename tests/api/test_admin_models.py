@@ -40,6 +40,31 @@ async def test_put_policy_pins_a_method_and_is_audited(client: httpx.AsyncClient
     assert (entry["action"], entry["resource_id"]) == ("update", MODEL)
     assert entry["before"]["policy"]["mode"] == "auto"
     assert entry["after"]["policy"]["method"] == "eagle3"
+    assert response.json()["warnings"] == []  # the backend runs eagle3 at K=3
+
+
+async def test_put_policy_warns_of_a_method_or_k_no_backend_runs(client: httpx.AsyncClient) -> None:
+    await client.post("/admin/v1/backends", json=EAGLE3)
+    url = f"/admin/v1/models/{MODEL}/policy"
+    other_k = await client.put(url, json={"mode": "pinned", "method": "eagle3", "k": 5})
+    assert other_k.status_code == 200, other_k.text
+    assert other_k.json()["warnings"] == [
+        f"pinned: no enabled backend of {MODEL} runs eagle3 at K=5 (it runs at K=3); its "
+        "requests go to those"
+    ]
+    assert other_k.json()["policy"]["k"] == 5  # saved all the same
+    rule = {"when": ["structured_output"], "method": "dflash", "k": 7}
+    body = {"mode": "pinned", "method": "p-eagle", "rules": [rule]}
+    missing = (await client.put(url, json=body)).json()["warnings"]
+    assert missing == [
+        f"{what}: no enabled backend of {MODEL} runs {method}; its requests go to the other "
+        "methods' backends until one does"
+        for what, method in (("pinned", "p-eagle"), ("rule 1", "dflash"))
+    ]
+    await client.patch(f"/admin/v1/backends/{EAGLE3['name']}", json={"enabled": False})
+    disabled = await client.put(url, json={"mode": "pinned", "method": "eagle3"})
+    assert len(disabled.json()["warnings"]) == 1  # a disabled backend serves nothing
+    assert (await client.put(url, json={"mode": "auto"})).json()["warnings"] == []
 
 
 async def test_rules_are_stored_in_order_and_audited(client: httpx.AsyncClient) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from gateway.classes import ClassView, candidates
-from gateway.control.selector import Selector, decide
+from gateway.control.selector import PriceGauges, Selector, decide
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
@@ -78,7 +78,11 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
         assert registry.auto_method("m", registry.snapshot) == "plain"
         with sessions() as session:
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
-        [entry] = entries
+        [start, entry] = entries  # the first round's choice, then the move
+        assert (start.action, start.before, start.resource_id) == ("start", {"method": None}, "m")
+        assert start.after is not None
+        assert (start.after["method"], start.after["reason"]) == ("p-eagle", "start")
+        assert start.after["usd_per_mtok"]["p-eagle"] < start.after["usd_per_mtok"]["plain"]
         assert (entry.actor, entry.action, entry.before, entry.resource_id) == (
             "auto",
             "switch",
@@ -86,9 +90,53 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
             "m",
         )
         assert entry.after is not None
+        assert entry.after["reason"] == "load"
         assert entry.after["method"] == "plain"
         assert entry.after["concurrency"] > 16
         assert entry.after["usd_per_mtok"]["plain"] < entry.after["usd_per_mtok"]["p-eagle"]
+    finally:
+        engine.dispose()
+
+
+async def test_an_audit_the_database_refused_is_written_with_the_next_round(
+    database_url: str,
+) -> None:
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        registry = Registry(sessions, refresh_s=60)
+        registry.snapshot = Snapshot(
+            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
+            policies={"m": PolicyView("auto")},
+            prices={"B200": 6.0},
+            curves={
+                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
+                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
+            },
+        )
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=1,
+            min_dwell_s=0,
+            switch_margin=0.05,
+            sizing=Sizing(0.2, 1),
+            desired_replicas=GatewayMetrics().desired_replicas,
+        )
+        with engine.begin() as connection:  # the audit log cannot be written for a while
+            connection.execute(text("ALTER TABLE audit_log RENAME TO audit_log_away"))
+        await selector.step()
+        with engine.begin() as connection:
+            connection.execute(text("ALTER TABLE audit_log_away RENAME TO audit_log"))
+            assert connection.execute(text("SELECT count(*) FROM audit_log")).scalar() == 0
+        await selector.step()
+        with sessions() as session:
+            entries = session.scalars(select(AuditEntry)).all()
+        assert [(e.action, e.resource_id) for e in entries] == [("start", "m")]
+        await selector.step()  # written once
+        with sessions() as session:
+            assert len(session.scalars(select(AuditEntry)).all()) == 1
     finally:
         engine.dispose()
 
@@ -197,6 +245,62 @@ async def test_each_request_class_gets_its_objectives_choice(database_url: str) 
         )
         assert audited["thrifty"]["usd_per_mtok"] == {"plain": pytest.approx(2.78, rel=0.01)}
         assert await selector.step() == []  # nothing moved: nothing new to audit
+    finally:
+        engine.dispose()
+
+
+async def test_every_models_methods_are_priced_beside_plain_on_the_same_gpus(
+    database_url: str,
+) -> None:
+    """A pinned model too: what the alert on a method costlier than plain reads. At c=1 on
+    a $6 B200, P-EAGLE's 900 tokens/s cost 6 / (900 x 3600) x 1e6 = $1.85 per 1M, and plain
+    on that backend's GPU (400 tokens/s) $4.17; a backend gone unhealthy is priced no more."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    metrics = GatewayMetrics()
+    try:
+        registry = Registry(sessions, refresh_s=60)
+        registry.snapshot = Snapshot(
+            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
+            policies={"m": PolicyView("pinned", method="p-eagle")},
+            prices={"B200": 6.0},
+            curves={
+                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
+                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
+            },
+        )
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=1,
+            min_dwell_s=0,
+            switch_margin=0.05,
+            sizing=Sizing(0.2, 1),
+            desired_replicas=metrics.desired_replicas,
+            prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
+        )
+
+        def priced(name: str) -> dict[str, float | None]:
+            return {
+                method: metrics.registry.get_sample_value(name, {"model": "m", "method": method})
+                for method in ("plain", "p-eagle")
+            }
+
+        await selector.step()
+        method, plain = "draftgate_method_usd_per_mtok", "draftgate_method_plain_usd_per_mtok"
+        assert priced(method) == {
+            "plain": pytest.approx(4.1667, rel=1e-4),
+            "p-eagle": pytest.approx(1.8519, rel=1e-4),
+        }
+        assert priced(plain) == {
+            "plain": pytest.approx(4.1667, rel=1e-4),
+            "p-eagle": pytest.approx(4.1667, rel=1e-4),
+        }
+        registry.states["b"].healthy = False
+        await selector.step()
+        assert priced(method) == {"plain": pytest.approx(4.1667, rel=1e-4), "p-eagle": None}
+        assert priced(plain)["p-eagle"] is None
     finally:
         engine.dispose()
 

@@ -1,7 +1,9 @@
 """A real browser (Debian's headless Chromium) on the dashboard of `draftgate up`.
 
-It opens every page, saves a screenshot of each under test-artefacts/dashboard/, and pins a
-method on the Methods page, confirmed through the admin API.
+It opens every page, saves a screenshot of each under test-artefacts/dashboard/, pins a
+method on the Methods page, confirmed through the admin API, follows deep links, and makes
+the Backends and Keys pages' changes one by one: after each, the page shows it at once and
+every page renders with no error, no raw Python value and no "Page not found".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.dashboard.conftest import MODEL, Stack
+from tests.e2e.conftest import closed_url
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTEFACTS = Path(__file__).resolve().parents[2] / "test-artefacts" / "dashboard"
@@ -37,6 +40,9 @@ OPTION_TIMEOUT_MS = 5_000
 OPEN_ATTEMPTS = 4
 SETTLED = """() => !document.querySelector('[data-testid="stSkeleton"]')
     && !document.querySelector('[data-testid="stStatusWidget"]')"""
+# What a table cell must never show: a Python dict or list, or None, printed as is.
+RAW = re.compile(r"\{'|\{\"|\['|\bNone\b")
+CELLS = '[data-testid="stDataFrame"] table td'
 
 if not CHROMIUM.exists():
     pytest.skip("no /usr/bin/chromium (make test installs it)", allow_module_level=True)
@@ -63,8 +69,8 @@ def page(browser: Browser) -> Iterator[Page]:
         context.close()
 
 
-def _open(page: Page, stack: Stack, path: str) -> None:
-    page.goto(f"{stack.dashboard_url}/{path}")
+def _open(page: Page, stack: Stack, path: str, query: str = "") -> None:
+    page.goto(f"{stack.dashboard_url}/{path}{query}")
     title, last = PAGES[path]
     page.get_by_role("heading", name=title, exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
     page.get_by_text(last).first.wait_for(timeout=RENDER_TIMEOUT_MS)
@@ -75,7 +81,7 @@ def _open(page: Page, stack: Stack, path: str) -> None:
 def _choose(page: Page, label: str, option: str) -> None:
     """Pick `option` in a select box; a list that closed again (a redraw) is reopened."""
     for _ in range(OPEN_ATTEMPTS):
-        page.get_by_label(label).click()
+        page.get_by_role("combobox", name=label, exact=True).click()
         try:
             page.get_by_role("option", name=option, exact=True).click(timeout=OPTION_TIMEOUT_MS)
             return
@@ -100,9 +106,9 @@ def test_pinning_a_method_on_the_methods_page_changes_the_policy(page: Page, sta
     page.get_by_text("pinned", exact=True).click()
     _choose(page, "Pinned method", "eagle3")
     page.get_by_label("Pinned K (0: the backend's own)").fill("3")
-    page.get_by_label("ITL objective, ms (0: none)").fill("45")
+    page.get_by_label("Per-token latency objective, ms (0: none)").fill("45")
     page.get_by_role("button", name="Save policy").click()
-    saved = page.get_by_text("set to pinned to eagle3 K=3, ITL ≤ 45 ms")
+    saved = page.get_by_text("set to pinned to eagle3 K=3, per-token ≤ 45 ms")
     saved.wait_for(timeout=RENDER_TIMEOUT_MS)
     page.screenshot(path=str(ARTEFACTS / "08-methods-policy-pinned.png"))
     with stack.admin() as admin:
@@ -137,3 +143,106 @@ def test_live_panels_refresh_on_their_own_and_pause(page: Page, stack: Stack) ->
     page.wait_for_timeout(3 * LIVE_REFRESH_MS)  # a running timer would have redrawn by now
     assert _updated(page) == paused
     page.screenshot(path=str(ARTEFACTS / "09-backends-live-paused.png"))
+
+
+def _cells(page: Page) -> list[str]:
+    """The text of every table cell drawn (tables keep an accessible copy in the page)."""
+    return page.locator(CELLS).all_inner_texts()
+
+
+def _clean(page: Page, where: str) -> None:
+    assert page.get_by_text("Page not found").count() == 0, where
+    assert page.get_by_test_id("stException").count() == 0, where
+    assert page.get_by_test_id("stAlertContentError").count() == 0, where
+    raw = [cell for cell in _cells(page) if RAW.search(cell)]
+    assert not raw, (where, raw)
+
+
+def _walk(page: Page, stack: Stack, after: str) -> None:
+    """Every page, clean, with a screenshot, after the change `after`."""
+    for index, path in enumerate(PAGES, start=1):
+        _open(page, stack, path)
+        _clean(page, f"{path or 'overview'} after {after}")
+        shot = ARTEFACTS / f"walk-{after}-{index:02d}-{path or 'overview'}.png"
+        page.screenshot(path=str(shot))
+
+
+def _shows(page: Page, text: str) -> None:
+    """Wait until a table cell reads `text` (the page's rerun after a change)."""
+    cell = page.locator(CELLS, has_text=re.compile(f"^{re.escape(text)}$")).first
+    cell.wait_for(state="attached")  # the accessible copy is in the page, not shown
+
+
+def test_deep_links_open_their_page(page: Page, stack: Stack) -> None:
+    _open(page, stack, "", "overview")  # the default page by its own name
+    assert page.url.rstrip("/") == stack.dashboard_url
+    _clean(page, "/overview")
+    other = {"name": "link-other", "url": closed_url(), "model": "acme/other", "method": "plain"}
+    with stack.admin() as admin:  # a model listed before the demo's: the link must pick
+        assert admin.post("/admin/v1/backends", json=other).status_code == 201
+    try:
+        _open(page, stack, "methods", f"?model={MODEL}")
+        assert page.get_by_label("Model", exact=True).input_value() == MODEL
+        _clean(page, "/methods?model=")
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTEFACTS / "10-methods-deep-link.png"))
+    finally:
+        with stack.admin() as admin:
+            assert admin.delete("/admin/v1/backends/link-other").status_code == 204
+            assert admin.delete("/admin/v1/models/acme/other").status_code == 204
+
+
+def test_each_change_shows_at_once_and_every_page_stays_clean(page: Page, stack: Stack) -> None:
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    name = "walk-extra"
+    _open(page, stack, "backends")
+    page.get_by_label("Name").fill(name)
+    page.get_by_label("Base URL (without /v1)").fill(closed_url())
+    page.get_by_label("Model", exact=True).fill(MODEL)
+    page.get_by_role("button", name="Add backend").click()
+    page.get_by_text(f"Added {name} (plain) for {MODEL}").wait_for()
+    _shows(page, name)  # in the table above the form, without a reload
+    _walk(page, stack, "add-backend")
+
+    _open(page, stack, "backends")
+    _choose(page, "Backend", name)
+    page.get_by_role("button", name=f"Disable {name}").click()
+    page.get_by_text(f"{name} is now disabled").wait_for()
+    _shows(page, "disabled")
+    page.get_by_role("button", name=f"Enable {name}").wait_for()
+    _walk(page, stack, "disable-backend")
+
+    _open(page, stack, "backends")
+    _choose(page, "Backend", name)
+    page.get_by_text(f"Yes, remove {name}").click()
+    page.get_by_role("button", name="Remove", exact=True).click()
+    page.get_by_text(f"Removed {name}").wait_for()
+    page.wait_for_function(SETTLED)
+    assert name not in _cells(page)
+    with stack.admin() as admin:
+        assert admin.get(f"/admin/v1/backends/{name}").status_code == 404
+    _walk(page, stack, "remove-backend")
+
+    _open(page, stack, "keys")
+    page.get_by_label("Name").fill("walk-key")
+    page.get_by_role("button", name="Create key").click()
+    page.get_by_text("Copy it now: it is shown only once.").wait_for()
+    _shows(page, "walk-key")
+    secret = page.get_by_test_id("stCode").first.inner_text().strip()
+    with stack.admin() as admin:
+        keys = admin.get("/admin/v1/keys").json()["data"]
+    [key] = [k for k in keys if k["name"] == "walk-key"]
+    assert secret.startswith(key["key_prefix"])
+    page.screenshot(path=str(ARTEFACTS / "11-keys-created.png"))
+    _walk(page, stack, "create-key")
+
+    _open(page, stack, "keys")
+    _choose(page, "Key", f"{key['id']}: walk-key ({key['key_prefix']}…)")
+    page.get_by_role("button", name="Revoke", exact=True).click()
+    page.get_by_text(f"Revoked key {key['id']}").wait_for()
+    page.wait_for_function(SETTLED)
+    assert "walk-key" not in _cells(page)  # revoked keys are hidden,
+    page.get_by_text("Show revoked keys").click()  # unless asked for
+    _shows(page, "walk-key")
+    page.screenshot(path=str(ARTEFACTS / "12-keys-revoked-shown.png"))
+    _walk(page, stack, "revoke-key")

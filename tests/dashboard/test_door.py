@@ -54,6 +54,14 @@ def test_listed_hosts_get_the_page_with_anti_framing_headers(dashboard: Server, 
     assert page.headers["x-content-type-options"] == "nosniff"
 
 
+def test_the_default_page_s_own_address_leads_to_it(dashboard: Server) -> None:
+    for path, location in (("/overview", "/"), ("/overview/?tab=1", "/?tab=1")):
+        answer = _get(dashboard, path, "localhost")
+        assert (answer.status_code, answer.headers["location"]) == (308, location)
+        assert answer.headers["x-frame-options"] == "SAMEORIGIN"
+    assert _get(dashboard, "/overview", "attacker.example").status_code == 403
+
+
 @pytest.mark.parametrize(
     "host", ["attacker.example", "dashboard.example.com.attacker.example", "corp.example", ""]
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
+from dashboard.client import refresh_reads
+from dashboard.formats import usd
 from tests.dashboard.conftest import MODEL, Stack, wait_for_benchmark, wait_for_runtime
 from tests.e2e.conftest import closed_url
 
@@ -62,14 +64,14 @@ def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_
     assert set(table["method"]) == {m["method"] for m in capacity["methods"]}
     cheapest = min(capacity["methods"], key=lambda m: m["usd_per_month"])
     assert table["method"].iloc[0] == cheapest["method"]
-    assert abs(table["USD per month"].iloc[0] - cheapest["usd_per_month"]) < 0.01
+    assert table["per month"].iloc[0] == usd(cheapest["usd_per_month"])
     assert at.code, [w.value for w in at.warning]
     assert f"vllm serve {MODEL}" in at.code[0].value
     assert "services:" in at.code[1].value
     if cheapest["method"] in plan["schedules"]:
         assert "num_speculative_tokens_per_batch_size" in at.code[0].value
     saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
-    assert abs(table["saves vs plain (USD/month)"].iloc[0] - saved) < 0.01
+    assert table["saves vs plain per month"].iloc[0] == usd(saved)
     assert "50,000 output tokens/s" in at.caption[0].value
     band = capacity["savings_usd_per_month_95"]["vs_plain"][cheapest["method"]]
     # None: the fit's band is +-100% or wider on these few short test measurements
@@ -96,20 +98,26 @@ def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_en
     at.text_input(key="add-url").set_value(closed_url())
     at.text_input(key="add-model").set_value(MODEL)
     at.button(key="add-save").click().run()
-    assert "Added dash-extra (plain)" in at.success[-1].value
+    assert at.success[0].value == f"Added dash-extra (plain) for {MODEL}"  # above the table,
+    health = at.dataframe[0].value.set_index("name")["health"]  # which shows it at once
+    assert health["dash-extra"] == "not seen yet"
     with dashboard_env.admin() as admin:
         assert admin.get("/admin/v1/backends/dash-extra").json()["enabled"] is True
 
     at = _run(_backends)
     at.selectbox(key="change-name").set_value("dash-extra").run()
     at.button(key="change-toggle").click().run()
-    assert "dash-extra is now disabled" in at.success[-1].value
+    assert at.success[0].value == "dash-extra is now disabled"
+    assert at.dataframe[0].value.set_index("name").loc["dash-extra", "health"] == "disabled"
+    assert at.button(key="change-toggle").label == "Enable dash-extra"
     with dashboard_env.admin() as admin:
         assert admin.get("/admin/v1/backends/dash-extra").json()["enabled"] is False
 
     at.checkbox(key="change-sure").check().run()
     at.button(key="change-remove").click().run()
-    assert "Removed dash-extra" in at.success[-1].value
+    assert at.success[0].value == "Removed dash-extra"
+    assert "dash-extra" not in set(at.dataframe[0].value["name"])
+    assert "dash-extra" not in at.selectbox(key="change-name").options
     with dashboard_env.admin() as admin:
         assert admin.get("/admin/v1/backends/dash-extra").status_code == 404
 
@@ -123,6 +131,7 @@ def test_backends_warn_of_a_backend_no_curve_prices(dashboard_env: Stack) -> Non
         assert admin.post("/admin/v1/backends", json=backend).status_code == 201
         # The gateway reports a backend's runtime once its registry has refreshed.
         wait_for_runtime(admin, "dash-private")
+    refresh_reads()  # added behind the dashboard's back: as its read cache expiring
     try:
         warnings = [w.value for w in _run(_backends).warning]
         assert any(w.startswith("dash-private: no throughput curve") for w in warnings), warnings
@@ -163,19 +172,27 @@ def test_keys_creates_a_key_shown_once_and_revokes_it(dashboard_env: Stack) -> N
         [key] = [k for k in admin.get("/admin/v1/keys").json()["data"] if k["name"] == "dash-key"]
     assert secret.startswith(key["key_prefix"])
     assert key["budget_usd"] == 5.0
+    assert at.success[0].value.startswith(f"Created key {key['id']} (dash-key)")
+    table = at.dataframe[0].value.set_index("name")  # the new key listed at once
+    assert (table.loc["dash-key", "budget"], table.loc["dash-key", "revoked"]) == ("$5.00", "—")
+    assert table.loc["dash-key", "spent (30 days)"] == "$0.0000"
 
     at = _run(_keys)
     assert not at.code  # shown only once
     assert "dash-key" in " ".join(at.selectbox(key="usage-csv-of").options)  # its records
-    table = at.dataframe[0].value.set_index("name")
-    assert table.loc["dash-key", "budget (USD)"] == 5.0
     label = next(o for o in at.selectbox(key="revoke-key").options if "dash-key" in o)
     at.selectbox(key="revoke-key").set_value(label)
     at.button(key="revoke").click().run()
-    assert f"Revoked key {key['id']}" in at.success[-1].value
+    assert at.success[0].value == f"Revoked key {key['id']}"
+    assert "dash-key" not in set(at.dataframe[0].value["name"])  # revoked keys are hidden,
+    assert not any("dash-key" in o for o in at.selectbox(key="revoke-key").options)
+    at.toggle(key="keys-show-revoked").set_value(True).run()  # unless asked for
+    revoked_at = at.dataframe[0].value.set_index("name").loc["dash-key", "revoked"]
+    assert revoked_at.endswith(" UTC")
     with dashboard_env.admin() as admin:
         revoked = admin.get(f"/admin/v1/keys/{key['id']}").json()
     assert revoked["revoked_at"] is not None
+    assert revoked_at == f"{revoked['revoked_at'][:10]} {revoked['revoked_at'][11:16]} UTC"
 
 
 def test_accuracy_lists_every_measured_point_with_the_mean_error(dashboard_env: Stack) -> None:

@@ -68,6 +68,13 @@ def test_bench_sweep_stores_measurements_and_saves_vllm_bench_json(
     assert result["total_output_tokens"] == 12 * 48
     assert result["mean_ttft_ms"] > 0
     assert result["spec_decode_acceptance_length"] > 1
+    # A streamed chunk carries a step's accepted tokens: the time between chunks (vLLM's ITL)
+    # is several per-token latencies (its TPOT), the quantity latency objectives bound.
+    assert result["mean_tpot_ms"] > 0
+    assert result["mean_itl_ms"] > 1.5 * result["mean_tpot_ms"], (
+        result["mean_itl_ms"],
+        result["mean_tpot_ms"],
+    )
     imported = run_cli("import", "vllm-bench", str(tmp_path / "result-c4.json"), "--method",
                        "p-eagle", "--k", "7", "--gpu", "B200", env=env)  # fmt: skip
     assert imported.returncode == 0, imported.stderr

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import re
 import signal
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -174,12 +175,20 @@ def _sim_ports(server: Server) -> list[int]:
     return [int(p) for p in re.findall(r"demo-\S+\s+http://127\.0\.0\.1:(\d+)", server.output())]
 
 
-def test_up_generates_token_and_reuses_database(
+def test_up_keeps_its_token_and_database_and_logs_the_gateway(
     start_server: ServerStarter, tmp_path: Path
 ) -> None:
     database_url = f"sqlite:///{tmp_path}/up.db"
     server, token = _start_up(start_server, database_url)
     assert len(token) >= 32
+    kept = tmp_path / ".draftgate" / "admin-token"
+    kept_at = server.wait_for_output(r"^\s*token from\s+(\S+) \(mode 600").group(1)
+    assert kept_at == str(Path(".draftgate") / "admin-token")
+    assert kept.read_text().strip() == token
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    gateway_log = tmp_path / ".draftgate" / "logs" / "gateway.log"
+    assert "Application startup complete" in gateway_log.read_text()
+    assert token not in gateway_log.read_text()
     _create_backend_and_check_audit(server, token)
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         chat = {
@@ -197,9 +206,9 @@ def test_up_generates_token_and_reuses_database(
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
-    again, new_token = _start_up(start_server, database_url)
-    assert new_token != token  # a fresh token each start when none is configured
-    with again.client(new_token) as http:
+    again, same_token = _start_up(start_server, database_url)
+    assert same_token == token  # a restart keeps the token scripts and dashboards hold
+    with again.client(token) as http:
         names = [b["name"] for b in http.get("/admin/v1/backends").json()["data"]]
         keys = http.get("/admin/v1/keys", params={"include_revoked": True}).json()["data"]
     demo_keys = [k for k in keys if k["name"] == "demo"]
@@ -208,6 +217,28 @@ def test_up_generates_token_and_reuses_database(
     demo = [f"demo-{m}" for m in ("dflash", "dspark", "eagle3", "p-eagle", "plain")]
     assert names == sorted([*demo, "qwen-eagle3"])
     assert again.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, again.output()
+    assert gateway_log.read_text().count("Application startup complete") == 2  # appended
+
+
+def test_up_with_a_configured_token_keeps_no_file_and_refuses_a_shared_one(
+    start_server: ServerStarter, run_cli: CliRunner, tmp_path: Path
+) -> None:
+    set_token = "a-configured-token-of-some-length"
+    env = draftgate_env(
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/set.db", DRAFTGATE_ADMIN_TOKEN=set_token
+    )
+    server = start_server("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", "20",
+                          "--no-dashboard", env=env)  # fmt: skip
+    assert server.wait_for_output(r"^\s*admin token\s+(\S+)\s").group(1) == set_token
+    assert not (tmp_path / ".draftgate" / "admin-token").exists()
+    assert server.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, server.output()
+
+    kept = tmp_path / ".draftgate" / "admin-token"
+    kept.write_text("x" * 43 + "\n")
+    kept.chmod(0o644)
+    done = run_cli("up", "--no-dashboard", env=draftgate_env())
+    assert done.returncode == 2
+    assert "admin-token is readable by others: chmod 600 it, or delete it" in done.stderr
 
 
 # --- draftgate keys ---------------------------------------------------------------------

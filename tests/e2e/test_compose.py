@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -27,7 +28,7 @@ import yaml
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from backends.compose import vllm_command, vllm_service
+from backends.compose import VLLM_IMAGE, vllm_command, vllm_service
 from backends.methods import make_spec, render_speculative_config
 from backends.sim.config import DEFAULT_K
 from dashboard.server import host_allowed
@@ -37,12 +38,14 @@ from gateway.services.fleet import Fleet, load_fleet
 from gateway.settings import Settings
 from planner.catalog import default_prices
 from tests.unit.k8s_queries import OAUTH2_PROXY_REQUIRED, oauth2_proxy_options
+from tests.unit.test_alerts import alerting_rules, exported_metric_names, metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DEPLOY = ROOT / "deploy" / "compose"
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
+PROMTOOL = shutil.which("promtool")
 PROFILES = ("sim", "gpu")  # the backends' profiles
 LOGIN_PROFILE = "login"
 # What `docker compose up` needs set, whatever the profiles: compose reads every service's
@@ -531,15 +534,31 @@ def test_gpu_speculative_configs_are_the_design_s(compose: dict[str, Any]) -> No
     }
 
 
-def test_gpu_services_reserve_a_gpu_cache_weights_and_check_health(compose: dict[str, Any]) -> None:
+def _default_of(value: str) -> str:
+    """The default of a `${NAME:-default}` interpolation."""
+    match = re.fullmatch(r"\$\{[A-Z0-9_]+:-([^}]*)\}", value)
+    assert match, value
+    return match.group(1)
+
+
+def test_gpu_services_reserve_a_gpu_each_cache_weights_and_check_health(
+    compose: dict[str, Any],
+) -> None:
+    taken: dict[str, str] = {}
     for name, service in services_in(compose, "gpu").items():
-        rendered = vllm_service(GPU_MODEL, make_spec("plain"))
-        for key in ("environment", "volumes", "ipc", "deploy", "healthcheck"):
+        [device] = service["deploy"]["resources"]["reservations"]["devices"]
+        [gpu] = device["device_ids"]
+        first_gpu = int(_default_of(gpu))
+        assert first_gpu not in taken.values(), f"{name} shares GPU {first_gpu}"
+        taken[name] = str(first_gpu)
+        rendered = vllm_service(GPU_MODEL, make_spec("plain"), first_gpu=first_gpu)
+        for key in ("environment", "volumes", "ipc", "healthcheck"):
             assert service[key] == rendered[key], f"{name}.{key}"
-        assert service["image"] == "${VLLM_IMAGE:-" + str(rendered["image"]) + "}"
-        devices = service["deploy"]["resources"]["reservations"]["devices"]
-        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+        resolved = {**device, "device_ids": [str(first_gpu)]}
+        assert rendered["deploy"] == {"resources": {"reservations": {"devices": [resolved]}}}
+        assert _default_of(service["image"]) == rendered["image"] == "vllm/vllm-openai:v0.32.0"
         assert _health_port(service, "/health") == int(service["command"][-1]) == 8000
+    assert sorted(taken.values()) == ["0", "1", "2", "3", "4"]
 
 
 def test_fleet_files_load_and_price_their_gpus_at_the_planner_s_list_prices() -> None:
@@ -588,6 +607,28 @@ def test_prometheus_scrapes_every_gateway_replica_and_every_backend(
     assert (
         "./deploy/compose/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
     )
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool (make test installs it)")
+def test_prometheus_loads_the_alerting_rules_mounted_beside_its_config(
+    compose: dict[str, Any],
+) -> None:
+    """The container reads /etc/prometheus/prometheus.yml and finds `rule_files` beside it:
+    the same layout as deploy/compose/, so promtool checks both as Prometheus will load them."""
+    volumes = compose["services"]["prometheus"]["volumes"]
+    assert "./deploy/compose/alerts.yml:/etc/prometheus/alerts.yml:ro" in volumes
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text(encoding="utf-8"))
+    assert config["rule_files"] == ["alerts.yml"]
+    checked = subprocess.run(
+        [str(PROMTOOL), "check", "config", "prometheus.yml"],
+        cwd=DEPLOY,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in checked.stdout
 
 
 def test_grafana_is_provisioned_with_the_dashboard_and_data_source(compose: dict[str, Any]) -> None:
@@ -645,6 +686,22 @@ def test_grafana_shows_gateway_and_spec_decode_panels() -> None:
             ]
 
 
+def test_grafana_draws_every_figure_an_alert_reads_and_the_alerts_firing() -> None:
+    names = grafana_metric_names()
+    read = set().union(*(metric_names(rule["expr"]) for rule in alerting_rules()))
+    assert read - {"up"} <= names, read - names
+    drawn = {n for n in names if n.startswith("draftgate_")}
+    assert drawn <= exported_metric_names(), drawn - exported_metric_names()
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "draftgate.json").read_text())
+    [alerts] = [p for p in dashboard["panels"] if p["title"] == "Alerts firing"]
+    assert [t["expr"] for t in alerts["targets"]] == [
+        'ALERTS{alertstate="firing", alertname=~"Draftgate.*"}'
+    ]
+    panels = sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    assert panels[0]["type"] == "row"
+    assert panels[1] is alerts  # the first thing one sees
+
+
 # --- the image ---
 
 
@@ -683,3 +740,16 @@ def test_the_build_stage_copies_every_package_the_project_builds() -> None:
     } == sources
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert not sources & ignored
+
+
+def test_kubernetes_vllm_manifests_pin_the_rendered_image() -> None:
+    manifests = sorted((DEPLOY.parent / "k8s" / "base").glob("vllm-*.yaml"))
+    assert len(manifests) == 5
+    for path in manifests:
+        images = {
+            container["image"]
+            for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+            if doc and doc.get("kind") == "Deployment"
+            for container in doc["spec"]["template"]["spec"]["containers"]
+        }
+        assert images == {VLLM_IMAGE}, path.name

@@ -25,6 +25,7 @@ BASE = K8S / "base"
 SIM = K8S / "overlays" / "sim"
 AUTOSCALE = K8S / "overlays" / "autoscale"
 LOGIN = K8S / "overlays" / "login"
+MONITORING = K8S / "overlays" / "monitoring"
 NAMESPACE = "draftgate"
 MODEL = "Qwen/Qwen3-8B"
 # The published Qwen3-8B drafter of each method the GPU fleet serves.

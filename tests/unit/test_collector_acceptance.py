@@ -1,4 +1,5 @@
-"""The collector keeps each backend's live acceptance for the admin API's runtime view."""
+"""The collector keeps each backend's live acceptance for the admin API's runtime view and
+`draftgate_backend_acceptance_length`."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_the_last_drafting_interval_is_the_live_acceptance() -> None:
     idle = replace(AFTER)  # no new drafts: the last known acceptance stays
     collector._absorb(PEAGLE, idle, now=10.0)
     assert state.acceptance_length == 4.0
+    assert _gauge(collector, PEAGLE) == 4.0
 
 
 def test_plain_pages_carry_no_acceptance() -> None:
@@ -62,3 +64,23 @@ def test_plain_pages_carry_no_acceptance() -> None:
     state = collector.registry.states[PLAIN.name]
     assert state.acceptance_length is None
     assert state.acceptance_per_position is None
+    assert _gauge(collector, PLAIN) is None
+
+
+def test_a_backend_that_stops_drafting_loses_its_gauge() -> None:
+    """A backend restarted without speculation (its method now contradicted) is not left
+    showing its old acceptance."""
+    collector = _collector()
+    _absorb(collector, PEAGLE, BEFORE, AFTER)
+    assert _gauge(collector, PEAGLE) == 4.0
+    no_drafts = replace(
+        AFTER, drafts=None, draft_tokens=None, accepted_tokens=None, accepted_per_position=None
+    )
+    collector._absorb(PEAGLE, no_drafts, now=10.0)
+    assert _gauge(collector, PEAGLE) is None
+
+
+def _gauge(collector: Collector, backend: BackendView) -> float | None:
+    return collector.metrics.registry.get_sample_value(
+        "draftgate_backend_acceptance_length", {"backend": backend.name}
+    )

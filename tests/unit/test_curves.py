@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.curves import Aggregate, Sample, Served, build_curves, extend, pool
+from gateway.curves import Aggregate, Band, Sample, Served, build_curves, extend, pool
+from gateway.registry import Snapshot
 from planner.fit_measurements import concurrency_bin
 
 MODEL, GPU = "openai/gpt-oss-20b", "B200"
@@ -78,6 +79,38 @@ def test_an_unmeasured_method_is_priced_as_off_as_the_measured_ones() -> None:
     ratio = curves[(MODEL, "eagle3", GPU)].at(4) / curves[key].at(4)
     planned_ratio = planned[(MODEL, "eagle3", GPU)].at(4) / planned[key].at(4)
     assert ratio == pytest.approx(planned_ratio, rel=0.15)
+
+
+def test_the_planners_error_on_a_curves_measured_points() -> None:
+    """Each point predicted from the other through the planner's shape: on the shape (at any
+    scale) the error is 0; with the c=4 point twice the shape's, the c=1 point is guessed
+    twice too high (error 1) and the c=4 point half too low (0.5): a mean of 0.75."""
+    key = (MODEL, "plain", GPU)
+    served = [Served(MODEL, "plain", 0, GPU)]
+    shape = build_curves([], served).lines[key]  # the prediction itself, at the grid points
+
+    def error(at_4: float) -> float | None:
+        points = [Aggregate(key, 0, 1.0, shape.at(1) / 20, None)]
+        points.append(Aggregate(key, 0, 4.0, at_4 * shape.at(4) / 20, None))
+        return build_curves(points, served).bands[key].planner_error
+
+    assert error(1.0) == pytest.approx(0.0, abs=1e-9)
+    assert error(2.0) == pytest.approx(0.75)
+    one_point = [Aggregate(key, 0, 1.0, 100.0, None)]
+    assert build_curves(one_point, served).bands[key].planner_error is None
+    private = ("acme/private-model", "plain", GPU)  # no spec: no prediction to judge
+    two = [Aggregate(private, 0, c, 100.0 * c, None) for c in (1.0, 4.0)]
+    assert build_curves(two, []).bands[private].planner_error is None
+
+
+def test_a_models_planner_error_is_the_mean_over_its_judged_curves() -> None:
+    bands = {
+        ("m", "plain", GPU): Band((), 0.5, 0.1),
+        ("m", "eagle3", GPU): Band((), 0.5, 0.3),
+        ("m", "dflash", GPU): Band((), 0.49),  # fewer than two points: not judged
+        ("n", "plain", GPU): Band((), 1.0),
+    }
+    assert Snapshot(bands=bands).planner_error() == {"m": pytest.approx(0.2)}
 
 
 def test_points_weigh_by_the_requests_behind_them() -> None:

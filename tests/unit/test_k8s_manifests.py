@@ -28,6 +28,7 @@ from tests.unit.k8s_queries import (
     K8S,
     LOGIN,
     MODEL,
+    MONITORING,
     NAMESPACE,
     ROOT,
     SIM,
@@ -106,11 +107,14 @@ def test_every_file_in_the_tree_is_read_by_a_kustomization(
     base: Build, sim: Build, login: Build
 ) -> None:
     on_disk = {p.resolve() for p in K8S.rglob("*") if p.is_file() and p.name != "README.md"}
-    assert on_disk == base.files | sim.files | login.files | build(AUTOSCALE).files
+    overlays = build(AUTOSCALE).files | build(MONITORING).files
+    assert on_disk == base.files | sim.files | login.files | overlays
 
 
 @pytest.mark.parametrize(
-    "directory", [BASE, SIM, LOGIN, AUTOSCALE], ids=["base", "sim", "login", "autoscale"]
+    "directory",
+    [BASE, SIM, LOGIN, AUTOSCALE, MONITORING],
+    ids=["base", "sim", "login", "autoscale", "monitoring"],
 )
 def test_every_namespaced_object_lands_in_the_stack_s_namespace(directory: Path) -> None:
     """An overlay's own objects get the namespace only when its kustomization sets one: a
@@ -207,7 +211,9 @@ def _comparable(objects: list[Manifest], hashed: dict[str, str]) -> list[Manifes
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) absent")
 @pytest.mark.parametrize(
-    "directory", [BASE, SIM, LOGIN, AUTOSCALE], ids=["base", "sim", "login", "autoscale"]
+    "directory",
+    [BASE, SIM, LOGIN, AUTOSCALE, MONITORING],
+    ids=["base", "sim", "login", "autoscale", "monitoring"],
 )
 def test_resolution_matches_kubectl_kustomize(directory: Path) -> None:
     ours = build(directory)

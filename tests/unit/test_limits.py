@@ -9,7 +9,7 @@ from sqlalchemy.orm import sessionmaker
 
 from gateway.errors import QuotaExceeded, RateLimited
 from gateway.limits import Limiter
-from gateway.registry import KeyView
+from gateway.registry import KeyView, Snapshot
 from gateway.relay.checks import worst_case_tokens
 
 NOW = 1_800_000_000.0  # a whole minute
@@ -116,3 +116,16 @@ def test_unlimited_key_is_never_refused() -> None:
 )
 def test_worst_case_tokens(path: str, payload: dict[str, object], expected: int) -> None:
     assert worst_case_tokens(path, payload, body_bytes=40, limit=1000) == expected
+
+
+def test_budget_use_is_the_snapshots_spend_and_what_was_served_since() -> None:
+    """What `draftgate_key_budget_used_ratio` shows: reservations are not spend; keys
+    without a budget are left out."""
+    lim = limiter()
+    free = KeyView(8, "free", None, None, None, "monthly", None)
+    snapshot = Snapshot(keys={"h7": BUDGET, "h8": free}, key_spend_usd={7: 0.5})
+    assert lim.budget_used(snapshot) == {("7", "k"): 0.5}
+    held = lim.admit(BUDGET, 0.5, 0, 0.1, NOW)
+    assert lim.budget_used(snapshot) == {("7", "k"): 0.5}
+    lim.settle(held, 0, 0.3)
+    assert lim.budget_used(snapshot) == {("7", "k"): pytest.approx(0.8)}

@@ -90,3 +90,9 @@ def test_relayed_paths_are_exact_v1_paths() -> None:
     for refused in ("/metrics", "/v1/../sleep", "/v1//x", "/v1/a%2fb", "v1/chat"):
         with pytest.raises(ValidationError):
             Settings(admin_token=token, relayed_paths=refused)
+
+
+def test_a_refusal_never_repeats_the_value_it_refused() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(admin_token="short-secret-x")
+    assert "short-secret-x" not in str(refused.value)
