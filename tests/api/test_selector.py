@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.classes import ClassView, candidates
 from gateway.control.selector import PriceGauges, Selector, decide
@@ -45,31 +46,37 @@ def backend(name: str, method: str) -> BackendView:
     )
 
 
+def crossover(sessions: sessionmaker[Session]) -> tuple[Registry, Selector]:
+    """An auto model on plain and P-EAGLE backends, and a selector without dwell: speculation
+    wins at low load, plain scales better at high load (the crossover)."""
+    registry = Registry(sessions, refresh_s=60)
+    registry.snapshot = Snapshot(
+        backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
+        policies={"m": PolicyView("auto")},
+        prices={"B200": 6.0},
+        curves={
+            ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
+            ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
+        },
+    )
+    selector = Selector(
+        registry,
+        sessions,
+        interval_s=1,
+        min_dwell_s=0,
+        switch_margin=0.05,
+        sizing=Sizing(0.2, 1),
+        desired_replicas=GatewayMetrics().desired_replicas,
+    )
+    return registry, selector
+
+
 async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -> None:
     engine = make_engine(database_url)
     migrate.upgrade(engine)
     sessions = make_sessionmaker(engine)
     try:
-        registry = Registry(sessions, refresh_s=60)
-        # Speculation wins at low load; plain scales better at high load (the crossover).
-        registry.snapshot = Snapshot(
-            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
-            policies={"m": PolicyView("auto")},
-            prices={"B200": 6.0},
-            curves={
-                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
-                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
-            },
-        )
-        selector = Selector(
-            registry,
-            sessions,
-            interval_s=1,
-            min_dwell_s=0,
-            switch_margin=0.05,
-            sizing=Sizing(0.2, 1),
-            desired_replicas=GatewayMetrics().desired_replicas,
-        )
+        registry, selector = crossover(sessions)
         assert await selector.step() == []  # idle (c=1): already on the cheapest, p-eagle
         assert registry.auto_method("m", registry.snapshot) == "p-eagle"
         registry.states["a"].in_flight = registry.states["b"].in_flight = 32
@@ -105,25 +112,7 @@ async def test_an_audit_the_database_refused_is_written_with_the_next_round(
     migrate.upgrade(engine)
     sessions = make_sessionmaker(engine)
     try:
-        registry = Registry(sessions, refresh_s=60)
-        registry.snapshot = Snapshot(
-            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
-            policies={"m": PolicyView("auto")},
-            prices={"B200": 6.0},
-            curves={
-                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
-                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
-            },
-        )
-        selector = Selector(
-            registry,
-            sessions,
-            interval_s=1,
-            min_dwell_s=0,
-            switch_margin=0.05,
-            sizing=Sizing(0.2, 1),
-            desired_replicas=GatewayMetrics().desired_replicas,
-        )
+        _, selector = crossover(sessions)
         with engine.begin() as connection:  # the audit log cannot be written for a while
             connection.execute(text("ALTER TABLE audit_log RENAME TO audit_log_away"))
         await selector.step()
