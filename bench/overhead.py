@@ -1,7 +1,9 @@
-"""Gateway overhead: the same load direct to a mock vLLM, through draftgate, through LiteLLM.
+"""Gateway overhead: the same load direct to a mock vLLM, through draftgate, through the Rust
+vllm-router and through LiteLLM.
 
-Starts bench/mock_upstream.py (one per token delay), `draftgate gateway` and the LiteLLM proxy
-(one worker; installed into its own virtualenv under --cache-dir on first use), then for each
+Starts bench/mock_upstream.py (one per token delay), `draftgate gateway`, vLLM's Rust router
+(`vllm-router`, the yardstick) and the LiteLLM proxy (one worker), the last two each
+installed into a virtualenv of its own under --cache-dir on first use, then for each
 scenario (non-streamed and streamed chat completions, 0 and 5 ms per token, each concurrency)
 runs closed-loop keep-alive clients over raw sockets against each target in turn, alternating
 targets round by round so machine noise hits all of them alike. Reports p50/p99 latency and
@@ -13,7 +15,7 @@ what the proxy adds to them, throughput relative to direct, the proxy's CPU ms p
 The target `traced` is this gateway with tracing on (every request sampled, the SDK's default
 batching), exporting over OTLP/HTTP to bench/otlp_sink.py on this machine.
 
-Run: .venv/bin/python bench/overhead.py [--targets direct,draftgate,traced,litellm]
+Run: .venv/bin/python bench/overhead.py [--targets direct,draftgate,traced,vllm-router,litellm]
          [--concurrency 1,16,64,256] [--duration 5] [--rounds 2] [--quick] [--baseline DIR]
 """
 
@@ -43,9 +45,16 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "mock-model"
-ALL_TARGETS = ("direct", "draftgate", "traced", "litellm")
-DEFAULT_TARGETS = ("direct", "draftgate", "litellm")
+ALL_TARGETS = ("direct", "draftgate", "traced", "vllm-router", "litellm")
+DEFAULT_TARGETS = ("direct", "draftgate", "vllm-router", "litellm")
+# Proxies measured beside draftgate, each pip-installed into a virtualenv of its own:
+# (what pip installs, the executable it brings).
+THIRD_PARTY = {
+    "litellm": ("litellm[proxy]", "litellm"),
+    "vllm-router": ("vllm-router==0.1.17", "vllm-router"),
+}
 REQUEST_TIMEOUT_S = 60.0
+Tools = dict[str, Path | str]  # a third-party proxy's executable, or why it is missing
 MESSAGES = [{"role": "user", "content": "Write a short note about gateway overhead benchmarks."}]
 
 
@@ -253,18 +262,20 @@ def spans_received(target: Target) -> int:
     return counts["spans"]
 
 
-def ensure_litellm(cache_dir: Path) -> Path | str:
-    """The `litellm` executable of the benchmark's own virtualenv (made on first use)."""
-    venv = cache_dir / "litellm-venv"
-    exe, marker = venv / "bin" / "litellm", venv / ".installed"
-    if exe.exists() and marker.exists():
+def ensure_tool(cache_dir: Path, name: str) -> Path | str:
+    """The executable of third-party proxy `name`, from its own virtualenv (made on first
+    use), or why it could not be installed."""
+    requirement, executable = THIRD_PARTY[name]
+    venv = cache_dir / f"{name}-venv"
+    exe, marker = venv / "bin" / executable, venv / ".installed"
+    if exe.exists() and marker.exists() and marker.read_text().strip() == requirement:
         return exe
     cache_dir.mkdir(parents=True, exist_ok=True)
     (cache_dir / ".gitignore").write_text("*\n")  # keep the cache out of git
-    print(f"installing litellm[proxy] into {venv} (once) ...", flush=True)
+    print(f"installing {requirement} into {venv} (once) ...", flush=True)
     steps = [[sys.executable, "-m", "venv", "--clear", str(venv)],
              [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-              "litellm[proxy]"]]  # fmt: skip
+              requirement]]  # fmt: skip
     for argv in steps:
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=1200)  # noqa: S603
@@ -273,8 +284,20 @@ def ensure_litellm(cache_dir: Path) -> Path | str:
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
             return f"`{shlex.join(argv)}` failed ({done.returncode}):\n{tail}"
-    marker.write_text("ok\n")
+    marker.write_text(requirement + "\n")
     return exe
+
+
+def start_vllm_router(procs: Processes, exe: Path, upstream: Target, work: Path) -> Target | str:
+    """vLLM's Rust router in front of the upstream: round robin over its one worker, its
+    own retries and circuit breaker at their defaults, warnings only in its log."""
+    port = free_port()
+    argv = [str(exe), "--worker-urls", f"http://127.0.0.1:{upstream.port}", "--host",
+            "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level",
+            "warning", "--log-dir", str(work / "vllm-router-logs")]  # fmt: skip
+    pid = procs.start("vllm-router", argv, dict(os.environ), work)
+    url = f"http://127.0.0.1:{port}/health"
+    return wait_ready(procs, "vllm-router", url, 120) or Target("vllm-router", port, pid)
 
 
 def start_litellm(procs: Processes, exe: Path, upstream: Target, work: Path) -> Target | str:
@@ -517,6 +540,7 @@ def print_table(
         "p99 ms",
         "+p99 ms",
         "proxy CPU ms/req",
+        "CPU x router",
         "drain s",
         "mock CPU ms/req",
         "wrk req/s",
@@ -524,10 +548,12 @@ def print_table(
         "errors",
     )
     print("  ".join(f"{c:>{max(len(c), 9)}}" for c in cols))
-    base = results.get("direct")
+    base, router = results.get("direct"), results.get("vllm-router")
+    router_cpu = router.proxy_cpu_s / router.completed if router and router.completed else None
     for name, r in results.items():
         p50, p99 = r.percentile_ms(0.50), r.percentile_ms(0.99)
         per_req = 1000 / r.completed if r.completed else float("nan")
+        cpu = r.proxy_cpu_s / r.completed if r.completed else float("nan")
         cells = (
             name,
             str(r.completed),
@@ -538,6 +564,7 @@ def print_table(
             f"{p99:.2f}",
             f"{p99 - base.percentile_ms(0.99):+.2f}" if base else "-",
             f"{r.proxy_cpu_s * per_req:.2f}" if name != "direct" else "-",
+            ratio(cpu, router_cpu) if name != "direct" else "-",  # proxy CPU over the router's
             f"{r.drain_s / rounds:.1f}" if name != "direct" else "-",
             f"{r.upstream_cpu_s * per_req:.2f}",
             f"{r.wrk_rps:.1f}" if r.wrk_rps is not None else "-",
@@ -578,7 +605,7 @@ class Plan:
 
 
 def start_proxies(
-    plan: Plan, procs: Processes, upstream: Target, work: Path, litellm: Path | str | None
+    plan: Plan, procs: Processes, upstream: Target, work: Path, tools: Tools
 ) -> dict[str, Target]:
     """The targets of one phase that started and answered a preflight request."""
     targets: dict[str, Target] = {}
@@ -593,10 +620,11 @@ def start_proxies(
         elif name == "baseline" and plan.baseline is not None:
             exe = plan.baseline / ".venv" / "bin" / "draftgate"
             started = start_draftgate(procs, upstream, work, plan.draftgate_env, name, exe)
-        elif isinstance(litellm, Path):
-            started = start_litellm(procs, litellm, upstream, work)
+        elif isinstance(tool := tools.get(name), Path):
+            start = start_vllm_router if name == "vllm-router" else start_litellm
+            started = start(procs, tool, upstream, work)
         else:
-            started = litellm or "not installed"
+            started = tools.get(name) or "not installed"
         if isinstance(started, Target):
             why = preflight(started, timeout_s=20)
             started = why if why else started
@@ -627,14 +655,14 @@ def run_phase(
     procs: Processes,
     work: Path,
     delay_ms: float,
-    litellm: Path | str | None,
+    tools: Tools,
     runner: asyncio.Runner,
     command: str,
 ) -> None:
     """All scenarios at one token delay: start the upstream and proxies, load, stop them."""
     upstream = start_upstream(procs, delay_ms, work)
     try:
-        targets = start_proxies(plan, procs, upstream, work, litellm)
+        targets = start_proxies(plan, procs, upstream, work, tools)
         if not targets:
             print(f"no target is up at {delay_ms:g} ms/token; nothing to measure")
             return
@@ -750,16 +778,18 @@ def commit_of(checkout: Path) -> str:
     return subprocess.run(git, capture_output=True, text=True).stdout.strip()  # noqa: S603
 
 
-def describe_machine(plan: Plan, litellm: Path | str | None) -> None:
+def describe_machine(plan: Plan, tools: Tools) -> None:
     python = sys.version.split()[0]
     print(f"machine: {os.cpu_count()} CPUs, Python {python}, draftgate {commit_of(REPO)}")
     if plan.baseline is not None:
         print(f"baseline: the gateway of {commit_of(plan.baseline)}")
-    if isinstance(litellm, Path):
-        pip = litellm.parent / "pip"
-        shown = subprocess.run([str(pip), "show", "litellm"], capture_output=True, text=True)  # noqa: S603
-        version = re.search(r"Version: (\S+)", shown.stdout)
-        print(f"litellm {version[1] if version else '?'} from {litellm}")
+    for name, tool in tools.items():
+        if isinstance(tool, Path):
+            package = THIRD_PARTY[name][0].split("[")[0].split("=")[0]
+            pip = [str(tool.parent / "pip"), "show", package]
+            shown = subprocess.run(pip, capture_output=True, text=True)  # noqa: S603
+            version = re.search(r"Version: (\S+)", shown.stdout)
+            print(f"{name} {version[1] if version else '?'} from {tool}")
     print("load generator: closed-loop keep-alive clients over raw asyncio sockets, this process")
     print("latency: whole response (last byte); req/s: responses / (load start to last one)")
     print("proxy CPU: /proc/<pid>/stat utime+stime (10 ms ticks) of its process tree, from the")
@@ -771,20 +801,21 @@ def main(argv: list[str]) -> int:
     command = shlex.join([".venv/bin/python", "bench/overhead.py", *argv])
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in background
-    litellm: Path | str | None = None
-    if "litellm" in plan.targets:
-        litellm = ensure_litellm(plan.cache_dir)
-        if isinstance(litellm, str):
-            print(f"SKIPPING litellm: {litellm}", flush=True)
+    tools: Tools = {
+        name: ensure_tool(plan.cache_dir, name) for name in THIRD_PARTY if name in plan.targets
+    }
+    for name, tool in tools.items():
+        if isinstance(tool, str):
+            print(f"SKIPPING {name}: {tool}", flush=True)
     if plan.wrk_s and not find_wrk():
         plan = Plan(**{**plan.__dict__, "wrk_s": 0.0})
-    describe_machine(plan, litellm)
+    describe_machine(plan, tools)
     with tempfile.TemporaryDirectory(prefix="dg-overhead-") as tmp:
         procs = Processes(Path(tmp))
         try:
             with event_loop() as runner:
                 for delay_ms in plan.token_delays_ms:
-                    run_phase(plan, procs, Path(tmp), delay_ms, litellm, runner, command)
+                    run_phase(plan, procs, Path(tmp), delay_ms, tools, runner, command)
         except KeyboardInterrupt:
             print("\ninterrupted; stopping what this benchmark started", file=sys.stderr)
             return 130

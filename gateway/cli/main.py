@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -43,10 +44,27 @@ Port = Annotated[int, typer.Option(min=1, max=65535)]
 DASHBOARD_MAX_HEADER_BYTES = 65536
 DASHBOARD_MAX_HEADERS = 100
 DASHBOARD_WRITE_TIMEOUT_S = 30.0
+OPEN_FILES_WITHOUT_HARD_LIMIT = 1_048_576  # what to ask for when the hard limit is unlimited
 
 
 def _exit_zero(signum: int, frame: FrameType | None) -> NoReturn:
     raise SystemExit(0)
+
+
+def _raise_open_files_limit() -> None:
+    """Lift the soft limit on open files to the hard one: each stream holds two sockets (the
+    client's, the backend's), and the usual soft limit of 1024 would cut a replica off near
+    500 streams while the hard limit allows far more."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft >= hard:
+        return
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_WITHOUT_HARD_LIMIT)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as exc:
+        logging.getLogger(__name__).warning("open-file limit stays %d: %s", soft, exc)
+        return
+    logging.getLogger(__name__).info("open-file limit raised from %d to %d", soft, wanted)
 
 
 def _serve(
@@ -60,6 +78,7 @@ def _serve(
     signal.signal(signal.SIGTERM, _exit_zero)
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    _raise_open_files_limit()
     if log_file is not None:  # beside the backends' logs; the terminal keeps its copy
         handler = logging.FileHandler(log_file, encoding="utf-8")
         handler.setFormatter(logging.Formatter(LOG_FORMAT))

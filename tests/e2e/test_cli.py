@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import resource
 import signal
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,12 @@ from gateway.db.base import Base
 from gateway.db.tables import Measurement
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
+    DRAFTGATE,
     CliRunner,
     Server,
     ServerStarter,
     draftgate_env,
+    free_port,
     free_port_block,
     metric_value,
     sqlalchemy_url,
@@ -142,6 +146,39 @@ def test_gateway_refuses_placeholder_admin_token(run_cli: CliRunner, tmp_path: P
     assert result.returncode == 2
     assert "placeholder" in result.stderr
     assert "changeme" not in result.stderr  # the secret is never echoed
+
+
+def _low_open_files_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+def _soft_open_files(pid: int) -> int:
+    line = next(
+        r for r in Path(f"/proc/{pid}/limits").read_text().splitlines() if "open files" in r
+    )
+    return int(line.split()[3])
+
+
+def test_gateway_lifts_its_open_files_limit_to_the_hard_one(tmp_path: Path) -> None:
+    """Two sockets per stream: a soft limit of 256 would cut the replica off near 128."""
+    port = free_port()
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/fd.db",
+                        DRAFTGATE_ADMIN_TOKEN=ADMIN_TOKEN)  # fmt: skip
+    with (tmp_path / "gateway.log").open("wb") as log:
+        process = subprocess.Popen(
+            [str(DRAFTGATE), "gateway", "--port", str(port)], env=env, cwd=tmp_path,
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_low_open_files_limit,
+        )  # fmt: skip
+        try:
+            server = Server(process=process, port=port, log_path=tmp_path / "gateway.log",
+                            log_file=log)  # fmt: skip
+            server.wait_healthy()
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            assert _soft_open_files(process.pid) == hard != 256
+            assert "open-file limit raised from 256" in server.output()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 def test_gateway_dev_mode_accepts_placeholder_token(
