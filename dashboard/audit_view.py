@@ -10,6 +10,7 @@ from dashboard.formats import NO_DATA, usd
 from dashboard.schemas import AuditEntry
 
 MOVES = frozenset({"switch", "start"})  # the selector's entries: a move, a replica's first choice
+MOVE_STEP = "move_step"  # a step of a gradual move
 
 
 def _flat(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -40,6 +41,8 @@ def changes(entry: AuditEntry) -> str:
     """Each field that differs, `name: before → after`; a creation or removal as its fields."""
     if entry.action in MOVES:
         return _move(entry)
+    if entry.action == MOVE_STEP:
+        return _step(entry)
     before = dict(_flat(entry.before or {}))
     after = dict(_flat(entry.after or {}))
     names = [n for n in {**before, **after} if before.get(n) != after.get(n)]
@@ -59,6 +62,16 @@ def _move(entry: AuditEntry) -> str:
     if entry.action == "start":
         return f"serving {after.get('method')}{whose}{at} (this replica's first choice)"
     return f"method: {source or NO_DATA} → {after.get('method')}{whose}{at}"
+
+
+def _step(entry: AuditEntry) -> str:
+    after = entry.after or {}
+    share = after.get("target_share")
+    part = f"{share:.0%}" if isinstance(share, int | float) else NO_DATA
+    source = (entry.before or {}).get("method") or NO_DATA
+    return (
+        f"step {after.get('step')}: {part} of the traffic on {after.get('method')} (from {source})"
+    )
 
 
 def candidates(entry: AuditEntry) -> list[dict[str, str]]:

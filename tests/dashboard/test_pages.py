@@ -99,8 +99,7 @@ def test_backends_lists_the_fleet_and_adds_disables_and_removes_one(dashboard_en
     at.text_input(key="add-model").set_value(MODEL)
     at.button(key="add-save").click().run()
     assert at.success[0].value == f"Added dash-extra (plain) for {MODEL}"  # above the table,
-    health = at.dataframe[0].value.set_index("name")["health"]  # which shows it at once
-    assert health["dash-extra"] == "not seen yet"
+    assert "dash-extra" in set(at.dataframe[0].value["name"])  # which shows it at once
     with dashboard_env.admin() as admin:
         assert admin.get("/admin/v1/backends/dash-extra").json()["enabled"] is True
 

@@ -53,6 +53,12 @@ def test_a_move_and_a_first_choice_read_as_sentences() -> None:
     assert changes(start) == "serving dflash at 1 streams (this replica's first choice)"
 
 
+def test_a_gradual_move_s_step_reads_as_a_share() -> None:
+    step = entry("move_step", {"method": "p-eagle"},
+                 {"method": "dflash", "step": 1, "target_share": 0.25})  # fmt: skip
+    assert changes(step) == "step 1: 25% of the traffic on dflash (from p-eagle)"
+
+
 def test_a_move_s_candidates_cheapest_first_with_the_chosen_marked() -> None:
     after = {
         "method": "plain",
