@@ -46,13 +46,19 @@ def backend(name: str, method: str) -> BackendView:
     )
 
 
-def crossover(sessions: sessionmaker[Session]) -> tuple[Registry, Selector]:
-    """An auto model on plain and P-EAGLE backends, and a selector without dwell: speculation
-    wins at low load, plain scales better at high load (the crossover)."""
+def crossover(
+    sessions: sessionmaker[Session],
+    policy: PolicyView | None = None,
+    metrics: GatewayMetrics | None = None,
+) -> tuple[Registry, Selector]:
+    """A model (auto unless `policy` says otherwise) on plain and P-EAGLE backends, and a
+    selector without dwell: speculation wins at low load, plain scales better at high load
+    (the crossover). With `metrics`, the selector publishes its prices there."""
+    metrics = metrics or GatewayMetrics()
     registry = Registry(sessions, refresh_s=60)
     registry.snapshot = Snapshot(
         backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
-        policies={"m": PolicyView("auto")},
+        policies={"m": policy or PolicyView("auto")},
         prices={"B200": 6.0},
         curves={
             ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
@@ -66,7 +72,8 @@ def crossover(sessions: sessionmaker[Session]) -> tuple[Registry, Selector]:
         min_dwell_s=0,
         switch_margin=0.05,
         sizing=Sizing(0.2, 1),
-        desired_replicas=GatewayMetrics().desired_replicas,
+        desired_replicas=metrics.desired_replicas,
+        prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
     )
     return registry, selector
 
@@ -249,26 +256,7 @@ async def test_every_models_methods_are_priced_beside_plain_on_the_same_gpus(
     sessions = make_sessionmaker(engine)
     metrics = GatewayMetrics()
     try:
-        registry = Registry(sessions, refresh_s=60)
-        registry.snapshot = Snapshot(
-            backends={"m": (backend("a", "plain"), backend("b", "p-eagle"))},
-            policies={"m": PolicyView("pinned", method="p-eagle")},
-            prices={"B200": 6.0},
-            curves={
-                ("m", "plain", "B200"): ThroughputCurve((1, 64), (400, 20000)),
-                ("m", "p-eagle", "B200"): ThroughputCurve((1, 64), (900, 15000)),
-            },
-        )
-        selector = Selector(
-            registry,
-            sessions,
-            interval_s=1,
-            min_dwell_s=0,
-            switch_margin=0.05,
-            sizing=Sizing(0.2, 1),
-            desired_replicas=metrics.desired_replicas,
-            prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
-        )
+        registry, selector = crossover(sessions, PolicyView("pinned", method="p-eagle"), metrics)
 
         def priced(name: str) -> dict[str, float | None]:
             return {
