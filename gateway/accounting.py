@@ -212,8 +212,9 @@ class Ledger:
         self._pending: deque[UsageEntry] = deque()
         self._max_pending = max_pending
         self._wake = asyncio.Event()
-        # Read at each scrape, so the gauge is exact even while writes back off.
-        metrics.ledger_pending.set_function(lambda: len(self._pending))
+        # Set wherever the queue changes (not read by a function at the scrape: with worker
+        # processes the scrape may be another worker's, which reads this one's from a file).
+        self._pending_gauge = metrics.ledger_pending
 
     def record(self, entry: UsageEntry) -> None:
         """Queue one record (hot path: no I/O)."""
@@ -221,6 +222,7 @@ class Ledger:
             self._pending.popleft()
             self._metrics.ledger_dropped.inc()
         self._pending.append(entry)
+        self._pending_gauge.set(len(self._pending))
         if len(self._pending) >= self._batch_size:
             self._wake.set()
 
@@ -277,6 +279,7 @@ class Ledger:
             await asyncio.to_thread(self._write_one_by_one, batch)
         for _ in batch:
             self._pending.popleft()
+        self._pending_gauge.set(len(self._pending))
         self._metrics.ledger_written.inc(len(batch))
 
     def _write_one_by_one(self, batch: list[UsageEntry]) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from httpx_aiohttp import AiohttpTransport
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import health, openai_routes
@@ -37,6 +39,7 @@ from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
+from gateway.replica import Leadership, Replica, follow_choices, publish_forever
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.services.rightsizing import Sizing
 from gateway.settings import Settings
@@ -134,11 +137,14 @@ def _limited(receive: Any, limit: int) -> Any:
     return limited
 
 
-def create_app(settings: Settings, managed: ManagedBackends | None = None) -> GatewayApp:
+def create_app(
+    settings: Settings, managed: ManagedBackends | None = None, replica: Replica | None = None
+) -> GatewayApp:
     """Build the gateway: the relay, `/v1/models`, health, metrics and the admin API.
 
     `managed` holds the backend servers this process started (`draftgate up`) and how to
-    start more; without it no backend can be switched here.
+    start more; without it no backend can be switched here. `replica` places this process
+    among its replica's worker processes (gateway/replica.py); without it, it is the only one.
     """
     if settings.admin_token is None:
         raise ValueError("settings.admin_token is required (DRAFTGATE_ADMIN_TOKEN)")
@@ -149,7 +155,8 @@ def create_app(settings: Settings, managed: ManagedBackends | None = None) -> Ga
         engine = make_engine(settings.database_url)
         try:
             await anyio.to_thread.run_sync(prepare_database, settings, engine)
-            async with _running(settings, engine, app, managed or ManagedBackends(None, Path())):
+            managed_here = managed or ManagedBackends(None, Path())
+            async with _running(settings, engine, app, managed_here, replica):
                 yield
         finally:
             engine.dispose()
@@ -188,11 +195,18 @@ def start_tracing(settings: Settings) -> Tracing | None:
 
 @asynccontextmanager
 async def _running(
-    settings: Settings, engine: Engine, app: GatewayApp, managed: ManagedBackends
+    settings: Settings,
+    engine: Engine,
+    app: GatewayApp,
+    managed: ManagedBackends,
+    replica: Replica | None,
 ) -> AsyncIterator[None]:
-    """Start the registry, ledger, limiter, prober and relay; drain the ledger at the end."""
+    """Start the registry, ledger, limiter, prober and relay, and what the replica's leader
+    runs once this worker leads; drain the ledger at the end."""
     sessions = make_sessionmaker(engine)
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(None if replica is None else replica.metrics_dir)
+    if replica is not None:  # the leader's file until this worker leads
+        metrics.leader_gauges_file = replica.gauges_file
     registry = Registry(sessions, settings.registry_refresh_s, settings.measurement_max_age_s)
     await anyio.to_thread.run_sync(registry.load)
     ledger = Ledger(
@@ -207,6 +221,7 @@ async def _running(
     registry.on_load.append(limiter.snapshot_loaded)
     webhooks = WebhookSender.of(settings, metrics)  # None without webhook URLs: nothing runs
     if webhooks is not None:
+        webhooks.leading = replica is None  # events go out from the leader alone
         watch = BudgetWatch(settings.budget_thresholds, webhooks)
         registry.on_load_start.append(watch.load_starting)
         registry.on_load.append(lambda: watch.check(registry.snapshot))
@@ -231,7 +246,8 @@ async def _running(
     app.tracing = tracing
     stop = asyncio.Event()
     # Loops that touch the database stop at `stop` (never mid-query, so no connection is
-    # left behind); the prober only talks HTTP and is cancelled.
+    # left behind); the prober only talks HTTP and is cancelled. Every worker scrapes, for
+    # its routing's view of the load; the leader alone stores measurements.
     collector = Collector(
         registry,
         control,
@@ -241,19 +257,9 @@ async def _running(
         window_s=settings.measurement_window_s,
         gate=Gate(settings.measurement_min_requests, settings.measurement_min_output_tokens),
         webhooks=webhooks,
+        stores=replica is None,
     )
-    selector = Selector(
-        registry,
-        sessions,
-        interval_s=settings.selector_interval_s,
-        min_dwell_s=settings.selector_min_dwell_s,
-        switch_margin=settings.selector_switch_margin,
-        sizing=Sizing.of(settings),
-        desired_replicas=metrics.desired_replicas,
-        move_steps=(settings.move_step_share, settings.move_step_s),
-        webhooks=webhooks,
-        prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
-    )
+    leader = _Leader(settings, sessions, registry, metrics, collector, webhooks, replica)
     stoppable = [
         asyncio.create_task(c)
         for c in (
@@ -261,13 +267,9 @@ async def _running(
             ledger.run(stop),
             limiter.run(stop),
             collector.run(stop),
-            selector.run(stop),
-            prune_forever(sessions, settings.usage_retention_days, metrics, stop),
-            publish_readiness(sessions, registry, metrics.ready, settings.probe_interval_s, stop),
+            leader.run(stop),
         )
     ]
-    if webhooks is not None:  # at the stop, queued events get a short grace to go out
-        stoppable.append(asyncio.create_task(webhooks.run(stop)))
     prober = asyncio.create_task(
         probe_forever(registry, control, settings.probe_interval_s, metrics, webhooks)
     )
@@ -289,3 +291,68 @@ async def _running(
             await webhooks.aclose()
         if tracing is not None:
             await anyio.to_thread.run_sync(tracing.shutdown)
+
+
+@dataclass
+class _Leader:
+    """What runs once per replica, in the worker that leads it (gateway/replica.py): the
+    selector, retention, the readiness gauge, webhooks, measurement writes and, with worker
+    processes, publishing the selector's choices and the replica's gauges to the others."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    registry: Registry
+    metrics: GatewayMetrics
+    collector: Collector
+    webhooks: WebhookSender | None
+    replica: Replica | None
+    leadership: Leadership | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the leader's choices until this worker leads, then lead until `stop`."""
+        following = None
+        if self.replica is not None:
+            following = asyncio.create_task(
+                follow_choices(self.replica.choices_file, self.registry, stop)
+            )
+        self.leadership = Leadership(self.replica)  # holds the lock while this process lives
+        leads = await self.leadership.acquire(stop)
+        if following is not None:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+        if leads:
+            await self._lead(stop)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        settings, sessions, registry, metrics = (
+            self.settings,
+            self.sessions,
+            self.registry,
+            self.metrics,
+        )
+        metrics.leader_gauges_file = None  # this worker's own, from now on
+        self.collector.stores = True
+        selector = Selector(
+            registry,
+            sessions,
+            interval_s=settings.selector_interval_s,
+            min_dwell_s=settings.selector_min_dwell_s,
+            switch_margin=settings.selector_switch_margin,
+            sizing=Sizing.of(settings),
+            desired_replicas=metrics.desired_replicas,
+            move_steps=(settings.move_step_share, settings.move_step_s),
+            webhooks=self.webhooks,
+            prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
+            in_flight=metrics.in_flight_by_backend,
+        )
+        loops = [
+            selector.run(stop),
+            prune_forever(sessions, settings.usage_retention_days, metrics, stop),
+            publish_readiness(sessions, registry, metrics.ready, settings.probe_interval_s, stop),
+        ]
+        if self.webhooks is not None:  # at the stop, queued events get a short grace to go out
+            self.webhooks.leading = True
+            loops.append(self.webhooks.run(stop))
+        if self.replica is not None:
+            loops.append(publish_forever(self.replica, registry, metrics.leader_gauges, stop))
+        await asyncio.gather(*loops)

@@ -6,22 +6,49 @@ keys with a budget, set on each registry refresh); no per-request label.
 
 Gauges the alerting rules read (deploy/compose/alerts.yml) are set by control loops and the
 registry refresh, never per request.
+
+With worker processes (gateway/replica.py), every worker's counters and histograms, and the
+gauges each worker holds its own share of (`SUMMED_GAUGES`: in flight, ledger pending), go
+through prometheus-client's multiprocess files and are summed; a dead worker's counts stay
+in its files, so totals never go backwards. Every other gauge is the replica's, set by the
+leader: every worker exports the leader's values (`leader_gauges`), never the files' copies,
+so a series the leader removes is gone from every worker's `/metrics`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
 
 
-class GatewayMetrics:
-    """The gateway's metrics."""
+# Gauges each worker holds a share of, summed over the live workers; every other gauge is
+# the replica's (the leader's).
+SUMMED_GAUGES = frozenset({"draftgate_backend_in_flight", "draftgate_ledger_pending"})
 
-    def __init__(self) -> None:
+
+class _Families:
+    """Metric families to render, as a registry would give them."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+class GatewayMetrics:
+    """The gateway's metrics; `multiprocess_dir` names the workers' shared files, if any."""
+
+    def __init__(self, multiprocess_dir: Path | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
+        self.leader_gauges_file: Path | None = None  # where another worker's leader puts them
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "draftgate_requests",
@@ -126,6 +153,7 @@ class GatewayMetrics:
             "Requests in flight per backend.",
             ["backend"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.healthy = Gauge(
             "draftgate_backend_healthy",
@@ -193,7 +221,10 @@ class GatewayMetrics:
             registry=r,
         )
         self.ledger_pending = Gauge(
-            "draftgate_ledger_pending", "Usage records waiting to be written.", registry=r
+            "draftgate_ledger_pending",
+            "Usage records waiting to be written.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.ledger_dropped = Counter(
             "draftgate_ledger_dropped",
@@ -244,8 +275,43 @@ class GatewayMetrics:
         )
 
     def exposition(self) -> bytes:
-        """The Prometheus text exposition."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition (the replica's, summed over its workers)."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        return generate_latest(_Families(self._worker_families())) + self.leader_gauges()
+
+    def leader_gauges(self) -> bytes:
+        """The replica's gauges: this process's when it leads, else the leader's file."""
+        if self.leader_gauges_file is None:
+            return generate_latest(_Families(self._replica_families()))
+        try:
+            return self.leader_gauges_file.read_bytes()
+        except FileNotFoundError:  # no leader yet: no replica gauges rather than stale ones
+            return b""
+
+    def in_flight_by_backend(self) -> dict[str, float] | None:
+        """Requests in flight per backend over every worker, as their probers last set them
+        (None without workers: the registry's own count is the replica's then)."""
+        if self.multiprocess_dir is None:
+            return None
+        files = [str(f) for f in self.multiprocess_dir.glob("gauge_livesum_*.db")]
+        counts: dict[str, float] = {}
+        for family in MultiProcessCollector.merge(files):  # type: ignore[no-untyped-call]
+            if family.name == "draftgate_backend_in_flight":
+                counts.update((s.labels["backend"], s.value) for s in family.samples)
+        return counts
+
+    def _replica_families(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if family.type == "gauge" and family.name not in SUMMED_GAUGES:
+                yield family
+
+    def _worker_families(self) -> Iterator[Metric]:
+        assert self.multiprocess_dir is not None
+        files = [str(f) for f in self.multiprocess_dir.glob("*.db")]
+        for family in MultiProcessCollector.merge(files):  # type: ignore[no-untyped-call]
+            if family.type != "gauge" or family.name in SUMMED_GAUGES:
+                yield family
 
 
 def set_exactly(gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:

@@ -81,6 +81,28 @@ class Settings(BaseSettings):
         le=65535,
         description="TCP port of the gateway. Default 8080, the port docs and compose use.",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Gateway worker processes on the one port (`draftgate gateway --workers`), each a "
+            "full data plane; one of them, the leader, also runs what must happen once per "
+            "replica. Default 1: one process, one core. On a node with C cores for the "
+            "gateway, C workers (docs/deploy.md has the measurements). `draftgate up` always "
+            "runs one."
+        ),
+    )
+    worker_state_dir: Path | None = Field(
+        default=None,
+        description=(
+            "With `workers` above 1: the directory the workers share (the leader lock, the "
+            "leader's choices and gauges, the metrics files), whose old files are cleared at "
+            "start. Default: a "
+            "new temporary directory, removed at exit. Put it on a memory file system "
+            "(`/dev/shm`, a Kubernetes `emptyDir` with medium Memory) in production."
+        ),
+    )
     migrate_on_start: bool = Field(
         default=True,
         description=(

@@ -295,6 +295,7 @@ class WebhookSender:
         self._secret = None if secret is None else secret.get_secret_value().encode()
         self.replica = socket.gethostname() if replica is None else replica
         self._destinations = [_Destination(url, queue_size) for url in urls]
+        self.leading = True  # off in a worker process that does not lead (gateway/replica.py)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         metrics.webhook_queued.set_function(lambda: self.queued)
@@ -319,7 +320,10 @@ class WebhookSender:
         )
 
     def emit(self, event: WebhookEvent) -> None:
-        """Queue `event` for every URL: never blocks, never raises (safe from any thread)."""
+        """Queue `event` for every URL: never blocks, never raises (safe from any thread).
+        A worker that does not lead its replica sends nothing: the leader sends the same."""
+        if not self.leading:
+            return
         try:
             stamped = event.model_copy(update={"replica": event.replica or self.replica})
             pending = _Pending(event.type, event.id, stamped.model_dump_json().encode())

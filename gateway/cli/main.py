@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import resource
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from backends.launcher import LocalServer
+    from gateway.app import GatewayApp
     from gateway.control.managed import Launch, ManagedBackends
+    from gateway.replica import Replica
 
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
 db_app = typer.Typer(help="Database schema.")
@@ -71,7 +74,7 @@ def _serve(
     settings: Settings, managed: ManagedBackends | None = None, log_file: Path | None = None
 ) -> None:
     from gateway.app import create_app
-    from gateway.http_limits import RequestLimits, protocol_with
+    from gateway.workers import run_workers
 
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the previous
     # handler; without this one the process would die by the signal (exit 143) after a clean stop.
@@ -84,14 +87,47 @@ def _serve(
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         logging.getLogger().addHandler(handler)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream request
+    if settings.workers == 1 or managed is not None:  # managed backends live in this process
+        uvicorn.Server(_server_config(settings, create_app(settings, managed))).run()
+        return
+
+    _prepare_database_once(settings)
+    prepared = settings.model_copy(update={"migrate_on_start": False, "fleet": None})
+
+    def serve_worker(sock: socket.socket, replica: Replica) -> None:
+        signal.signal(signal.SIGTERM, _exit_zero)  # as above, in the worker
+        config = _server_config(prepared, create_app(prepared, replica=replica))
+        uvicorn.Server(config).run(sockets=[sock])
+
+    run_workers(
+        settings.workers, settings.host, settings.port, settings.worker_state_dir, serve_worker
+    )
+
+
+def _prepare_database_once(settings: Settings) -> None:
+    """Migrate and apply the fleet file before the workers start, not once in each."""
+    from gateway.app import prepare_database
+    from gateway.db.session import make_engine
+
+    engine = make_engine(settings.database_url)
+    try:
+        prepare_database(settings, engine)
+    finally:
+        engine.dispose()  # no connection crosses the fork
+
+
+def _server_config(settings: Settings, app: GatewayApp) -> uvicorn.Config:
+    """uvicorn's settings for a gateway process."""
+    from gateway.http_limits import RequestLimits, protocol_with
+
     limits = RequestLimits(
         settings.max_header_bytes,
         settings.max_header_count,
         settings.request_read_timeout_s,
         settings.client_write_timeout_s,
     )
-    uvicorn.run(
-        create_app(settings, managed),
+    return uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -107,9 +143,14 @@ def _serve(
 def gateway(
     host: Annotated[str | None, typer.Option(help="Interface to listen on.")] = None,
     port: Annotated[int | None, typer.Option(min=1, max=65535)] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="Worker processes on the port (DRAFTGATE_WORKERS)."),
+    ] = None,
 ) -> None:
     """Run the gateway alone (settings from DRAFTGATE_* and DRAFTGATE_FLEET)."""
-    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    given = {"host": host, "port": port, "workers": workers}
+    overrides = {k: v for k, v in given.items() if v is not None}
     settings = settings_from_env(**overrides)
     if settings.admin_token is None:
         fail("DRAFTGATE_ADMIN_TOKEN is not set; the admin API needs a token")
@@ -140,7 +181,8 @@ def up(
     from gateway.cli import stack
     from gateway.control.managed import ManagedBackends
 
-    settings = settings_from_env(port=port, require_api_key=False)
+    # One worker: the backends it starts and switches live in the gateway's process.
+    settings = settings_from_env(port=port, require_api_key=False, workers=1)
     state_dir = Path(".draftgate")
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

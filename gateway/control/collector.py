@@ -150,8 +150,12 @@ class Collector:
         window_s: float,
         gate: Gate,
         webhooks: WebhookSender | None = None,  # told of each mismatch found
+        stores: bool = True,
     ) -> None:
         self.webhooks = webhooks
+        # Whether this process writes the measurements (with worker processes, the leader
+        # alone does: every worker scrapes, for its routing's view of the load).
+        self.stores = stores
         self.registry, self.client, self.sessions, self.metrics = (
             registry,
             client,
@@ -227,6 +231,9 @@ class Collector:
 
     async def flush(self) -> None:
         """Write one measurement per backend of the window; start a new window."""
+        if not self.stores:  # another worker of this replica writes them
+            self._tallies, self._window_start = {}, time.monotonic()
+            return
         rows = []
         for backend, tally in self._tallies.values():
             if reason := tally.rejection(self.gate):

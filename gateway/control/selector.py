@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from prometheus_client import Gauge
@@ -124,8 +124,12 @@ class Selector:
         move_steps: tuple[float, float] = (1.0, 0.0),
         webhooks: WebhookSender | None = None,  # told of each move, with its candidates
         prices: PriceGauges | None = None,
+        in_flight: Callable[[], Mapping[str, float] | None] | None = None,
     ) -> None:
         self.webhooks = webhooks
+        # Requests in flight per backend over the replica's worker processes (None: this
+        # process's own counts, which are the replica's with one worker).
+        self.in_flight = in_flight or (lambda: None)
         self.registry, self.sessions = registry, sessions
         self.interval_s, self.min_dwell_s, self.switch_margin = (
             interval_s,
@@ -155,11 +159,15 @@ class Selector:
         decisions: list[Decision] = []
         starts: list[Decision] = []
         snapshot, now = self.registry.snapshot, time.monotonic()
+        in_flight = self.in_flight()
+        if in_flight is None:
+            in_flight = {name: state.in_flight for name, state in self.registry.states.items()}
         for model, backends in snapshot.backends.items():
             policy = snapshot.policies.get(model)
-            in_flight = sum(self.registry.states[b.name].in_flight for b in backends)
-            load = self._smooth(self._load, model, float(in_flight))
-            self._smooth(self._throughput, model, self._delivering(snapshot, model, backends))
+            model_in_flight = sum(in_flight.get(b.name, 0) for b in backends)
+            load = self._smooth(self._load, model, float(model_in_flight))
+            delivering = self._delivering(snapshot, model, backends, in_flight)
+            self._smooth(self._throughput, model, delivering)
             if policy is not None and policy.mode != "auto":
                 continue
             costs, itls = self._prices(snapshot, model, backends, load, now)
@@ -266,11 +274,17 @@ class Selector:
         averages[model] = (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * sample
         return averages[model]
 
-    def _delivering(self, snapshot: Snapshot, model: str, backends: Sequence[BackendView]) -> float:
+    @staticmethod
+    def _delivering(
+        snapshot: Snapshot,
+        model: str,
+        backends: Sequence[BackendView],
+        in_flight: Mapping[str, float],
+    ) -> float:
         """Output tokens/s the model's backends make at their in-flight counts (the curves)."""
         total = 0.0
         for b in backends:
-            c = self.registry.states[b.name].in_flight
+            c = in_flight.get(b.name, 0)
             curve = snapshot.curves.get((model, b.method, b.gpu_type))
             if c > 0 and curve is not None:
                 total += curve.at(c) * b.gpu_count

@@ -1,0 +1,157 @@
+"""What the worker processes of one replica share: a directory, a leader, the leader's choices.
+
+`draftgate gateway --workers N` runs N processes on one listening socket (gateway/workers.py),
+each a full data plane. Work that must happen once per replica (the selector's choices and
+audits, measurement writes, webhooks, retention, the readiness gauge) runs in one of them,
+the *leader*: the worker holding an exclusive `flock` on `leader.lock` in the replica's
+directory. The kernel releases the lock when its holder dies, however it dies, and the next
+worker to try (every `LEADER_POLL_S`) takes over.
+
+The leader publishes through files in the same directory, each replaced whole (written to a
+temporary name, then renamed), so a reader sees one version or the next, never half of one:
+- `choices.json`: the selector's state (its method per auto model and per request class, the
+  gradual moves under way, its sizing per model), which the other workers route by;
+- `leader-gauges.prom`: the gauges only the leader sets, for every worker's `/metrics`.
+Counters, histograms and the per-worker gauges go through prometheus-client's multiprocess
+files in `metrics/` (gateway/metrics.py).
+
+A process with no replica directory (one worker, the default) is its own leader at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from gateway.moves import Move
+from gateway.registry import Registry
+from gateway.reports import FleetNow
+
+logger = logging.getLogger(__name__)
+LEADER_POLL_S = 0.5  # how soon a worker notices the leader is gone
+# how soon a worker routes by the leader's new choices, and how old the leader's gauges may
+# be on another worker's /metrics
+FOLLOW_POLL_S = 0.5
+CHOICES_FILE = "choices.json"
+GAUGES_FILE = "leader-gauges.prom"
+LOCK_FILE = "leader.lock"
+METRICS_DIR = "metrics"
+
+
+@dataclass(frozen=True)
+class Replica:
+    """This worker's place in its replica: the shared directory and its slot (0..N-1)."""
+
+    directory: Path
+    slot: int
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.directory / METRICS_DIR
+
+    @property
+    def gauges_file(self) -> Path:
+        return self.directory / GAUGES_FILE
+
+    @property
+    def choices_file(self) -> Path:
+        return self.directory / CHOICES_FILE
+
+
+class Leadership:
+    """Whether this worker leads its replica; `acquire` waits until it does."""
+
+    def __init__(self, replica: Replica | None) -> None:
+        self.replica = replica
+        self._lock_file: IO[str] | None = None
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Wait until this worker holds the leader lock (True), or until `stop` (False)."""
+        if self.replica is None:
+            return True
+        while not stop.is_set():
+            if self._try_lock(self.replica.directory / LOCK_FILE):
+                logger.info("worker %d (pid %d) leads its replica", self.replica.slot, os.getpid())
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), LEADER_POLL_S)
+        return False
+
+    def _try_lock(self, path: Path) -> bool:
+        handle = path.open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")  # who leads, for a person looking
+        handle.flush()
+        self._lock_file = handle  # held open (and so locked) for the life of the process
+        return True
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` in one rename: readers never see a partial file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def choices_json(registry: Registry) -> bytes:
+    """The selector's state in `registry`, as the leader publishes it."""
+    state: dict[str, Any] = {
+        "auto": registry.auto_choice,
+        "classes": [[m, c, method] for (m, c), method in registry.class_choice.items()],
+        "moves": {m: asdict(move) for m, move in registry.auto_moves.items()},
+        "fleet_now": {m: now.model_dump() for m, now in registry.fleet_now.items()},
+    }
+    return json.dumps(state).encode()
+
+
+def adopt_choices(registry: Registry, data: bytes) -> None:
+    """Route by the leader's choices: replace the selector's state in `registry`."""
+    state = json.loads(data)
+    registry.auto_choice = dict(state["auto"])
+    registry.class_choice = {(m, c): method for m, c, method in state["classes"]}
+    registry.auto_moves = {m: Move(**move) for m, move in state["moves"].items()}
+    registry.fleet_now = {m: FleetNow.model_validate(v) for m, v in state["fleet_now"].items()}
+
+
+async def follow_choices(path: Path, registry: Registry, stop: asyncio.Event) -> None:
+    """Adopt the leader's choices whenever `path` changes, until `stop` (or this worker
+    leads: the caller cancels this then)."""
+    seen = b""
+    while not stop.is_set():
+        with contextlib.suppress(FileNotFoundError):
+            data = await asyncio.to_thread(path.read_bytes)  # small: compared whole
+            if data != seen:
+                adopt_choices(registry, data)
+                seen = data
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), FOLLOW_POLL_S)
+
+
+async def publish_forever(
+    replica: Replica, registry: Registry, gauges: Callable[[], bytes], stop: asyncio.Event
+) -> None:
+    """The leader's loop: publish the selector's choices when they change, and the replica's
+    gauges, every `FOLLOW_POLL_S` until `stop`."""
+    published = b""
+    while not stop.is_set():
+        choices = choices_json(registry)
+        if choices != published:
+            await asyncio.to_thread(write_whole, replica.choices_file, choices)
+            published = choices
+        await asyncio.to_thread(write_whole, replica.gauges_file, gauges())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), FOLLOW_POLL_S)
