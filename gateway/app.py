@@ -322,6 +322,7 @@ class _Leader:
             await asyncio.gather(following, return_exceptions=True)
         if leads:
             await self._lead(stop)
+        self.leadership.release()
 
     async def _lead(self, stop: asyncio.Event) -> None:
         settings, sessions, registry, metrics = (

@@ -309,9 +309,15 @@ class GatewayMetrics:
     def _worker_families(self) -> Iterator[Metric]:
         assert self.multiprocess_dir is not None
         files = [str(f) for f in self.multiprocess_dir.glob("*.db")]
+        merged = {}
         for family in MultiProcessCollector.merge(files):  # type: ignore[no-untyped-call]
             if family.type != "gauge" or family.name in SUMMED_GAUGES:
-                yield family
+                merged[family.name] = family
+        yield from merged.values()
+        for family in self.registry.collect():  # declared, with no series yet in any worker
+            summed = family.type != "gauge" or family.name in SUMMED_GAUGES
+            if summed and family.name not in merged:
+                yield Metric(family.name, family.documentation, family.type)
 
 
 def set_exactly(gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:

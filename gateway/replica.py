@@ -85,6 +85,12 @@ class Leadership:
                 await asyncio.wait_for(stop.wait(), LEADER_POLL_S)
         return False
 
+    def release(self) -> None:
+        """Let another worker lead (at a graceful stop; a dead process releases at once)."""
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
     def _try_lock(self, path: Path) -> bool:
         handle = path.open("a+", encoding="utf-8")
         try:

@@ -1,0 +1,247 @@
+"""`draftgate gateway --workers 2`: two processes on one port, one of them leading.
+
+A real gateway with two workers in front of a plain and a P-EAGLE simulator, the official
+`openai` client as the client. Which worker accepts a connection is the kernel's choice, so
+the tests send requests on fresh connections until each worker has served some (read from
+the per-process metrics files in the workers' shared directory), then check what holds
+whichever worker served: every request counted once in `/metrics` and in the ledger, every
+worker routing by the leader's choice, and a killed leader replaced without losing a count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.mmap_dict import MmapedDict
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    HEALTH_TIMEOUT_S,
+    SIM_MODEL,
+    ModuleServerStarter,
+    Server,
+    fleet_backend,
+    gateway_env,
+    metric_value,
+    sim_args,
+    spawn_server,
+    wait_for_metric,
+    wait_for_usage_records,
+    write_fleet,
+)
+
+WORKERS = 2
+BATCH = 6  # requests sent at once, each on its own connection
+SERVE_TIMEOUT_S = 60.0  # a deadline for both workers to have served, not a wait
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+PRICE = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-12-01"}
+
+
+@dataclass
+class Replica:
+    """The gateway's supervisor and its workers' shared directory."""
+
+    gateway: Server
+    state: Path
+    database_url: str
+
+    def workers(self) -> list[int]:
+        """The supervisor's live children."""
+        pid = self.gateway.process.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="utf-8")
+        return [int(p) for p in children.split()]
+
+    def leader(self) -> int | None:
+        """The pid in the leader lock, if a live worker holds it."""
+        text = (self.state / "leader.lock").read_text(encoding="utf-8").strip()
+        return int(text) if text.isdigit() and int(text) in self.workers() else None
+
+    def served_by_pid(self) -> dict[int, float]:
+        """/v1 requests each worker (dead ones too) has counted, from its metrics file."""
+        served: dict[int, float] = {}
+        for path in (self.state / "metrics").glob("counter_*.db"):
+            pid = int(path.stem.removeprefix("counter_"))
+            for key, value, _, _ in MmapedDict.read_all_values_from_file(str(path)):
+                if json.loads(key)[1] == "draftgate_requests_total":
+                    served[pid] = served.get(pid, 0.0) + value
+        return served
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    """Poll `condition` until it is true; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout_s} s: {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def replica(
+    start_module_servers: ModuleServerStarter, tmp_path_factory: pytest.TempPathFactory
+) -> Replica:
+    plain, peagle = start_module_servers(
+        sim_args("--time-scale", "20"),
+        sim_args("--method", "p-eagle", "--k", "7", "--time-scale", "20"),
+    )
+    directory = tmp_path_factory.mktemp("workers")
+    backends = [
+        fleet_backend("w-plain", plain.base_url),
+        fleet_backend("w-peagle", peagle.base_url, "p-eagle"),
+    ]
+    models = [{"name": SIM_MODEL, "policy": {"mode": "auto"}}]
+    fleet = write_fleet(directory / "fleet.yaml", backends, models)
+    database_url = f"sqlite:///{directory}/draftgate.db"
+    state = directory / "state"
+    env = gateway_env(database_url, fleet, WORKER_STATE_DIR=str(state), SELECTOR_INTERVAL_S="0.5")
+    gateway = spawn_server(("gateway", "--workers", str(WORKERS)), env, directory)
+    try:
+        gateway.wait_healthy()
+        running = Replica(gateway, state, database_url)
+        wait_until(lambda: len(running.workers()) == WORKERS, "both workers started")
+        wait_until(running.leader, "a worker leads", HEALTH_TIMEOUT_S)
+        yield running
+    finally:
+        gateway.close()
+
+
+def _client(replica: Replica) -> openai.OpenAI:
+    """The official client, a new connection per request (so the kernel picks a worker)."""
+    http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30.0)
+    base_url = f"{replica.gateway.base_url}/v1"
+    return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, http_client=http)
+
+
+def _send_until_every_worker_served(replica: Replica) -> dict[str, str]:
+    """Chat completions in batches until each live worker has served one since the start;
+    the method that served each, by x-request-id."""
+    before = replica.served_by_pid()
+    methods: dict[str, str] = {}
+
+    def one(client: openai.OpenAI) -> None:
+        request_id = uuid.uuid4().hex
+        response = client.chat.completions.with_raw_response.create(
+            model=SIM_MODEL,
+            messages=[{"role": "user", "content": f"count to three ({request_id})"}],
+            max_tokens=8,
+            extra_headers={"x-request-id": request_id},
+        )
+        response.parse()
+        methods[request_id] = response.headers["x-draftgate-method"]
+
+    def every_worker_served() -> bool:
+        served = replica.served_by_pid()
+        return all(served.get(pid, 0.0) > before.get(pid, 0.0) for pid in replica.workers())
+
+    deadline = time.monotonic() + SERVE_TIMEOUT_S
+    with _client(replica) as client, ThreadPoolExecutor(BATCH) as pool:
+        while not every_worker_served():
+            if time.monotonic() > deadline:
+                pytest.fail(f"not every worker served within {SERVE_TIMEOUT_S} s")
+            list(pool.map(lambda _: one(client), range(BATCH)))
+    return methods
+
+
+def test_a_follower_serves_by_the_leaders_choices_and_gauges(replica: Replica) -> None:
+    base_url = replica.gateway.base_url
+    priced = httpx.post(f"{base_url}/admin/v1/prices", json=PRICE, headers=ADMIN)
+    assert priced.status_code == 201, priced.text
+    choices = replica.state / "choices.json"
+
+    def published() -> dict[str, object] | None:
+        now = json.loads(choices.read_text(encoding="utf-8"))["fleet_now"].get(SIM_MODEL)
+        return now if now and now["routed_method"] == "p-eagle" else None
+
+    # priced, the selector routes to P-EAGLE (half plain's $/1M at low load)
+    wait_until(published, "the leader's selector priced the model's methods")
+    leader = replica.leader()
+    [follower] = [pid for pid in replica.workers() if pid != leader]
+    assert leader is not None
+    served = replica.served_by_pid().get(follower, 0.0)
+    os.kill(leader, signal.SIGSTOP)  # it accepts nothing now: the follower answers all
+    try:
+        with httpx.Client(base_url=base_url, headers=ADMIN, timeout=10.0) as http:
+            # the follower's own registry, refreshed from the database, prices the curves
+            wait_until(
+                lambda: http.get("/admin/v1/curves").json()["curves"][0]["usd_per_gpu_hour"],
+                "the follower read the new price",
+            )
+            leaders = published()
+            assert leaders is not None
+
+            def followers() -> object:  # only the leader's selector computes it
+                return http.get("/admin/v1/fleet", params={"model": SIM_MODEL}).json()["now"]
+
+            wait_until(lambda: followers() == leaders, "the follower adopted the leader's sizing")
+            exposition = http.get("/metrics").text
+            assert "draftgate_ready 1.0" in exposition  # a leader's gauge, from its file
+            assert 'draftgate_method_usd_per_mtok{method="p-eagle"' in exposition
+            with _client(replica) as client:
+                answer = client.chat.completions.with_raw_response.create(
+                    model=SIM_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+            assert answer.headers["x-draftgate-method"] == "p-eagle"
+        assert replica.served_by_pid()[follower] == served + 1
+    finally:
+        os.kill(leader, signal.SIGCONT)
+
+
+def test_each_request_is_counted_once_whichever_worker_served_it(replica: Replica) -> None:
+    counted = metric_value(replica.gateway.base_url, "draftgate_requests_total")
+    methods = _send_until_every_worker_served(replica)
+    wait_for_metric(replica.gateway.base_url, "draftgate_requests_total", counted + len(methods))
+    records = wait_for_usage_records(replica.database_url, methods)
+    assert len(records) == len(methods)
+    assert sum(replica.served_by_pid().values()) == counted + len(methods)
+
+
+def test_a_killed_leader_is_replaced_and_its_counts_are_kept(replica: Replica) -> None:
+    leader = replica.leader()
+    assert leader is not None
+    counted = metric_value(replica.gateway.base_url, "draftgate_requests_total")
+    assert counted > 0
+    os.kill(leader, signal.SIGKILL)
+    wait_until(
+        lambda: leader not in replica.workers() and len(replica.workers()) == WORKERS,
+        "the dead worker started again",
+    )
+    wait_until(lambda: replica.leader() not in (None, leader), "another worker leads")
+    assert metric_value(replica.gateway.base_url, "draftgate_requests_total") == counted
+    ready = replica.state / "leader-gauges.prom"
+    wait_until(
+        lambda: "draftgate_ready 1.0" in httpx.get(f"{replica.gateway.base_url}/metrics").text,
+        "the new leader publishes the replica's readiness",
+    )
+    assert ready.exists()
+    methods = _send_until_every_worker_served(replica)
+    wait_for_metric(replica.gateway.base_url, "draftgate_requests_total", counted + len(methods))
+
+
+def test_sigterm_stops_every_worker(
+    start_module_servers: ModuleServerStarter, tmp_path: Path
+) -> None:
+    [plain] = start_module_servers(sim_args("--time-scale", "20"))
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("s-plain", plain.base_url)])
+    env = gateway_env(f"sqlite:///{tmp_path}/draftgate.db", fleet, WORKERS=str(WORKERS))
+    gateway = spawn_server(("gateway",), env, tmp_path)
+    try:
+        gateway.wait_healthy()
+        running = Replica(gateway, tmp_path, "")
+        wait_until(lambda: len(running.workers()) == WORKERS, "both workers started")
+        workers = running.workers()
+        assert gateway.stop(signal.SIGTERM) == 0
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+        assert "Finished server process" in gateway.output()
+    finally:
+        gateway.close()
