@@ -12,10 +12,13 @@ what the proxy adds to them, throughput relative to direct, the proxy's CPU ms p
 
 `--baseline DIR` adds the target `baseline`: the gateway of another checkout (its own
 `.venv`, e.g. an earlier commit), so a change is measured against what it changes in one run.
-The target `traced` is this gateway with tracing on (every request sampled, the SDK's default
-batching), exporting over OTLP/HTTP to bench/otlp_sink.py on this machine.
+`draftgate-wN` is this gateway with N worker processes (`DRAFTGATE_WORKERS=N`); its CPU is
+that of the supervisor and every worker. The target `traced` is this gateway with tracing on
+(every request sampled, the SDK's default batching), exporting over OTLP/HTTP to
+bench/otlp_sink.py on this machine.
 
-Run: .venv/bin/python bench/overhead.py [--targets direct,draftgate,traced,vllm-router,litellm]
+Run: .venv/bin/python bench/overhead.py
+         [--targets direct,draftgate,draftgate-w2,traced,vllm-router,litellm]
          [--concurrency 1,16,64,256] [--duration 5] [--rounds 2] [--quick] [--baseline DIR]
 """
 
@@ -45,8 +48,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "mock-model"
-ALL_TARGETS = ("direct", "draftgate", "traced", "vllm-router", "litellm")
-DEFAULT_TARGETS = ("direct", "draftgate", "vllm-router", "litellm")
+ALL_TARGETS = ("direct", "draftgate", "draftgate-w2", "traced", "vllm-router", "litellm")
+WORKERS_TARGET = re.compile(r"draftgate-w(\d+)")  # the gateway with N worker processes
+DEFAULT_TARGETS = ("direct", "draftgate", "draftgate-w2", "vllm-router", "litellm")
 # Proxies measured beside draftgate, each pip-installed into a virtualenv of its own:
 # (what pip installs, the executable it brings).
 THIRD_PARTY = {
@@ -615,6 +619,9 @@ def start_proxies(
             started = upstream
         elif name == "draftgate":
             started = start_draftgate(procs, upstream, work, plan.draftgate_env)
+        elif workers := WORKERS_TARGET.fullmatch(name):
+            env = plan.draftgate_env | {"DRAFTGATE_WORKERS": workers[1]}
+            started = start_draftgate(procs, upstream, work, env, name)
         elif name == "traced":
             started = start_traced(procs, upstream, work, plan.draftgate_env)
         elif name == "baseline" and plan.baseline is not None:
@@ -737,7 +744,8 @@ def parse_args(argv: list[str]) -> Plan:
         if not (args.baseline / ".venv" / "bin" / "draftgate").exists():
             parser.error(f"--baseline {args.baseline}: no .venv/bin/draftgate there (run make)")
         targets = [*targets, "baseline"] if "baseline" not in targets else targets
-    if unknown := set(targets) - {*ALL_TARGETS, "baseline"}:
+    known = {*ALL_TARGETS, "baseline"}
+    if unknown := {t for t in targets if t not in known and not WORKERS_TARGET.fullmatch(t)}:
         parser.error(f"unknown targets {sorted(unknown)}; choose from {ALL_TARGETS}")
     if "baseline" in targets and args.baseline is None:
         parser.error("the target `baseline` needs --baseline DIR")
