@@ -39,6 +39,7 @@ from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
+from gateway.relay.upstream import UPSTREAM_KEEPALIVE_S, Upstream
 from gateway.replica import Leadership, Replica, follow_choices, publish_forever
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.services.rightsizing import Sizing
@@ -50,9 +51,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
-# vLLM closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); dropping ours
-# sooner means a request never goes out on a connection vLLM is closing at that instant.
-UPSTREAM_KEEPALIVE_S = 4.0
 
 
 def prepare_database(settings: Settings, engine: Engine) -> None:
@@ -75,11 +73,13 @@ async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
 CONTROL_CONNECTIONS = 8  # the prober's and collector's own pool: short, sequential calls
 
 
-def upstream_client(settings: Settings, max_connections: int | None = None) -> httpx.AsyncClient:
-    """A pooled client for the backends (aiohttp's transport: a cheap relay): the relay's
-    (`upstream_max_connections`), or the control loops' own, so client traffic can never
-    take the connections health checks need."""
-    connections = max_connections or settings.upstream_max_connections
+def upstream_client(
+    settings: Settings, max_connections: int = CONTROL_CONNECTIONS
+) -> httpx.AsyncClient:
+    """A pooled httpx client for the control loops' calls to backends, a pool of their own
+    (the relay's is gateway/relay/upstream.py), so client traffic can never take the
+    connections health checks need."""
+    connections = max_connections
     timeout = httpx.Timeout(
         connect=settings.connect_timeout_s,
         read=settings.read_timeout_s,
@@ -226,7 +226,7 @@ async def _running(
         registry.on_load_start.append(watch.load_starting)
         registry.on_load.append(lambda: watch.check(registry.snapshot))
     registry.on_load.append(lambda: _publish_snapshot_figures(metrics, registry, limiter))
-    client = upstream_client(settings)
+    client = Upstream(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     benchmarks = BenchmarkManager(sessions)
     app.state.services = Services(

@@ -16,7 +16,6 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from gateway.accounting import Ledger
@@ -53,6 +52,13 @@ from gateway.relay.checks import (
 from gateway.relay.exchange import Exchange, admit, estimate_abandoned, price, settle
 from gateway.relay.routing import route
 from gateway.relay.sse import UsageTap
+from gateway.relay.upstream import (
+    Upstream,
+    UpstreamBroke,
+    UpstreamResponse,
+    UpstreamTimedOut,
+    UpstreamUnreachable,
+)
 from gateway.relay.usage import tokens_of
 from gateway.rules import CLASS_HEADER, first_match
 from gateway.rules import Request as RuleRequest
@@ -84,7 +90,7 @@ class Relay:
         ledger: Ledger,
         limiter: Limiter,
         metrics: GatewayMetrics,
-        client: httpx.AsyncClient,
+        client: Upstream,
         tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
@@ -323,13 +329,10 @@ class Relay:
         upstream = _upstream_headers(x, backend)
         if self.tracing is not None and x.span is not None:  # the backend continues our span
             self.tracing.inject(x.span, upstream)
-        request = self.client.build_request(
-            "POST", backend.url + path, content=body, headers=upstream
-        )
         watcher = asyncio.ensure_future(_until_disconnect(receive, asyncio.current_task(), x))
         x.sent = time.perf_counter()
         try:
-            response = await self._send_upstream(request, state)
+            response = await self._send_upstream(backend.url + path, body, upstream, state)
             try:
                 headers = _response_headers(response, backend, fallback, x)
                 headers += self._limit_headers(x)
@@ -354,24 +357,18 @@ class Relay:
             watcher.cancel()
             state.in_flight -= 1
 
-    async def _send_upstream(self, request: httpx.Request, state: BackendState) -> httpx.Response:
+    async def _send_upstream(
+        self, url: str, body: bytes, headers: dict[str, str], state: BackendState
+    ) -> UpstreamResponse:
         """Send and wait for the response head; failures here are safe to retry."""
         try:
-            response = await self.client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            # aiohttp's transport reports a refused connection as ConnectTimeout.
+            response = await self.client.send(url, body, headers)
+        except UpstreamTimedOut as exc:
             self._record_failure(state)
-            raise _Retryable(UpstreamError(f"backend unreachable: {type(exc).__name__}")) from exc
-        except httpx.TimeoutException as exc:
+            raise _Retryable(UpstreamTimeout(f"backend timed out: {exc}")) from exc
+        except UpstreamUnreachable as exc:
             self._record_failure(state)
-            raise _Retryable(UpstreamTimeout(f"backend timed out: {type(exc).__name__}")) from exc
-        except httpx.TransportError as exc:
-            self._record_failure(state)
-            raise _Retryable(UpstreamError(f"backend unreachable: {type(exc).__name__}")) from exc
-        except ValueError as exc:  # a request the client library refuses to send there
-            self._record_failure(state)
-            logger.warning("request to backend %s refused by the client: %s", request.url.host, exc)
-            raise _Retryable(UpstreamError("backend unreachable: its URL is unusable")) from exc
+            raise _Retryable(UpstreamError(f"backend unreachable: {exc}")) from exc
         if response.status_code >= 500:
             # Counted against the breaker by the caller once it knows whose failure it is.
             detail = (await response.aread())[:200].decode("utf-8", "replace")
@@ -413,7 +410,7 @@ class Relay:
 
     async def _relay_stream(
         self,
-        response: httpx.Response,
+        response: UpstreamResponse,
         headers: list[tuple[bytes, bytes]],
         x: Exchange,
         asked: UsageAsked,
@@ -424,9 +421,8 @@ class Relay:
         tap = UsageTap(strip_usage_chunk=not asked.final, strip_chunk_usage=not asked.every_chunk)
         # Asked for identity; a compressing hop that ignores it is decoded, so the tap (and the
         # client, who gets no content-encoding header) reads text.
-        encoded = "content-encoding" in response.headers
         try:
-            async for chunk in response.aiter_bytes() if encoded else response.aiter_raw():
+            async for chunk in response.chunks():
                 now = time.perf_counter()
                 if x.first_byte is None:
                     x.first_byte = now
@@ -437,11 +433,11 @@ class Relay:
             rest = tap.finish()
             x.responded = True
             await send({"type": "http.response.body", "body": rest, "more_body": False})
-        except httpx.HTTPError as exc:  # the backend broke mid-stream
+        except (UpstreamBroke, UpstreamTimedOut) as exc:  # the backend broke mid-stream
             x.outcome, x.status = "upstream_error", 502
             if x.backend is not None:
                 self._record_failure(self.registry.states[x.backend.name])
-            broke = _interrupted(f"backend stream broke: {type(exc).__name__}")
+            broke = _interrupted(f"backend stream broke: {exc}")
             event = tap.finish() + _sse_error(broke, x.request_id)
             x.responded = True
             await send({"type": "http.response.body", "body": event, "more_body": False})
@@ -450,9 +446,20 @@ class Relay:
             x.usage, x.chunks = tap.usage, tap.chunks
 
     async def _relay_whole(
-        self, response: httpx.Response, headers: list[tuple[bytes, bytes]], x: Exchange, send: Send
+        self,
+        response: UpstreamResponse,
+        headers: list[tuple[bytes, bytes]],
+        x: Exchange,
+        send: Send,
     ) -> None:
-        content = await response.aread()
+        try:
+            content = await response.aread()
+        except (UpstreamBroke, UpstreamTimedOut) as exc:  # head, then no whole body
+            if x.backend is not None:
+                self._record_failure(self.registry.states[x.backend.name])
+            if isinstance(exc, UpstreamTimedOut):
+                raise UpstreamTimeout(f"backend timed out: {exc}") from exc
+            raise UpstreamError(f"backend broke: {exc}") from exc
         x.status = response.status_code
         x.first_byte = x.last_byte = time.perf_counter()
         if x.status >= 400:
@@ -495,7 +502,7 @@ def _upstream_headers(x: Exchange, backend: BackendView) -> dict[str, str]:
 
 
 def _response_headers(
-    response: httpx.Response, backend: BackendView, fallback: str | None, x: Exchange
+    response: UpstreamResponse, backend: BackendView, fallback: str | None, x: Exchange
 ) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"content-type", response.headers.get("content-type", "application/json").encode()),

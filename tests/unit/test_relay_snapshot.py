@@ -13,11 +13,11 @@ from sqlalchemy.orm import sessionmaker
 
 from gateway.accounting import Ledger
 from gateway.apikeys import hash_key
-from gateway.app import upstream_client
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView, PolicyView, Registry, Snapshot
 from gateway.relay.proxy import Relay
+from gateway.relay.upstream import Upstream
 from gateway.settings import Settings
 from planner.cost import ThroughputCurve
 
@@ -104,7 +104,7 @@ async def test_a_refresh_mid_request_changes_neither_its_auth_nor_its_price(
     ledger = Ledger(sessionmaker(), metrics, batch_size=100, flush_interval_s=60, max_pending=100)
     limiter = Limiter(sessionmaker(), sync_s=60)  # no database: nothing is synced or written
     registry.snapshot = snapshot(url, 3.6, with_key_and_model=True)
-    client = upstream_client(settings)
+    client = Upstream(settings)
     relay = Relay(settings, registry, ledger, limiter, metrics, client)
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     try:
