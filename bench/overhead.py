@@ -12,6 +12,8 @@ what the proxy adds to them, throughput relative to direct, the proxy's CPU ms p
 
 `--baseline DIR` adds the target `baseline`: the gateway of another checkout (its own
 `.venv`, e.g. an earlier commit), so a change is measured against what it changes in one run.
+`granian` is this gateway's app served by Granian (Rust HTTP) instead of uvicorn, for
+comparison (it lacks the request limits gateway/http_limits.py adds to uvicorn's protocol).
 `draftgate-wN` is this gateway with N worker processes (`DRAFTGATE_WORKERS=N`); its CPU is
 that of the supervisor and every worker. The target `traced` is this gateway with tracing on
 (every request sampled, the SDK's default batching), exporting over OTLP/HTTP to
@@ -35,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -48,7 +51,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "mock-model"
-ALL_TARGETS = ("direct", "draftgate", "draftgate-w2", "traced", "vllm-router", "litellm")
+ALL_TARGETS = (
+    "direct", "draftgate", "draftgate-w2", "granian", "traced", "vllm-router", "litellm"
+)  # fmt: skip
 WORKERS_TARGET = re.compile(r"draftgate-w(\d+)")  # the gateway with N worker processes
 DEFAULT_TARGETS = ("direct", "draftgate", "draftgate-w2", "vllm-router", "litellm")
 # Proxies measured beside draftgate, each pip-installed into a virtualenv of its own:
@@ -56,6 +61,7 @@ DEFAULT_TARGETS = ("direct", "draftgate", "draftgate-w2", "vllm-router", "litell
 THIRD_PARTY = {
     "litellm": ("litellm[proxy]", "litellm"),
     "vllm-router": ("vllm-router==0.1.17", "vllm-router"),
+    "granian": ("granian==2.8.9", "granian"),  # a server for this gateway, not a proxy
 }
 REQUEST_TIMEOUT_S = 60.0
 Tools = dict[str, Path | str]  # a third-party proxy's executable, or why it is missing
@@ -212,6 +218,17 @@ def start_upstream(procs: Processes, token_delay_ms: float, work: Path) -> Targe
     return Target("direct", port, pid)
 
 
+def write_fleet(work: Path, upstream: Target) -> Path:
+    """The fleet file of a gateway in front of the mock."""
+    fleet = work / "fleet.yaml"
+    fleet.write_text(
+        "backends:\n"
+        f'  - {{name: mock, url: "http://127.0.0.1:{upstream.port}", model: {MODEL}, '
+        "method: plain, gpu_type: B200}\n"
+    )
+    return fleet
+
+
 def start_draftgate(
     procs: Processes,
     upstream: Target,
@@ -222,12 +239,7 @@ def start_draftgate(
 ) -> Target | str:
     """The gateway `exe` on a fresh SQLite database, or why it could not start."""
     port = free_port()
-    fleet = work / "fleet.yaml"
-    fleet.write_text(
-        "backends:\n"
-        f'  - {{name: mock, url: "http://127.0.0.1:{upstream.port}", model: {MODEL}, '
-        "method: plain, gpu_type: B200}\n"
-    )
+    fleet = write_fleet(work, upstream)
     env = dict(os.environ)
     env.update(
         DRAFTGATE_ADMIN_TOKEN="bench-admin-token-0123456789",  # noqa: S106 (throwaway, local)
@@ -290,6 +302,30 @@ def ensure_tool(cache_dir: Path, name: str) -> Path | str:
             return f"`{shlex.join(argv)}` failed ({done.returncode}):\n{tail}"
     marker.write_text(requirement + "\n")
     return exe
+
+
+def start_granian(procs: Processes, exe: Path, upstream: Target, work: Path) -> Target | str:
+    """This gateway's app served by Granian (Rust HTTP, one worker, uvloop) instead of
+    uvicorn: its own virtualenv, importing this checkout and its packages by PYTHONPATH."""
+    port = free_port()
+    (work / "granian_app.py").write_text(
+        "from gateway.app import create_app\nfrom gateway.settings import Settings\n"
+        "app = create_app(Settings())\n"
+    )
+    fleet = write_fleet(work, upstream)
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(work), str(REPO), sysconfig.get_paths()["purelib"]]),
+        DRAFTGATE_ADMIN_TOKEN="bench-admin-token-0123456789",  # noqa: S106 (throwaway, local)
+        DRAFTGATE_REQUIRE_API_KEY="false",
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{work}/granian-{upstream.port}.db",
+        DRAFTGATE_FLEET=str(fleet),
+    )
+    argv = [str(exe), "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "1", "--loop", "uvloop", "--no-access-log", "granian_app:app"]  # fmt: skip
+    pid = procs.start("granian", argv, env, work)
+    why = wait_ready(procs, "granian", f"http://127.0.0.1:{port}/health", 60)
+    return why or Target("granian", port, pid)
 
 
 def start_vllm_router(procs: Processes, exe: Path, upstream: Target, work: Path) -> Target | str:
@@ -628,8 +664,8 @@ def start_proxies(
             exe = plan.baseline / ".venv" / "bin" / "draftgate"
             started = start_draftgate(procs, upstream, work, plan.draftgate_env, name, exe)
         elif isinstance(tool := tools.get(name), Path):
-            start = start_vllm_router if name == "vllm-router" else start_litellm
-            started = start(procs, tool, upstream, work)
+            starters = {"vllm-router": start_vllm_router, "granian": start_granian}
+            started = starters.get(name, start_litellm)(procs, tool, upstream, work)
         else:
             started = tools.get(name) or "not installed"
         if isinstance(started, Target):
