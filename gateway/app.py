@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,6 @@ from fastapi.responses import JSONResponse
 from httpx_aiohttp import AiohttpTransport
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import health, openai_routes
@@ -26,11 +24,9 @@ from gateway.admin import admin_router
 from gateway.budget_alerts import BudgetWatch
 from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector, Gate
+from gateway.control.leader import Leader
 from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
-from gateway.control.readiness import publish_readiness
-from gateway.control.retention import prune_forever
-from gateway.control.selector import PriceGauges, Selector
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Services, authorize_admin
@@ -40,9 +36,8 @@ from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
 from gateway.relay.upstream import UPSTREAM_KEEPALIVE_S, Upstream
-from gateway.replica import Leadership, Replica, follow_choices, publish_forever
+from gateway.replica import Replica
 from gateway.services.fleet import apply_fleet, load_fleet
-from gateway.services.rightsizing import Sizing
 from gateway.settings import Settings
 from gateway.webhooks import WebhookSender
 
@@ -259,7 +254,7 @@ async def _running(
         webhooks=webhooks,
         stores=replica is None,
     )
-    leader = _Leader(settings, sessions, registry, metrics, collector, webhooks, replica)
+    leader = Leader(settings, sessions, registry, metrics, collector, webhooks, replica)
     stoppable = [
         asyncio.create_task(c)
         for c in (
@@ -291,69 +286,3 @@ async def _running(
             await webhooks.aclose()
         if tracing is not None:
             await anyio.to_thread.run_sync(tracing.shutdown)
-
-
-@dataclass
-class _Leader:
-    """What runs once per replica, in the worker that leads it (gateway/replica.py): the
-    selector, retention, the readiness gauge, webhooks, measurement writes and, with worker
-    processes, publishing the selector's choices and the replica's gauges to the others."""
-
-    settings: Settings
-    sessions: sessionmaker[Session]
-    registry: Registry
-    metrics: GatewayMetrics
-    collector: Collector
-    webhooks: WebhookSender | None
-    replica: Replica | None
-    leadership: Leadership | None = None
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Follow the leader's choices until this worker leads, then lead until `stop`."""
-        following = None
-        if self.replica is not None:
-            following = asyncio.create_task(
-                follow_choices(self.replica.choices_file, self.registry, stop)
-            )
-        self.leadership = Leadership(self.replica)  # holds the lock while this process lives
-        leads = await self.leadership.acquire(stop)
-        if following is not None:
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
-        if leads:
-            await self._lead(stop)
-        self.leadership.release()
-
-    async def _lead(self, stop: asyncio.Event) -> None:
-        settings, sessions, registry, metrics = (
-            self.settings,
-            self.sessions,
-            self.registry,
-            self.metrics,
-        )
-        metrics.leader_gauges_file = None  # this worker's own, from now on
-        self.collector.stores = True
-        selector = Selector(
-            registry,
-            sessions,
-            interval_s=settings.selector_interval_s,
-            min_dwell_s=settings.selector_min_dwell_s,
-            switch_margin=settings.selector_switch_margin,
-            sizing=Sizing.of(settings),
-            desired_replicas=metrics.desired_replicas,
-            move_steps=(settings.move_step_share, settings.move_step_s),
-            webhooks=self.webhooks,
-            prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
-            in_flight=metrics.in_flight_by_backend,
-        )
-        loops = [
-            selector.run(stop),
-            prune_forever(sessions, settings.usage_retention_days, metrics, stop),
-            publish_readiness(sessions, registry, metrics.ready, settings.probe_interval_s, stop),
-        ]
-        if self.webhooks is not None:  # at the stop, queued events get a short grace to go out
-            self.webhooks.leading = True
-            loops.append(self.webhooks.run(stop))
-        if self.replica is not None:
-            loops.append(publish_forever(self.replica, registry, metrics.leader_gauges, stop))
-        await asyncio.gather(*loops)

@@ -1,0 +1,86 @@
+"""What runs once per gateway replica, in the worker process that leads it.
+
+With one process (the default) that process leads at once. With worker processes
+(gateway/workers.py) each follows the leader's choices until it holds the leader lock
+(gateway/replica.py), then runs these loops until the stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.control.collector import Collector
+from gateway.control.readiness import publish_readiness
+from gateway.control.retention import prune_forever
+from gateway.control.selector import PriceGauges, Selector
+from gateway.metrics import GatewayMetrics
+from gateway.registry import Registry
+from gateway.replica import Leadership, Replica, follow_choices, publish_forever
+from gateway.services.rightsizing import Sizing
+from gateway.settings import Settings
+from gateway.webhooks import WebhookSender
+
+
+@dataclass
+class Leader:
+    """What runs once per replica, in the worker that leads it (gateway/replica.py): the
+    selector, retention, the readiness gauge, webhooks, measurement writes and, with worker
+    processes, publishing the selector's choices and the replica's gauges to the others."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    registry: Registry
+    metrics: GatewayMetrics
+    collector: Collector
+    webhooks: WebhookSender | None
+    replica: Replica | None
+    leadership: Leadership | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the leader's choices until this worker leads, then lead until `stop`."""
+        following = None
+        if self.replica is not None:
+            following = asyncio.create_task(
+                follow_choices(self.replica.choices_file, self.registry, stop)
+            )
+        self.leadership = Leadership(self.replica)  # holds the lock while this process lives
+        leads = await self.leadership.acquire(stop)
+        if following is not None:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+        if leads:
+            await self._lead(stop)
+        self.leadership.release()
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        settings, metrics = self.settings, self.metrics
+        metrics.leader_gauges_file = None  # this worker's own, from now on
+        self.collector.stores = True
+        selector = Selector(
+            self.registry,
+            self.sessions,
+            interval_s=settings.selector_interval_s,
+            min_dwell_s=settings.selector_min_dwell_s,
+            switch_margin=settings.selector_switch_margin,
+            sizing=Sizing.of(settings),
+            desired_replicas=metrics.desired_replicas,
+            move_steps=(settings.move_step_share, settings.move_step_s),
+            webhooks=self.webhooks,
+            prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
+            in_flight=metrics.in_flight_by_backend,
+        )
+        ready = metrics.ready
+        loops = [
+            selector.run(stop),
+            prune_forever(self.sessions, settings.usage_retention_days, metrics, stop),
+            publish_readiness(self.sessions, self.registry, ready, settings.probe_interval_s, stop),
+        ]
+        if self.webhooks is not None:  # at the stop, queued events get a short grace to go out
+            self.webhooks.leading = True
+            loops.append(self.webhooks.run(stop))
+        if self.replica is not None:
+            loops.append(publish_forever(self.replica, self.registry, metrics.leader_gauges, stop))
+        await asyncio.gather(*loops)
