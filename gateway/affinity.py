@@ -106,6 +106,8 @@ def by_affinity(
 ) -> tuple[list[T], bool]:
     """`items` in the key's order of preference, the first one under the load bound moved
     to the front; and whether that is the key's own first choice (False: it spilled)."""
+    if len(items) == 1:  # a pool of one (common: a backend per method) is always the home
+        return list(items), True
     ranked = sorted(items, key=lambda item: mix(key ^ seed(item)), reverse=True)
     loads = [load(item) for item in ranked]
     bound = load_bound(loads, balance)
