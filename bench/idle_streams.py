@@ -11,8 +11,12 @@ The load generator is this process (raw asyncio sockets, one per stream); it, th
 the gateway lift their soft open-files limit to the hard one (two sockets per stream in the
 gateway).
 
+With `--workers N` the gateway runs N worker processes: memory is summed over the supervisor
+and its workers (PSS beside RSS, since forked workers share pages), and the open-files limit
+applies to each process alone.
+
 Run: .venv/bin/python bench/idle_streams.py [--streams 10000] [--step 1000]
-         [--token-delay-ms 1000] [--tokens 90]
+         [--token-delay-ms 1000] [--tokens 90] [--workers 1]
 """
 
 from __future__ import annotations
@@ -122,22 +126,38 @@ async def until_streaming(seen: Streams, count: int) -> None:
         await asyncio.sleep(0.2)
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def gateway_pids(pid: int) -> list[int]:
+    """The gateway's process and, with workers, each worker (the supervisor's children)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(int(c) for c in children)]
 
 
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+def memory_mb(pid: int, field: str) -> float:
+    """`field` (VmRSS from status, Pss from smaps_rollup) summed over the gateway's processes:
+    RSS counts the pages workers share from their fork once per worker, PSS splits them."""
+    total = 0.0
+    for p in gateway_pids(pid):
+        source = "status" if field == "VmRSS" else "smaps_rollup"
+        for line in Path(f"/proc/{p}/{source}").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                total += int(line.split()[1]) / 1024
+    return total
+
+
+def open_fds(pid: int) -> tuple[int, int]:
+    """Open descriptors over the gateway's processes, and the most any one holds (the
+    open-files limit is per process)."""
+    counts = [len(os.listdir(f"/proc/{p}/fd")) for p in gateway_pids(pid)]
+    return sum(counts), max(counts)
 
 
 async def run(args: argparse.Namespace, gateway_port: int, gateway_pid: int) -> Streams:
     seen = Streams()
-    idle = rss_mb(gateway_pid)
-    print(f"idle gateway: RSS {idle:.1f} MB, {open_fds(gateway_pid)} fds")
-    print(f"{'streams':>8} {'RSS MB':>8} {'MB per 1k':>10} {'fds':>7} {'open s':>7}")
+    idle, idle_pss = memory_mb(gateway_pid, "VmRSS"), memory_mb(gateway_pid, "Pss")
+    print(f"idle gateway ({len(gateway_pids(gateway_pid))} processes): RSS {idle:.1f} MB, "
+          f"PSS {idle_pss:.1f} MB, {open_fds(gateway_pid)[0]} fds")  # fmt: skip
+    print(f"{'streams':>8} {'RSS MB':>8} {'MB per 1k':>10} {'PSS MB':>8} {'PSS per 1k':>10} "
+          f"{'fds':>7} {'most fds':>8} {'open s':>7}")  # fmt: skip
     tasks: list[asyncio.Task[None]] = []
     for target in range(args.step, args.streams + 1, args.step):
         started = time.monotonic()
@@ -146,10 +166,11 @@ async def run(args: argparse.Namespace, gateway_port: int, gateway_pid: int) -> 
             if i % 100 == 99:
                 await asyncio.sleep(0)  # let connections go out in batches
         await until_streaming(seen, target)
-        rss = rss_mb(gateway_pid)
-        per_k = (rss - idle) / (target / 1000)
-        print(f"{target:>8} {rss:>8.1f} {per_k:>10.2f} {open_fds(gateway_pid):>7} "
-              f"{time.monotonic() - started:>7.1f}", flush=True)  # fmt: skip
+        rss, pss = memory_mb(gateway_pid, "VmRSS"), memory_mb(gateway_pid, "Pss")
+        per_k, pss_per_k = (rss - idle) / (target / 1000), (pss - idle_pss) / (target / 1000)
+        fds, most = open_fds(gateway_pid)
+        print(f"{target:>8} {rss:>8.1f} {per_k:>10.2f} {pss:>8.1f} {pss_per_k:>10.2f} "
+              f"{fds:>7} {most:>8} {time.monotonic() - started:>7.1f}", flush=True)  # fmt: skip
     await asyncio.gather(*tasks)
     return seen
 
@@ -160,6 +181,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--step", type=int, default=1_000)
     parser.add_argument("--token-delay-ms", type=float, default=1000.0)
     parser.add_argument("--tokens", type=int, default=90, help="per stream; outlast the ramp")
+    parser.add_argument("--workers", type=int, default=1, help="the gateway's worker processes")
     args = parser.parse_args(argv)
     command = shlex.join([".venv/bin/python", "bench/idle_streams.py", *argv])
     limit = raise_open_files_limit(args.streams)
@@ -175,7 +197,10 @@ def main(argv: list[str]) -> int:
             if why := wait_ready(procs, "mock", f"http://127.0.0.1:{port}/health", 20):
                 print(why)
                 return 1
-            room = {"DRAFTGATE_UPSTREAM_MAX_CONNECTIONS": str(args.streams + 1000)}
+            room = {
+                "DRAFTGATE_UPSTREAM_MAX_CONNECTIONS": str(args.streams + 1000),
+                "DRAFTGATE_WORKERS": str(args.workers),
+            }
             gateway = start_draftgate(procs, Target("direct", port, None), work, room)
             if isinstance(gateway, str):
                 print(gateway)
