@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import resource
 import signal
@@ -88,7 +89,7 @@ def _serve(
         logging.getLogger().addHandler(handler)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream request
     if settings.workers == 1 or managed is not None:  # managed backends live in this process
-        uvicorn.Server(_server_config(settings, create_app(settings, managed))).run()
+        _run_server(_server_config(settings, create_app(settings, managed)))
         return
 
     _prepare_database_once(settings)
@@ -96,12 +97,18 @@ def _serve(
 
     def serve_worker(sock: socket.socket, replica: Replica) -> None:
         signal.signal(signal.SIGTERM, _exit_zero)  # as above, in the worker
-        config = _server_config(prepared, create_app(prepared, replica=replica))
-        uvicorn.Server(config).run(sockets=[sock])
+        _run_server(_server_config(prepared, create_app(prepared, replica=replica)), sock)
 
     run_workers(
         settings.workers, settings.host, settings.port, settings.worker_state_dir, serve_worker
     )
+
+
+def _run_server(config: uvicorn.Config, sock: socket.socket | None = None) -> None:
+    """Serve until stopped. uvicorn re-raises Ctrl-C once it has stopped gracefully; as
+    `uvicorn.run` does, that is a clean exit."""
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(config).run(sockets=None if sock is None else [sock])
 
 
 def _prepare_database_once(settings: Settings) -> None:
