@@ -7,7 +7,9 @@ keep httpx (probes, scrapes, benchmarks: few requests, and `transport=` as the t
 
 Every failure the relay must tell apart is one of three exceptions here, raised before the
 response head (`send`) or while reading the body: `UpstreamUnreachable`, `UpstreamTimedOut`
-and, for a body cut short, `UpstreamBroke`.
+and, for a body cut short, `UpstreamBroke`. Each carries a short reason for the client's
+error message, in the names these messages have always used (`ConnectError`,
+`ConnectTimeout`, `ReadTimeout`, `ReadError`), not aiohttp's class names.
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ class UpstreamResponse:
 
 
 def _broke(exc: BaseException) -> UpstreamBroke | UpstreamTimedOut:
-    name = type(exc).__name__
-    return UpstreamTimedOut(name) if isinstance(exc, TimeoutError) else UpstreamBroke(name)
+    """The failure of a body being read: silent too long, or cut."""
+    return (
+        UpstreamTimedOut("ReadTimeout")
+        if isinstance(exc, TimeoutError)
+        else UpstreamBroke("ReadError")
+    )
 
 
 class Upstream:
@@ -100,11 +106,15 @@ class Upstream:
                 url, data=body, headers=headers, allow_redirects=False
             )
         except aiohttp.ConnectionTimeoutError as exc:  # no connection: try another backend
-            raise UpstreamUnreachable(type(exc).__name__) from exc
+            raise UpstreamUnreachable("ConnectTimeout") from exc
         except TimeoutError as exc:  # connected, then silent: aiohttp's are these
-            raise UpstreamTimedOut(type(exc).__name__) from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL
-            raise UpstreamUnreachable(type(exc).__name__) from exc
+            raise UpstreamTimedOut("ReadTimeout") from exc
+        except (aiohttp.ClientConnectorError, ConnectionError) as exc:  # refused, reset
+            raise UpstreamUnreachable("ConnectError") from exc
+        except ValueError as exc:  # aiohttp's InvalidURL too
+            raise UpstreamUnreachable("InvalidURL") from exc
+        except (aiohttp.ClientError, OSError) as exc:  # closed before its head, and the rest
+            raise UpstreamUnreachable("ReadError") from exc
         return UpstreamResponse(response)
 
     async def aclose(self) -> None:
