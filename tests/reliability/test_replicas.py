@@ -1,9 +1,6 @@
 """Two gateway replicas on one PostgreSQL schema, in front of the same two simulators.
 
-Each replica runs two worker processes, as compose and Kubernetes run them: what holds
-across replicas must hold across workers too. Per-key limits hold across the replicas
-within a stated tolerance (the tolerances follow the clients' total rate, whoever serves
-them), a policy change made
+Per-key limits hold across the replicas within a stated tolerance, a policy change made
 through one replica is applied by the other within its `registry_refresh_s`, the hourly
 rollups count each request once, and the collectors of both replicas do not store the same
 backend's window twice.
@@ -50,7 +47,6 @@ LEDGER_FLUSH_S = 0.2
 COLLECT_INTERVAL_S = 0.5
 MEASUREMENT_WINDOW_S = 4.0
 REPLICAS = 2
-WORKERS = 2  # per replica
 # Each replica gets one client that waits PAUSE_S between requests: at most this many
 # requests per second per replica, which is what bounds the tolerances below.
 PAUSE_S = 0.25
@@ -125,7 +121,6 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             MEASUREMENT_WINDOW_S=str(MEASUREMENT_WINDOW_S),
             MEASUREMENT_MIN_REQUESTS="1",  # each window is stored: the test counts them
             MEASUREMENT_MIN_OUTPUT_TOKENS="1",
-            WORKERS=str(WORKERS),
         )
         gateways = []
         for _ in range(REPLICAS):  # one after the other: the first migrates the schema
