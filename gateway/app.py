@@ -36,7 +36,7 @@ from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
 from gateway.relay.upstream import UPSTREAM_KEEPALIVE_S, Upstream
-from gateway.replica import Replica
+from gateway.replica import Changes, Replica
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.settings import Settings
 from gateway.webhooks import WebhookSender
@@ -224,6 +224,7 @@ async def _running(
     client = Upstream(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     benchmarks = BenchmarkManager(sessions)
+    changes = None if replica is None else Changes(replica, settings.workers)
     app.state.services = Services(
         settings,
         engine,
@@ -233,6 +234,7 @@ async def _running(
         benchmarks,
         managed,
         asyncio.get_running_loop(),
+        changes,
     )
     tracing = start_tracing(settings)
     if tracing is not None:
@@ -265,6 +267,8 @@ async def _running(
             leader.run(stop),
         )
     ]
+    if changes is not None:
+        stoppable.append(asyncio.create_task(changes.watch(registry, stop)))
     prober = asyncio.create_task(
         probe_forever(registry, control, settings.probe_interval_s, metrics, webhooks)
     )

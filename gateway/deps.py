@@ -21,6 +21,7 @@ from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed, InsufficientScope
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
+from gateway.replica import Changes
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class Services:
     benchmarks: BenchmarkManager
     managed: ManagedBackends
     loop: asyncio.AbstractEventLoop  # for admin routes (threads) to start background work
+    changes: Changes | None = None  # with worker processes: tells the others of a change
 
 
 def get_services(request: Request) -> Services:
@@ -110,9 +112,10 @@ AdminScopeDep = Annotated[Scope, Depends(authorize_admin)]
 def refresh_registry_after_changes(request: Request, services: ServicesDep) -> Iterator[None]:
     """After an admin change is committed, reload the registry before answering.
 
-    So the next request through this replica already follows the change (other replicas
-    follow within their `registry_refresh_s`). Used with scope="function": it runs after
-    the request's transaction commits, before the response is sent.
+    So the next request through this replica already follows the change, whichever of its
+    worker processes serves it (other replicas follow within their `registry_refresh_s`).
+    Used with scope="function": it runs after the request's transaction commits, before the
+    response is sent.
     """
     yield
     if request.method in ("GET", "HEAD"):
@@ -122,3 +125,5 @@ def refresh_registry_after_changes(request: Request, services: ServicesDep) -> I
     except SQLAlchemyError as exc:  # the change is committed; the refresh loop retries
         logger.warning("registry not reloaded after an admin change: %s", exc)
         services.registry.request_refresh()
+    if services.changes is not None:
+        services.changes.announce_and_wait()

@@ -12,6 +12,8 @@ temporary name, then renamed), so a reader sees one version or the next, never h
 - `choices.json`: the selector's state (its method per auto model and per request class, the
   gradual moves under way, its sizing per model), which the other workers route by;
 - `leader-gauges.prom`: the gauges only the leader sets, for every worker's `/metrics`.
+Every worker stamps `change.<slot>` after an admin change and confirms the others' in
+`ack.<slot>` (`Changes`), so a change applies on every worker before the admin API answers.
 Counters, histograms and the per-worker gauges go through prometheus-client's multiprocess
 files in `metrics/` (gateway/metrics.py).
 
@@ -26,10 +28,14 @@ import fcntl
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.moves import Move
 from gateway.registry import Registry
@@ -40,6 +46,8 @@ LEADER_POLL_S = 0.5  # how soon a worker notices the leader is gone
 # how soon a worker routes by the leader's new choices, and how old the leader's gauges may
 # be on another worker's /metrics
 FOLLOW_POLL_S = 0.5
+CHANGE_POLL_S = 0.05  # how soon a worker reloads after another worker's admin change
+CHANGE_WAIT_S = 2.0  # the longest an admin change waits for the other workers to reload
 CHOICES_FILE = "choices.json"
 GAUGES_FILE = "leader-gauges.prom"
 LOCK_FILE = "leader.lock"
@@ -161,3 +169,75 @@ async def publish_forever(
         await asyncio.to_thread(write_whole, replica.gauges_file, gauges())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), FOLLOW_POLL_S)
+
+
+class Changes:
+    """Admin changes told to the replica's other workers before the admin API answers.
+
+    The worker that committed a change has reloaded its registry; it then stamps
+    `change.<slot>` and waits until every other worker has reloaded too and says so in
+    `ack.<slot>` (each polls every `CHANGE_POLL_S`), so a change applies on the whole replica
+    at once, as it does with one process. A worker that does not answer within
+    `CHANGE_WAIT_S` (dead, restarting) is not waited for longer: it reads the database when it
+    starts, and every worker reloads every `registry_refresh_s` anyway.
+    """
+
+    def __init__(self, replica: Replica, workers: int) -> None:
+        self.replica, self.others = replica, [s for s in range(workers) if s != replica.slot]
+        self._lock = threading.Lock()
+        self._stamp = 0
+
+    def announce_and_wait(self) -> bool:
+        """Tell the other workers of a committed change; True once all have reloaded
+        (blocking: from an admin route's thread)."""
+        with self._lock:  # stamps grow, across restarts too (a clock) and within one
+            self._stamp = stamp = max(self._stamp + 1, time.time_ns())
+            write_whole(self._file("change", self.replica.slot), b"%d" % stamp)
+        deadline = time.monotonic() + CHANGE_WAIT_S
+        while not all(self._acked(slot) >= stamp for slot in self.others):
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "not every worker confirmed an admin change within %g s", CHANGE_WAIT_S
+                )
+                return False
+            time.sleep(CHANGE_POLL_S / 2)
+        return True
+
+    async def watch(self, registry: Registry, stop: asyncio.Event) -> None:
+        """Reload `registry` when another worker announces a change, and confirm it; until
+        `stop`."""
+        seen: dict[int, int] = {}
+        while not stop.is_set():
+            stamps = await asyncio.to_thread(self._stamps)
+            if stamps != seen:
+                try:
+                    await asyncio.to_thread(registry.load)
+                except SQLAlchemyError as exc:  # not confirmed: tried again at the next poll
+                    logger.warning("registry not reloaded after another worker's change: %s", exc)
+                else:
+                    seen = stamps
+                    ack = json.dumps({str(slot): stamp for slot, stamp in stamps.items()})
+                    await asyncio.to_thread(
+                        write_whole, self._file("ack", self.replica.slot), ack.encode()
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), CHANGE_POLL_S)
+
+    def _stamps(self) -> dict[int, int]:
+        """The last change each other worker announced."""
+        stamps = {}
+        for slot in self.others:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                stamps[slot] = int(self._file("change", slot).read_bytes())
+        return stamps
+
+    def _acked(self, slot: int) -> int:
+        """The last change of this worker's that worker `slot` has reloaded for."""
+        try:
+            acks = json.loads(self._file("ack", slot).read_bytes())
+        except (FileNotFoundError, ValueError):
+            return 0
+        return int(acks.get(str(self.replica.slot), 0))
+
+    def _file(self, kind: str, slot: int) -> Path:
+        return self.replica.directory / f"{kind}.{slot}"

@@ -58,6 +58,8 @@ def prepare_state_dir(directory: Path | None) -> tuple[Path, bool]:
     shutil.rmtree(directory / METRICS_DIR, ignore_errors=True)  # a dead run's counts
     for name in (CHOICES_FILE, GAUGES_FILE, LOCK_FILE):
         (directory / name).unlink(missing_ok=True)
+    for stale in [*directory.glob("change.*"), *directory.glob("ack.*")]:
+        stale.unlink()
     return directory, False
 
 

@@ -228,6 +228,19 @@ def test_a_killed_leader_is_replaced_and_its_counts_are_kept(replica: Replica) -
     wait_for_metric(replica.gateway.base_url, "draftgate_requests_total", counted + len(methods))
 
 
+def test_an_admin_change_applies_on_every_worker_before_the_answer(replica: Replica) -> None:
+    for method in ("p-eagle", "plain"):  # each pin differs from what was routed before it
+        pinned = {"mode": "pinned", "method": method}
+        with httpx.Client(base_url=replica.gateway.base_url, headers=ADMIN, timeout=10.0) as http:
+            answer = http.put(
+                f"/admin/v1/models/{SIM_MODEL}/policy", json=pinned, params={"immediate": "true"}
+            )
+        assert answer.status_code == 200, answer.text
+        # At once, whichever worker took the change: none routes by the old policy.
+        methods = _send_until_every_worker_served(replica)
+        assert set(methods.values()) == {method}
+
+
 def test_sigterm_stops_every_worker(
     start_module_servers: ModuleServerStarter, tmp_path: Path
 ) -> None:
