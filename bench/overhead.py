@@ -15,12 +15,14 @@ what the proxy adds to them, throughput relative to direct, the proxy's CPU ms p
 `granian` is this gateway's app served by Granian (Rust HTTP) instead of uvicorn, for
 comparison (it lacks the request limits gateway/http_limits.py adds to uvicorn's protocol).
 `draftgate-wN` is this gateway with N worker processes (`DRAFTGATE_WORKERS=N`); its CPU is
-that of the supervisor and every worker. The target `traced` is this gateway with tracing on
+that of the supervisor and every worker. `floor` (`floor-wN`) is bench/floor_relay.py, the
+least a Python relay does on the gateway's own stack, one (N) uvicorn process(es): the floor
+the gateway's own work sits on. The target `traced` is this gateway with tracing on
 (every request sampled, the SDK's default batching), exporting over OTLP/HTTP to
 bench/otlp_sink.py on this machine.
 
 Run: .venv/bin/python bench/overhead.py
-         [--targets direct,draftgate,draftgate-w2,traced,vllm-router,litellm]
+         [--targets direct,draftgate,draftgate-w2,floor,floor-w2,traced,vllm-router,litellm]
          [--concurrency 1,16,64,256] [--duration 5] [--rounds 2] [--quick] [--baseline DIR]
 """
 
@@ -52,9 +54,11 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "mock-model"
 ALL_TARGETS = (
-    "direct", "draftgate", "draftgate-w2", "granian", "traced", "vllm-router", "litellm"
+    "direct", "draftgate", "draftgate-w2", "floor", "floor-w2", "granian", "traced",
+    "vllm-router", "litellm",
 )  # fmt: skip
 WORKERS_TARGET = re.compile(r"draftgate-w(\d+)")  # the gateway with N worker processes
+FLOOR_TARGET = re.compile(r"floor(?:-w(\d+))?")  # bench/floor_relay.py, N uvicorn workers
 DEFAULT_TARGETS = ("direct", "draftgate", "draftgate-w2", "vllm-router", "litellm")
 # Proxies measured beside draftgate, each pip-installed into a virtualenv of its own:
 # (what pip installs, the executable it brings).
@@ -326,6 +330,25 @@ def start_granian(procs: Processes, exe: Path, upstream: Target, work: Path) -> 
     pid = procs.start("granian", argv, env, work)
     why = wait_ready(procs, "granian", f"http://127.0.0.1:{port}/health", 60)
     return why or Target("granian", port, pid)
+
+
+def start_floor(
+    procs: Processes, upstream: Target, work: Path, name: str, workers: int
+) -> Target | str:
+    """bench/floor_relay.py in front of the upstream: the least a Python relay does."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        str(REPO / "bench" / "floor_relay.py"),
+        "--port",
+        str(port),
+        "--upstream",
+        f"http://127.0.0.1:{upstream.port}",
+        "--workers",
+        str(workers),
+    ]
+    pid = procs.start(name, argv, dict(os.environ), work)
+    return wait_ready(procs, name, f"http://127.0.0.1:{port}/health", 60) or Target(name, port, pid)
 
 
 def start_vllm_router(procs: Processes, exe: Path, upstream: Target, work: Path) -> Target | str:
@@ -658,6 +681,8 @@ def start_proxies(
         elif workers := WORKERS_TARGET.fullmatch(name):
             env = plan.draftgate_env | {"DRAFTGATE_WORKERS": workers[1]}
             started = start_draftgate(procs, upstream, work, env, name)
+        elif floor := FLOOR_TARGET.fullmatch(name):
+            started = start_floor(procs, upstream, work, name, int(floor[1] or 1))
         elif name == "traced":
             started = start_traced(procs, upstream, work, plan.draftgate_env)
         elif name == "baseline" and plan.baseline is not None:
@@ -781,7 +806,11 @@ def parse_args(argv: list[str]) -> Plan:
             parser.error(f"--baseline {args.baseline}: no .venv/bin/draftgate there (run make)")
         targets = [*targets, "baseline"] if "baseline" not in targets else targets
     known = {*ALL_TARGETS, "baseline"}
-    if unknown := {t for t in targets if t not in known and not WORKERS_TARGET.fullmatch(t)}:
+    if unknown := {
+        t
+        for t in targets
+        if t not in known and not WORKERS_TARGET.fullmatch(t) and not FLOOR_TARGET.fullmatch(t)
+    }:
         parser.error(f"unknown targets {sorted(unknown)}; choose from {ALL_TARGETS}")
     if "baseline" in targets and args.baseline is None:
         parser.error("the target `baseline` needs --baseline DIR")

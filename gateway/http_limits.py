@@ -13,6 +13,10 @@ next write for ever, and with it the upstream connection the relay is reading fr
 connection whose write buffer stays full (asyncio paused writing, at 64 KiB beyond what the
 kernel holds) for `write_timeout_s` is aborted: the app sees a disconnect, as if the client
 had left, and the scope says why (`STALLED`), so the relay records the request as stalled.
+
+A disconnect is also told straight to the app: a callable it puts in the scope under
+`ON_DISCONNECT` is called when the connection is lost. The relay cancels a request whose
+client left that way, without a task per request waiting on `receive` for the disconnect.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ class RequestLimits:
 
 
 STALLED = "draftgate.client_stalled"  # set in a request's scope when its client was cut
+# In every request's scope: None, or what the app wants called when its client disconnects
+# (the relay's cancel, with no task per request waiting on `receive`); LOST once it has.
+ON_DISCONNECT = "draftgate.on_disconnect"
+LOST = "lost"
 
 
 class _Refused(Exception):
@@ -65,6 +73,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self._resumed()
         super().connection_lost(exc)
+        if self.cycle is not None:
+            scope = cast(dict[str, Any], self.cycle.scope)
+            hook, scope[ON_DISCONNECT] = scope.get(ON_DISCONNECT), LOST
+            if callable(hook):
+                hook()
 
     def pause_writing(self) -> None:
         """The client is not reading what we write: it has `write_timeout_s` to start again."""
@@ -104,6 +117,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._deadline is None:  # a request's first byte: it has read_timeout_s to arrive
             self._arm()
         super().on_message_begin()
+        cast(dict[str, Any], self.scope)[ON_DISCONNECT] = None  # the app may set its hook
 
     def on_url(self, url: bytes) -> None:
         self._head_size += len(url)

@@ -36,7 +36,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.http_limits import STALLED
+from gateway.http_limits import LOST, ON_DISCONNECT, STALLED
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.moves import position_of
@@ -118,7 +118,8 @@ class Relay:
         if self.tracing is not None:
             exchange.span = self.tracing.start_request(scope["path"], headers)
         try:
-            await self._handle(scope["path"], headers, exchange, receive, send)
+            departure = Departure(scope, receive, exchange)
+            await self._handle(scope["path"], headers, exchange, receive, departure, send)
         except GatewayError as error:
             exchange.status = error.status_code
             exchange.outcome = "rejected" if exchange.backend is None else "upstream_error"
@@ -145,7 +146,13 @@ class Relay:
             logger.exception("ending the span of request %s failed", exchange.request_id)
 
     async def _handle(
-        self, path: str, headers: dict[bytes, bytes], x: Exchange, receive: Receive, send: Send
+        self,
+        path: str,
+        headers: dict[bytes, bytes],
+        x: Exchange,
+        receive: Receive,
+        departure: Departure,
+        send: Send,
     ) -> None:
         if path not in self.relayed:  # an exact list: no dot segments, no operator routes
             raise UnknownPath(f"Unknown path {path[:100]!r}")
@@ -183,7 +190,7 @@ class Relay:
         states, limit = self.registry.states, self.settings.default_max_model_len
         admit(x, path, payload, len(body), states, limit, self.limiter, self.metrics)
         try:
-            await self._forward(path, body, backends, x, stream, asked, receive, send)
+            await self._forward(path, body, backends, x, stream, asked, departure, send)
         except ClientGone:
             if not stream:  # the backend never said what it generated: estimate it
                 estimate_abandoned(x, path, payload, len(body), limit)
@@ -248,7 +255,7 @@ class Relay:
         x: Exchange,
         stream: bool,
         asked: UsageAsked,
-        receive: Receive,
+        departure: Departure,
         send: Send,
     ) -> None:
         snapshot, states = x.snapshot, self.registry.states  # states are live by design
@@ -284,7 +291,7 @@ class Relay:
                 self.metrics.retries.labels(x.model).inc()
             try:
                 await self._attempt(
-                    path, body, backend, plan.fallback, x, stream, asked, receive, send
+                    path, body, backend, plan.fallback, x, stream, asked, departure, send
                 )
             except _Retryable as retryable:
                 last_error = retryable.error
@@ -318,7 +325,7 @@ class Relay:
         x: Exchange,
         stream: bool,
         asked: UsageAsked,
-        receive: Receive,
+        departure: Departure,
         send: Send,
     ) -> None:
         state = self.registry.states[backend.name]
@@ -329,7 +336,7 @@ class Relay:
         upstream = _upstream_headers(x, backend)
         if self.tracing is not None and x.span is not None:  # the backend continues our span
             self.tracing.inject(x.span, upstream)
-        watcher = asyncio.ensure_future(_until_disconnect(receive, asyncio.current_task(), x))
+        departure.arm()
         x.sent = time.perf_counter()
         try:
             response = await self._send_upstream(backend.url + path, body, upstream, state)
@@ -349,12 +356,12 @@ class Relay:
                 self.tracing.attempt_failed(x.span, backend, retryable.error)
             raise
         except asyncio.CancelledError as exc:
-            if watcher.done() and not watcher.cancelled():  # the watcher cancelled us
+            if departure.happened:  # the client left: that cancelled us
                 raise ClientGone from exc
             await _end_cut_stream(x, stream, send)  # the server's shutdown grace ran out
             raise
         finally:
-            watcher.cancel()
+            departure.disarm()
             state.in_flight -= 1
 
     async def _send_upstream(
@@ -625,11 +632,48 @@ async def _send_error(send: Send, error: GatewayError, request_id: str) -> None:
         logger.debug("client left before the error response")
 
 
-async def _until_disconnect(
-    receive: Receive, task: asyncio.Task[Any] | None, exchange: Exchange
-) -> None:
-    """Cancel the request's task when its client disconnects (closing the upstream)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    if task is not None and not exchange.responded:
-        task.cancel()
+class Departure:
+    """Cancels a request's task when its client disconnects while a backend serves it.
+
+    Under the gateway's own server protocol (gateway/http_limits.py) the lost connection
+    calls `left` through the scope; under another ASGI server (a test's in-process
+    transport) a task waits on `receive` for the disconnect instead."""
+
+    __slots__ = ("_left", "_receive", "_scope", "_task", "_watcher", "_x", "happened")
+
+    def __init__(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
+        self._scope, self._receive, self._x = scope, receive, exchange
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Future[None] | None = None
+        self._left = self.left  # one bound method, so disarm can tell it is still ours
+        self.happened = False
+
+    def arm(self) -> None:
+        """Watch from now on (an attempt has begun)."""
+        self._task = asyncio.current_task()
+        hook = self._scope.get(ON_DISCONNECT, self)
+        if hook is self:  # not our server: wait for the disconnect message
+            self._watcher = asyncio.ensure_future(self._wait())
+        elif hook == LOST:  # it left before this attempt began
+            self.left()
+        else:
+            self._scope[ON_DISCONNECT] = self._left
+
+    def disarm(self) -> None:
+        """Stop watching (the attempt is over)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        elif self._scope.get(ON_DISCONNECT) is self._left:
+            self._scope[ON_DISCONNECT] = None
+
+    def left(self) -> None:
+        """The client disconnected: cancel the request unless it was already answered."""
+        self.happened = True
+        if self._task is not None and not self._x.responded:
+            self._task.cancel()
+
+    async def _wait(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self.left()
