@@ -429,7 +429,7 @@ class Relay:
         # Asked for identity; a compressing hop that ignores it is decoded, so the tap (and the
         # client, who gets no content-encoding header) reads text.
         try:
-            async for chunk in response.chunks():
+            while chunk := await response.next_chunk():
                 now = time.perf_counter()
                 if x.first_byte is None:
                     x.first_byte = now
