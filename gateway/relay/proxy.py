@@ -637,15 +637,17 @@ class Departure:
 
     Under the gateway's own server protocol (gateway/http_limits.py) the lost connection
     calls `left` through the scope; under another ASGI server (a test's in-process
-    transport) a task waits on `receive` for the disconnect instead."""
+    transport) a task waits on `receive` for the disconnect instead. Between attempts it
+    holds neither the task nor its hook, so a finished request leaves no reference cycle
+    for the garbage collector to find (its full passes pause the event loop)."""
 
-    __slots__ = ("_left", "_receive", "_scope", "_task", "_watcher", "_x", "happened")
+    __slots__ = ("_hook", "_receive", "_scope", "_task", "_watcher", "_x", "happened")
 
     def __init__(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
         self._scope, self._receive, self._x = scope, receive, exchange
         self._task: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Future[None] | None = None
-        self._left = self.left  # one bound method, so disarm can tell it is still ours
+        self._hook: Callable[[], None] | None = None
         self.happened = False
 
     def arm(self) -> None:
@@ -657,15 +659,16 @@ class Departure:
         elif hook == LOST:  # it left before this attempt began
             self.left()
         else:
-            self._scope[ON_DISCONNECT] = self._left
+            self._hook = self._scope[ON_DISCONNECT] = self.left
 
     def disarm(self) -> None:
         """Stop watching (the attempt is over)."""
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-        elif self._scope.get(ON_DISCONNECT) is self._left:
+        elif self._hook is not None and self._scope.get(ON_DISCONNECT) is self._hook:
             self._scope[ON_DISCONNECT] = None
+        self._hook = self._task = None
 
     def left(self) -> None:
         """The client disconnected: cancel the request unless it was already answered."""
