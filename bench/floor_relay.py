@@ -49,6 +49,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     headers = {"content-type": "application/json"}
     async with _session.post(UPSTREAM + scope["path"], data=b"".join(chunks), headers=headers) as r:
         head = [(b"content-type", r.headers.get("content-type", "application/json").encode())]
+        if "content-length" in r.headers:  # a whole response: relayed whole
+            body = await r.read()
+            head.append((b"content-length", b"%d" % len(body)))
+            await send({"type": "http.response.start", "status": r.status, "headers": head})
+            await send({"type": "http.response.body", "body": body})
+            return
         await send({"type": "http.response.start", "status": r.status, "headers": head})
         async for chunk in r.content.iter_any():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
