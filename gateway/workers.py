@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import shutil
@@ -112,6 +113,7 @@ class Supervisor:
 
     def _spawn(self, slot: int) -> None:
         parent = os.getpid()
+        gc.freeze()  # the collector never writes to what the worker inherits: it stays shared
         pid = os.fork()
         if pid == 0:
             _run_worker(parent, self.sock, Replica(self.directory, slot), self.serve)
