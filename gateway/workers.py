@@ -4,8 +4,10 @@ The supervisor (this module, in the process `draftgate gateway --workers N` star
 socket, then forks N workers that each run a whole gateway on it (gateway/replica.py says
 what they share and which of them leads). It does nothing else: no event loop, no database,
 no thread, so forking it is safe. A worker that dies is started again in its slot (after
-`RESTART_BACKOFF_S` if it died that soon after its start, so a worker failing at start does
-not spin); SIGTERM or SIGINT stops every worker gracefully, each within
+`RESTART_BACKOFF_S` if it died that soon after its start, so a crashing worker does not
+spin). A worker that could not start (uvicorn's exit status 3: its app's start-up failed)
+stops the replica with that status, as one process would, for its orchestrator to see and
+restart. SIGTERM or SIGINT stops every worker gracefully, each within
 `shutdown_grace_s`, and then the supervisor. Each worker runs in a process group of its own,
 so a terminal's Ctrl-C reaches the supervisor alone and each worker is told to stop once,
 and each is told by the kernel (PR_SET_PDEATHSIG) if the supervisor dies without telling it.
@@ -31,6 +33,7 @@ from types import FrameType
 
 from prometheus_client import values
 from prometheus_client.multiprocess import mark_process_dead
+from uvicorn.config import STARTUP_FAILURE
 
 from gateway.replica import CHOICES_FILE, GAUGES_FILE, LOCK_FILE, METRICS_DIR, Replica
 
@@ -74,6 +77,7 @@ class Supervisor:
     serve: ServeWorker
     children: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid: slot, start
     stopping: bool = False
+    failed: bool = False  # a worker could not start: the replica stops
 
     def run(self) -> None:
         """Run until SIGTERM or SIGINT and every worker has stopped."""
@@ -96,6 +100,11 @@ class Supervisor:
         slot, started = self.children.pop(pid)
         mark_process_dead(pid, str(self.directory / METRICS_DIR))  # type: ignore[no-untyped-call]
         if self.stopping:
+            return
+        if os.waitstatus_to_exitcode(status) == STARTUP_FAILURE:  # as one process would, exit
+            logger.error("worker %d (pid %d) could not start; stopping the replica", slot, pid)
+            self.failed = True
+            self._stop(signal.SIGTERM, None)
             return
         logger.warning("worker %d (pid %d) ended (%s); starting it again", slot, pid, status)
         if time.monotonic() - started < RESTART_BACKOFF_S:
@@ -158,9 +167,12 @@ def run_workers(
     """Serve with `count` workers on (host, port) until stopped; see the module's docstring."""
     sock = listen(host, port)
     directory, temporary = prepare_state_dir(state_dir)
+    supervisor = Supervisor(count, sock, directory, serve)
     try:
-        Supervisor(count, sock, directory, serve).run()
+        supervisor.run()
     finally:
         sock.close()
         if temporary:
             shutil.rmtree(directory, ignore_errors=True)
+    if supervisor.failed:
+        raise SystemExit(STARTUP_FAILURE)

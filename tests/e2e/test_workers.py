@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -258,3 +260,25 @@ def test_sigterm_stops_every_worker(
         assert "Finished server process" in gateway.output()
     finally:
         gateway.close()
+
+
+CANNOT_START = """
+import logging, sys
+from gateway.workers import run_workers
+
+def serve(sock, replica):
+    sys.exit(3)  # what uvicorn exits with when the app's start-up fails
+
+logging.basicConfig(level="INFO")
+run_workers(2, "127.0.0.1", 0, None, serve)
+"""
+
+
+def test_a_worker_that_cannot_start_stops_the_replica_with_its_status() -> None:
+    """Not started again every second for ever: the replica exits 3, as one process does."""
+    done = subprocess.run(
+        [sys.executable, "-c", CANNOT_START], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stderr
+    assert "could not start; stopping the replica" in done.stderr
+    assert "starting it again" not in done.stderr
