@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -27,6 +28,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
 
+
+Series = TypeVar("Series", Counter, Histogram)
 
 # Gauges each worker holds a share of, summed over the live workers; every other gauge is
 # the replica's (the leader's).
@@ -50,6 +53,7 @@ class GatewayMetrics:
         self.multiprocess_dir = multiprocess_dir
         self.leader_gauges_file: Path | None = None  # where another worker's leader puts them
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self._series: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
         self.requests = Counter(
             "draftgate_requests",
             "Requests on /v1 by model, method and status class.",
@@ -273,6 +277,17 @@ class GatewayMetrics:
         self.ledger_written = Counter(
             "draftgate_ledger_written", "Usage records written to the database.", registry=r
         )
+
+    def series(self, metric: Series, *labels: str) -> Series:
+        """`metric.labels(*labels)`, looked up once: `labels` takes a lock and checks and
+        converts every value on each call, eight times per request. Only for counters and
+        histograms, whose series are never removed (a removed series' cached child would
+        count where nothing exports)."""
+        key = (id(metric), labels)
+        child = self._series.get(key)
+        if child is None:
+            child = self._series[key] = metric.labels(*labels)
+        return child  # type: ignore[return-value]
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition (the replica's, summed over its workers)."""

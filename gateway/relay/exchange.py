@@ -307,19 +307,19 @@ def _observe(
     m, model = metrics, x.model or ""
     if model not in snapshot.backends:
         model = UNKNOWN_MODEL  # labels only ever carry the registry's model names
-    m.requests.labels(model, method, f"{x.status // 100}xx").inc()
+    m.series(m.requests, model, method, f"{x.status // 100}xx").inc()
     if x.outcome == "client_stalled":
         m.clients_cut.labels(model).inc()
-    m.latency.labels(model, method).observe(latency)
+    m.series(m.latency, model, method).observe(latency)
     if ttft is not None and x.chunks:
-        m.ttft.labels(model, method).observe(ttft)
+        m.series(m.ttft, model, method).observe(ttft)
     if x.chunks > 1 and x.first_byte is not None and x.last_byte is not None:
-        m.itl.labels(model, method).observe((x.last_byte - x.first_byte) / (x.chunks - 1))
+        m.series(m.itl, model, method).observe((x.last_byte - x.first_byte) / (x.chunks - 1))
     if prompt:
-        m.tokens.labels(model, method, "prompt").inc(prompt)
+        m.series(m.tokens, model, method, "prompt").inc(prompt)
     if completion:
-        m.tokens.labels(model, method, "completion").inc(completion)
+        m.series(m.tokens, model, method, "completion").inc(completion)
     if cost is not None:
-        m.cost.labels(model, method).inc(cost)
+        m.series(m.cost, model, method).inc(cost)
         if baseline is not None:
-            m.baseline_cost.labels(model, method).inc(baseline)
+            m.series(m.baseline_cost, model, method).inc(baseline)
