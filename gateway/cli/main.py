@@ -108,7 +108,6 @@ def _serve(
 def _run_server(config: uvicorn.Config, sock: socket.socket | None = None) -> None:
     """Serve until stopped. uvicorn re-raises Ctrl-C once it has stopped gracefully; as
     `uvicorn.run` does, that is a clean exit."""
-    gc.freeze()  # what a forked worker shares with its supervisor stays shared (untouched)
     with contextlib.suppress(KeyboardInterrupt):
         _Server(config).run(sockets=None if sock is None else [sock])
 
