@@ -27,6 +27,7 @@ import openai
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
+from gateway.replica import GAUGES_FILE
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     HEALTH_TIMEOUT_S,
@@ -165,8 +166,16 @@ def test_a_follower_serves_by_the_leaders_choices_and_gauges(replica: Replica) -
         now = json.loads(choices.read_text(encoding="utf-8"))["fleet_now"].get(SIM_MODEL)
         return now if now and now["routed_method"] == "p-eagle" else None
 
-    # priced, the selector routes to P-EAGLE (half plain's $/1M at low load)
+    def gauges() -> bytes:
+        return (replica.state / GAUGES_FILE).read_bytes()
+
+    # priced, the selector routes to P-EAGLE (half plain's $/1M at low load); the leader
+    # writes its choices, then its gauges, so both are wanted before it is stopped
     wait_until(published, "the leader's selector priced the model's methods")
+    wait_until(
+        lambda: b'draftgate_method_usd_per_mtok{method="p-eagle"' in gauges(),
+        "the leader published its price gauges",
+    )
     leader = replica.leader()
     [follower] = [pid for pid in replica.workers() if pid != leader]
     assert leader is not None
@@ -186,9 +195,13 @@ def test_a_follower_serves_by_the_leaders_choices_and_gauges(replica: Replica) -
                 return http.get("/admin/v1/fleet", params={"model": SIM_MODEL}).json()["now"]
 
             wait_until(lambda: followers() == leaders, "the follower adopted the leader's sizing")
-            exposition = http.get("/metrics").text
-            assert "draftgate_ready 1.0" in exposition  # a leader's gauge, from its file
-            assert 'draftgate_method_usd_per_mtok{method="p-eagle"' in exposition
+            # the replica's gauges are the stopped leader's, as it last wrote them (whether
+            # the replica was ready then is the machine's business, not this test's)
+            exposition = http.get("/metrics").content
+            leaders_gauges = gauges()
+            assert b"\ndraftgate_ready " in leaders_gauges
+            assert exposition.endswith(leaders_gauges)
+            assert b'draftgate_method_usd_per_mtok{method="p-eagle"' in exposition
             with _client(replica) as client:
                 answer = client.chat.completions.with_raw_response.create(
                     model=SIM_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
@@ -220,7 +233,7 @@ def test_a_killed_leader_is_replaced_and_its_counts_are_kept(replica: Replica) -
     )
     wait_until(lambda: replica.leader() not in (None, leader), "another worker leads")
     assert metric_value(replica.gateway.base_url, "draftgate_requests_total") == counted
-    ready = replica.state / "leader-gauges.prom"
+    ready = replica.state / GAUGES_FILE
     wait_until(
         lambda: "draftgate_ready 1.0" in httpx.get(f"{replica.gateway.base_url}/metrics").text,
         "the new leader publishes the replica's readiness",
