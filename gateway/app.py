@@ -223,7 +223,6 @@ async def _running(
     registry.on_load.append(lambda: _publish_snapshot_figures(metrics, registry, limiter))
     client = Upstream(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
-    benchmarks = BenchmarkManager(sessions)
     changes = None if replica is None else Changes(replica, settings.workers)
     app.state.services = Services(
         settings,
@@ -231,7 +230,6 @@ async def _running(
         sessions,
         registry,
         metrics,
-        benchmarks,
         managed,
         asyncio.get_running_loop(),
         changes,
@@ -256,7 +254,8 @@ async def _running(
         webhooks=webhooks,
         stores=replica is None,
     )
-    leader = Leader(settings, sessions, registry, metrics, collector, webhooks, replica)
+    benchmarks = BenchmarkManager(sessions)
+    leader = Leader(settings, sessions, registry, metrics, collector, benchmarks, webhooks, replica)
     stoppable = [
         asyncio.create_task(c)
         for c in (
@@ -281,7 +280,6 @@ async def _running(
         ledger.wake()
         prober.cancel()
         await asyncio.gather(prober, *stoppable, return_exceptions=True)
-        await benchmarks.close()
         await managed.close(sessions)
         await ledger.drain()
         await client.aclose()

@@ -15,7 +15,6 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.managed import ManagedBackends
 from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed, InsufficientScope
@@ -42,7 +41,6 @@ class Services:
     sessions: sessionmaker[Session]
     registry: Registry
     metrics: GatewayMetrics
-    benchmarks: BenchmarkManager
     managed: ManagedBackends
     loop: asyncio.AbstractEventLoop  # for admin routes (threads) to start background work
     changes: Changes | None = None  # with worker processes: tells the others of a change

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import Field, model_validator
+from sqlalchemy import update
 
-from backends.bench import DEFAULT_REQUESTS_PER_CLIENT, DEFAULT_REQUESTS_PER_LEVEL, BenchConfig
+from backends.bench import DEFAULT_REQUESTS_PER_CLIENT, DEFAULT_REQUESTS_PER_LEVEL
 from backends.workloads import WorkloadName, resolve_lengths
 from gateway.db import queries
-from gateway.db.session import transaction
+from gateway.db.base import utcnow
 from gateway.db.tables import BenchmarkRun
-from gateway.deps import SessionDep, get_services
+from gateway.deps import SessionDep
 from gateway.errors import Conflict, NotFound
 from gateway.schemas import ListOf, Public, Strict
 
@@ -81,27 +81,6 @@ class BenchmarkCreate(Strict):
         )
         return self
 
-    def config(self, url: str, model: str) -> BenchConfig:
-        """The sweep against the server at `url` serving `model`."""
-        input_len, output_len = resolve_lengths(self.workload, self.input_len, self.output_len)
-        seconds = self.duration_s if self.requests_per_level is None else None
-        return BenchConfig(
-            url=url,
-            model=model,
-            concurrency=tuple(self.concurrency),
-            requests_per_level=self.requests_per_level,
-            requests_per_client=self.requests_per_client,
-            duration_s=seconds,
-            input_len=input_len,
-            output_len=output_len,
-            rate_per_s=self.rate_per_s,
-            poisson=self.poisson,
-            burstiness=self.burstiness or 1.0,
-            workload=self.workload,
-            seed=self.seed,
-            temperature=self.temperature,
-        )
-
 
 class BenchmarkPublic(Public):
     """A run as the API shows it."""
@@ -118,12 +97,10 @@ class BenchmarkPublic(Public):
 
 
 @router.post("", status_code=202)
-def start_benchmark(
-    data: BenchmarkCreate, session: SessionDep, request: Request
-) -> BenchmarkPublic:
-    """Start a sweep in the background; poll it at GET /admin/v1/benchmarks/{id}."""
+def start_benchmark(data: BenchmarkCreate, session: SessionDep) -> BenchmarkPublic:
+    """Queue a sweep; the replica's leader starts it within a second. Poll it at
+    GET /admin/v1/benchmarks/{id}."""
     backend = queries.get_backend(session, data.backend)
-    services = get_services(request)
     run = BenchmarkRun(
         status="queued",
         model=backend.model,
@@ -131,12 +108,8 @@ def start_benchmark(
         backend_name=backend.name,
         params=data.model_dump(),
     )
-    with transaction(services.sessions) as own:  # committed before the task reads it
-        own.add(run)
-    config = replace(data.config(backend.url, backend.model), api_key=backend.api_key)
-    fields = ("name", "model", "method", "k", "gpu_type", "gpu_count")
-    described = {name: getattr(backend, name) for name in fields}
-    services.loop.call_soon_threadsafe(services.benchmarks.start, run.id, config, described)
+    session.add(run)
+    session.flush()  # its id; committed before the answer goes out
     return BenchmarkPublic.model_validate(run)
 
 
@@ -157,13 +130,18 @@ def get_benchmark(run_id: int, session: SessionDep) -> BenchmarkPublic:
 
 
 @router.delete("/{run_id}")
-def cancel_benchmark(run_id: int, session: SessionDep, request: Request) -> BenchmarkPublic:
-    """Cancel a run that is still going."""
+def cancel_benchmark(run_id: int, session: SessionDep) -> BenchmarkPublic:
+    """Cancel a run that is queued or running, whichever worker or replica runs it (its
+    leader stops it within a second, keeping the levels it completed)."""
     row = session.get(BenchmarkRun, run_id)
     if row is None:
         raise NotFound(f"benchmark run {run_id} not found", param="run_id")
-    if row.status not in ("queued", "running"):
+    cancelled = session.execute(
+        update(BenchmarkRun)
+        .where(BenchmarkRun.id == run_id, BenchmarkRun.status.in_(("queued", "running")))
+        .values(status="cancelled", finished_at=utcnow())
+    )
+    session.refresh(row)
+    if not cancelled.rowcount:  # type: ignore[attr-defined]
         raise Conflict(f"benchmark run {run_id} already {row.status}", code="not_running")
-    services = get_services(request)
-    services.loop.call_soon_threadsafe(services.benchmarks.cancel, run_id)
     return BenchmarkPublic.model_validate(row)

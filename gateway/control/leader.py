@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector
 from gateway.control.readiness import publish_readiness
 from gateway.control.retention import prune_forever
@@ -27,14 +28,16 @@ from gateway.webhooks import WebhookSender
 @dataclass
 class Leader:
     """What runs once per replica, in the worker that leads it (gateway/replica.py): the
-    selector, retention, the readiness gauge, webhooks, measurement writes and, with worker
-    processes, publishing the selector's choices and the replica's gauges to the others."""
+    selector, retention, the readiness gauge, webhooks, measurement writes, benchmark runs
+    and, with worker processes, publishing the selector's choices and the replica's gauges
+    to the others."""
 
     settings: Settings
     sessions: sessionmaker[Session]
     registry: Registry
     metrics: GatewayMetrics
     collector: Collector
+    benchmarks: BenchmarkManager
     webhooks: WebhookSender | None
     replica: Replica | None
     leadership: Leadership | None = None
@@ -77,6 +80,7 @@ class Leader:
             selector.run(stop),
             prune_forever(self.sessions, settings.usage_retention_days, metrics, stop),
             publish_readiness(self.sessions, self.registry, ready, settings.probe_interval_s, stop),
+            self.benchmarks.run(stop),
         ]
         if self.webhooks is not None:  # at the stop, queued events get a short grace to go out
             self.webhooks.leading = True

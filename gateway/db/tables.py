@@ -240,6 +240,8 @@ class BenchmarkRun(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # While running: when the leader running it last said so (a stale one has died).
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
 class AuditEntry(Base):

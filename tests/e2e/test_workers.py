@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -58,6 +60,7 @@ class Replica:
     gateway: Server
     state: Path
     database_url: str
+    plain: Server  # the plain simulator behind it
 
     def workers(self) -> list[int]:
         """The supervisor's live children."""
@@ -111,12 +114,36 @@ def replica(
     gateway = spawn_server(("gateway", "--workers", str(WORKERS)), env, directory)
     try:
         gateway.wait_healthy()
-        running = Replica(gateway, state, database_url)
+        running = Replica(gateway, state, database_url, plain)
         wait_until(lambda: len(running.workers()) == WORKERS, "both workers started")
         wait_until(running.leader, "a worker leads", HEALTH_TIMEOUT_S)
         yield running
     finally:
         gateway.close()
+
+
+def stop_outside_a_write(pid: int, database_url: str) -> None:
+    """SIGSTOP `pid` at a moment it holds no write lock on the SQLite database, so that
+    another worker can write while it stands still."""
+    database = database_url.removeprefix("sqlite:///")
+    deadline = time.monotonic() + 30.0
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(lambda: _stopped(pid), f"worker {pid} stopped")
+        try:
+            with sqlite3.connect(database, timeout=0) as probe:
+                probe.execute("BEGIN IMMEDIATE")  # the write lock, if nobody holds it
+                probe.rollback()
+            return
+        except sqlite3.OperationalError:  # stopped mid-transaction: let it finish
+            os.kill(pid, signal.SIGCONT)
+            assert time.monotonic() < deadline, f"worker {pid} held the write lock for 30 s"
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of `pid` is stopped by a signal."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return all((t / "stat").read_text().rpartition(")")[2].split()[0] == "T" for t in tasks)
 
 
 def _client(replica: Replica) -> openai.OpenAI:
@@ -180,7 +207,7 @@ def test_a_follower_serves_by_the_leaders_choices_and_gauges(replica: Replica) -
     [follower] = [pid for pid in replica.workers() if pid != leader]
     assert leader is not None
     served = replica.served_by_pid().get(follower, 0.0)
-    os.kill(leader, signal.SIGSTOP)  # it accepts nothing now: the follower answers all
+    stop_outside_a_write(leader, replica.database_url)  # the follower answers all now
     try:
         with httpx.Client(base_url=base_url, headers=ADMIN, timeout=10.0) as http:
             # the follower's own registry, refreshed from the database, prices the curves
@@ -210,6 +237,37 @@ def test_a_follower_serves_by_the_leaders_choices_and_gauges(replica: Replica) -
         assert replica.served_by_pid()[follower] == served + 1
     finally:
         os.kill(leader, signal.SIGCONT)
+
+
+def test_a_benchmark_runs_in_the_leader_and_stops_when_cancelled_through_a_follower(
+    replica: Replica,
+) -> None:
+    body = {"backend": "w-plain", "concurrency": [4], "duration_s": 120, "output_len": 64}
+    with httpx.Client(base_url=replica.gateway.base_url, headers=ADMIN, timeout=10.0) as http:
+        run_id = http.post("/admin/v1/benchmarks", json=body).json()["id"]
+
+        def run() -> dict[str, Any]:
+            answer: dict[str, Any] = http.get(f"/admin/v1/benchmarks/{run_id}").json()
+            return answer
+
+        def sim_running() -> float:
+            return metric_value(replica.plain.base_url, "vllm:num_requests_running")
+
+        wait_until(lambda: run()["status"] == "running", "the leader claimed the run")
+        wait_until(lambda: sim_running() > 0, "the sweep loads the backend")
+        leader = replica.leader()
+        assert leader is not None
+        stop_outside_a_write(leader, replica.database_url)  # the follower answers the cancel
+        try:
+            url = f"{replica.gateway.base_url}/admin/v1/benchmarks/{run_id}"
+            cancelled = httpx.delete(url, headers=ADMIN, timeout=10.0)  # a new connection
+            assert cancelled.status_code == 200, cancelled.text
+            assert cancelled.json()["status"] == "cancelled"
+        finally:
+            os.kill(leader, signal.SIGCONT)
+        wait_until(lambda: run()["result"] is not None, "the leader stopped the sweep")
+        wait_until(lambda: sim_running() == 0, "the backend is idle again")
+        assert run()["status"] == "cancelled"
 
 
 def test_each_request_is_counted_once_whichever_worker_served_it(replica: Replica) -> None:
@@ -265,7 +323,7 @@ def test_sigterm_stops_every_worker(
     gateway = spawn_server(("gateway",), env, tmp_path)
     try:
         gateway.wait_healthy()
-        running = Replica(gateway, tmp_path, "")
+        running = Replica(gateway, tmp_path, "", plain)
         wait_until(lambda: len(running.workers()) == WORKERS, "both workers started")
         workers = running.workers()
         assert gateway.stop(signal.SIGTERM) == 0
