@@ -23,6 +23,7 @@ from tests.e2e.conftest import (
     Server,
     draftgate_env,
     fleet_backend,
+    metric_value,
     query_rows,
     sim_args,
 )
@@ -113,12 +114,27 @@ def test_benchmarks_through_the_admin_api_run_in_the_background(
             "/admin/v1/benchmarks", json={"backend": "sim-peagle", "duration_s": 60}
         ).json()
         _wait_for(http, long["id"], {"running"})
-        assert http.delete(f"/admin/v1/benchmarks/{long['id']}").status_code == 200
-        assert _wait_for(http, long["id"], {"cancelled"})["status"] == "cancelled"
+        _cancel_and_wait_until_stopped(http, long["id"], sim)
         again = http.delete(f"/admin/v1/benchmarks/{long['id']}")
         assert again.status_code == 409
         unknown = http.post("/admin/v1/benchmarks", json={"backend": "nope"})
         assert unknown.status_code == 404
+
+
+def _cancel_and_wait_until_stopped(http: httpx.Client, run_id: int, sim: Server) -> None:
+    """Cancel a running sweep; the leader stops it and records its levels, the backend
+    goes idle."""
+    cancelled = http.delete(f"/admin/v1/benchmarks/{run_id}")
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "cancelled"
+    deadline = time.monotonic() + 30
+    while http.get(f"/admin/v1/benchmarks/{run_id}").json()["result"] is None:
+        assert time.monotonic() < deadline, "the leader did not stop the sweep"
+        time.sleep(0.1)
+    while metric_value(sim.base_url, "vllm:num_requests_running"):
+        assert time.monotonic() < deadline, "the backend still serves the cancelled sweep"
+        time.sleep(0.1)
+    assert http.get(f"/admin/v1/benchmarks/{run_id}").json()["status"] == "cancelled"
 
 
 def _wait_for(http: httpx.Client, run_id: int, statuses: set[str]) -> dict[str, Any]:
@@ -247,5 +263,4 @@ def test_admin_api_runs_a_rate_limited_workload_benchmark(
         open_ended = {"backend": "sim-rate", "concurrency": [2], "duration_s": 60, "rate_per_s": 5}
         long = http.post("/admin/v1/benchmarks", json=open_ended).json()
         _wait_for(http, long["id"], {"running"})
-        assert http.delete(f"/admin/v1/benchmarks/{long['id']}").status_code == 200
-        assert _wait_for(http, long["id"], {"cancelled"})["status"] == "cancelled"
+        _cancel_and_wait_until_stopped(http, long["id"], sim)
