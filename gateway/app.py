@@ -31,6 +31,7 @@ from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Services, authorize_admin
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
+from gateway.inflight import INFLIGHT_FILE, SharedInFlight
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
@@ -211,7 +212,10 @@ async def _running(
         flush_interval_s=settings.ledger_flush_interval_s,
         max_pending=settings.ledger_max_pending,
     )
-    limiter = Limiter(sessions, settings.limits_sync_s)
+    shared = None
+    if replica is not None:  # a key's requests in flight, counted over every worker
+        shared = SharedInFlight(replica.directory / INFLIGHT_FILE, replica.slot, settings.workers)
+    limiter = Limiter(sessions, settings.limits_sync_s, shared)
     registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
     registry.on_load.append(limiter.snapshot_loaded)
     webhooks = WebhookSender.of(settings, metrics)  # None without webhook URLs: nothing runs

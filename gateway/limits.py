@@ -17,9 +17,10 @@ reservations are not shared, so across N replicas a budget can be overshot by wh
 others admit before their spend is written and read back (one ledger flush plus one
 `registry_refresh_s`), at most N - 1 times the budget that remained.
 
-A key's requests in flight are counted on each replica alone (from admission to settlement):
-`max_concurrent_requests` bounds what one client holds of one replica (its upstream
-connections, its streams), as nginx's `limit_conn` does, not across the fleet.
+A key's requests in flight are counted on each replica alone (from admission to settlement),
+over all of its worker processes (gateway/inflight.py): `max_concurrent_requests` bounds what
+one client holds of one replica (its upstream connections, its streams), as nginx's
+`limit_conn` does, not across the fleet.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
@@ -39,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.session import transaction, upsert_insert
 from gateway.db.tables import RateWindow
 from gateway.errors import QuotaExceeded, RateLimited
+from gateway.inflight import SharedInFlight
 from gateway.registry import KeyView, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class Reservation:
     window: int  # the minute it was admitted in: its tokens count there
     tokens: int
     usd: float
+    shared: bool = False  # counted in flight over the replica's workers (gateway/inflight.py)
 
 
 def current_window(now_s: float) -> int:
@@ -83,9 +86,12 @@ def current_window(now_s: float) -> int:
 class Limiter:
     """Counts per key and minute, and the checks against a key's limits."""
 
-    def __init__(self, sessions: sessionmaker[Session], sync_s: float) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], sync_s: float, shared: SharedInFlight | None = None
+    ) -> None:
         self._sessions = sessions
         self._sync_s = sync_s
+        self._shared = shared  # with worker processes: in-flight counts over all of them
         self._counts: dict[tuple[int, int], _Counts] = defaultdict(_Counts)
         self._spend_since_snapshot: dict[int, float] = defaultdict(float)
         self._reserved_usd: dict[int, float] = {}  # budget held by requests in flight
@@ -97,8 +103,25 @@ class Limiter:
         self, key: KeyView, spent_usd: float, tokens: int, usd: float, now_s: float | None = None
     ) -> Reservation:
         """Reserve `tokens` and `usd` for one request, or raise the refusal over the key's
-        rate limits or budget (`spent_usd`: the key's spend as of the registry's snapshot)."""
-        in_flight = self._in_flight.get(key.id, 0)
+        rate limits or budget (`spent_usd`: the key's spend as of the registry's snapshot).
+        A key's requests in flight are counted over the replica's workers when it has them."""
+        shared = self._shared
+        if key.max_concurrent_requests is None or shared is None or not shared.covers(key.id):
+            return self._admit(key, spent_usd, tokens, usd, now_s, self._in_flight.get(key.id, 0))
+        with shared.locked():  # no other worker admits between the check and the count
+            held = self._admit(key, spent_usd, tokens, usd, now_s, shared.total(key.id))
+            shared.add(key.id, 1)
+        return replace(held, shared=True)
+
+    def _admit(
+        self,
+        key: KeyView,
+        spent_usd: float,
+        tokens: int,
+        usd: float,
+        now_s: float | None,
+        in_flight: int,
+    ) -> Reservation:
         most = key.max_concurrent_requests
         if most is not None and in_flight >= most:
             message = f"Concurrency limit reached: {most} requests in flight on this key"
@@ -138,7 +161,7 @@ class Limiter:
         counted = self._counts[(key.id, window)]
         counted.unsynced_requests += 1
         counted.unsynced_tokens += tokens
-        self._in_flight[key.id] = in_flight + 1
+        self._in_flight[key.id] = self._in_flight.get(key.id, 0) + 1
         return Reservation(key.id, window, tokens, usd if budget is not None else 0.0)
 
     def budget_used(self, snapshot: Snapshot) -> dict[tuple[str, ...], float]:
@@ -154,6 +177,8 @@ class Limiter:
 
     def settle(self, held: Reservation, tokens: int, cost_usd: float | None) -> None:
         """A request ended: its actual tokens and cost replace its reservation."""
+        if held.shared and self._shared is not None:
+            self._shared.add(held.key_id, -1)
         left_in_flight = self._in_flight.get(held.key_id, 0) - 1
         if left_in_flight > 0:
             self._in_flight[held.key_id] = left_in_flight

@@ -50,6 +50,7 @@ WORKERS = 2
 BATCH = 6  # requests sent at once, each on its own connection
 SERVE_TIMEOUT_S = 60.0  # a deadline for both workers to have served, not a wait
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+MESSAGES = [{"role": "user", "content": "hi"}]
 PRICE = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-12-01"}
 
 
@@ -75,13 +76,19 @@ class Replica:
 
     def served_by_pid(self) -> dict[int, float]:
         """/v1 requests each worker (dead ones too) has counted, from its metrics file."""
-        served: dict[int, float] = {}
+        return self.counted_by_pid("draftgate_requests_total")
+
+    def counted_by_pid(self, sample: str, **labels: str) -> dict[int, float]:
+        """A counter's `sample` (over the series that carry `labels`) in each worker's
+        metrics file."""
+        counted: dict[int, float] = {}
         for path in (self.state / "metrics").glob("counter_*.db"):
             pid = int(path.stem.removeprefix("counter_"))
             for key, value, _, _ in MmapedDict.read_all_values_from_file(str(path)):
-                if json.loads(key)[1] == "draftgate_requests_total":
-                    served[pid] = served.get(pid, 0.0) + value
-        return served
+                _, name, series, _ = json.loads(key)
+                if name == sample and labels.items() <= series.items():
+                    counted[pid] = counted.get(pid, 0.0) + value
+        return counted
 
 
 def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
@@ -312,6 +319,69 @@ def test_an_admin_change_applies_on_every_worker_before_the_answer(replica: Repl
         # At once, whichever worker took the change: none routes by the old policy.
         methods = _send_until_every_worker_served(replica)
         assert set(methods.values()) == {method}
+
+
+def test_a_keys_concurrency_limit_holds_over_every_worker(
+    start_module_servers: ModuleServerStarter, tmp_path: Path
+) -> None:
+    [slow] = start_module_servers(sim_args())  # in real time: a long answer holds its place
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("c-plain", slow.base_url)])
+    state = tmp_path / "state"
+    env = gateway_env(f"sqlite:///{tmp_path}/draftgate.db", fleet, WORKERS=str(WORKERS),
+                      REQUIRE_API_KEY="true", WORKER_STATE_DIR=str(state))  # fmt: skip
+    gateway = spawn_server(("gateway",), env, tmp_path)
+    try:
+        gateway.wait_healthy()
+        replica = Replica(gateway, state, "", slow)
+        wait_until(lambda: len(replica.workers()) == WORKERS, "both workers started")
+        limited = {"name": "two-at-once", "max_concurrent_requests": 2}
+        created = httpx.post(f"{gateway.base_url}/admin/v1/keys", headers=ADMIN, json=limited)
+        assert created.status_code == 201, created.text  # every worker knows it now
+        key = created.json()["key"]
+        http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30.0)
+        client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0,
+                               http_client=http)  # fmt: skip
+        with client:
+            held = [
+                client.chat.completions.create(
+                    model=SIM_MODEL,
+                    messages=[{"role": "user", "content": "a long story"}],
+                    max_tokens=4000,
+                    stream=True,
+                )
+                for _ in range(2)
+            ]
+            for stream in held:
+                next(iter(stream))  # admitted and answering
+            refused = "concurrency_limit_exceeded"
+
+            def every_worker_refused() -> bool:
+                counted = replica.counted_by_pid("draftgate_rejections_total", reason=refused)
+                return all(counted.get(pid, 0.0) > 0 for pid in replica.workers())
+
+            # Whichever worker holds the two streams, at least one worker holds fewer than
+            # two of them itself: its refusals count the other's.
+            while not every_worker_refused():
+                answer = http.post(
+                    f"{gateway.base_url}/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": SIM_MODEL, "max_tokens": 1, "messages": MESSAGES},
+                )
+                assert answer.status_code == 429, answer.text
+                assert answer.json()["error"]["code"] == refused
+            for stream in held:
+                stream.close()
+            wait_for_metric(gateway.base_url, "draftgate_backend_in_flight", 0.0, timeout_s=30.0)
+            before = replica.served_by_pid()
+            while not all(replica.served_by_pid().get(pid, 0.0) > before.get(pid, 0.0)
+                          for pid in replica.workers()):  # fmt: skip
+                answer = client.chat.completions.create(
+                    model=SIM_MODEL, messages=MESSAGES, max_tokens=1
+                )
+                assert answer.choices  # admitted again, on every worker
+        http.close()
+    finally:
+        gateway.close()
 
 
 def test_sigterm_stops_every_worker(

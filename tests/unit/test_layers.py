@@ -21,7 +21,8 @@ WEB = ("fastapi", "starlette")
 FOUNDATION = ("gateway.registry", "gateway.curves", "gateway.accounting", "gateway.limits",
               "gateway.db", "gateway.reports", "gateway.schemas", "gateway.method_schemas",
               "gateway.errors", "gateway.settings", "gateway.metrics", "gateway.apikeys",
-              "gateway.http_limits", "gateway.urls", "gateway.rules")  # fmt: skip
+              "gateway.http_limits", "gateway.urls", "gateway.rules",
+              "gateway.inflight")  # fmt: skip
 ABOVE_FOUNDATION = ("gateway.relay", "gateway.control", "gateway.services", "gateway.admin",
                     "gateway.deps", "gateway.app", "gateway.cli")  # fmt: skip
 
