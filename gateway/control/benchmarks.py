@@ -111,7 +111,7 @@ class BenchmarkManager:
             self._tasks[run_id].cancel()
         for job in claimed:
             self._tasks[job.run_id] = asyncio.create_task(self._run(job))
-        self._tasks = {i: t for i, t in self._tasks.items() if not t.done() or i in gone}
+        self._tasks = {i: t for i, t in self._tasks.items() if not t.done()}
 
     async def close(self) -> None:
         """Stop every run (at the stop) and wait until each is back in the queue."""
@@ -124,18 +124,12 @@ class BenchmarkManager:
     def _poll(self, running: list[int]) -> tuple[list[int], list[Claimed]]:
         now = utcnow()
         with transaction(self.sessions) as session:
+            mine = (BenchmarkRun.id.in_(running), BenchmarkRun.status == "running")
+            still: set[int] = set()
             if running:
-                session.execute(
-                    update(BenchmarkRun)
-                    .where(BenchmarkRun.id.in_(running), BenchmarkRun.status == "running")
-                    .values(heartbeat_at=now)
-                )
-            still = session.scalars(
-                select(BenchmarkRun.id).where(
-                    BenchmarkRun.id.in_(running), BenchmarkRun.status == "running"
-                )
-            ).all() if running else []  # fmt: skip
-            gone = sorted(set(running) - set(still))
+                session.execute(update(BenchmarkRun).where(*mine).values(heartbeat_at=now))
+                still = set(session.scalars(select(BenchmarkRun.id).where(*mine)))
+            gone = sorted(set(running) - still)
             stale = now - dt.timedelta(seconds=ORPHAN_AFTER_S)
             session.execute(
                 update(BenchmarkRun)
