@@ -326,12 +326,16 @@ def wait_until_served_by(client: openai.OpenAI, backend: str) -> None:
 
 
 def test_pinning_a_method_moves_the_traffic(gateway: Server) -> None:
+    # at once: the gradual steps of a move are tests/e2e/test_moves.py's
+    at_once = {"immediate": "true"}
     with gateway.client(ADMIN_TOKEN) as admin, llm(gateway) as client:
         try:
-            pinned = admin.put(POLICY_PATH, json={"mode": "pinned", "method": "p-eagle", "k": 7})
+            pin = {"mode": "pinned", "method": "p-eagle", "k": 7}
+            pinned = admin.put(POLICY_PATH, json=pin, params=at_once)
             assert pinned.status_code == 200, pinned.text
             wait_until_served_by(client, "sim-peagle")
-            pinned = admin.put(POLICY_PATH, json={"mode": "pinned", "method": "plain"})
+            pin = {"mode": "pinned", "method": "plain"}
+            pinned = admin.put(POLICY_PATH, json=pin, params=at_once)
             assert pinned.status_code == 200, pinned.text
             wait_until_served_by(client, "sim-plain")
         finally:
