@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -40,6 +41,10 @@ SIGNATURE_HEADER = "x-draftgate-signature"
 BACKOFF_MAX_S = 60.0  # the longest wait between two attempts
 JITTER = 0.5  # a wait is between (1 - JITTER) and 1 times its exponential step
 SHUTDOWN_GRACE_S = 2.0  # at shutdown, queued events get this long to go out
+# A worker that takes over as its replica's leader sends the events it saw this long before
+# (more than the leader lock's poll), so none seen in the hand-over is lost.
+HANDOVER_S = 2.0
+HELD_EVENTS = 256  # the most a worker that does not lead keeps for a hand-over
 EventType = Literal[
     "method.moved", "budget.threshold", "backend.down", "backend.up", "backend.mismatch"
 ]
@@ -290,8 +295,11 @@ class WebhookSender:
         retry: Retry,
         replica: str | None = None,
         jitter: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client, self.metrics, self.retry, self.jitter = client, metrics, retry, jitter
+        self._clock = clock
+        self._held: deque[tuple[float, WebhookEvent]] = deque(maxlen=HELD_EVENTS)
         self._secret = None if secret is None else secret.get_secret_value().encode()
         self.replica = socket.gethostname() if replica is None else replica
         self._destinations = [_Destination(url, queue_size) for url in urls]
@@ -321,8 +329,10 @@ class WebhookSender:
 
     def emit(self, event: WebhookEvent) -> None:
         """Queue `event` for every URL: never blocks, never raises (safe from any thread).
-        A worker that does not lead its replica sends nothing: the leader sends the same."""
+        A worker that does not lead its replica sends nothing (the leader sends the same): it
+        holds the event for `HANDOVER_S`, in case it leads next."""
         if not self.leading:
+            self._held.append((self._clock(), event))
             return
         try:
             stamped = event.model_copy(update={"replica": event.replica or self.replica})
@@ -333,6 +343,17 @@ class WebhookSender:
                 self._loop.call_soon_threadsafe(self._enqueue, pending)
         except Exception:  # the top of every caller's webhook path: a loop must go on
             logger.exception("webhook event %s not queued", event.type)
+
+    def lead(self) -> None:
+        """This worker now leads its replica: send from now on, and send what it saw in the
+        last `HANDOVER_S` (the old leader may have died before it could; a receiver
+        deduplicates what both sent, as it does across replicas)."""
+        self.leading = True
+        recent = self._clock() - HANDOVER_S
+        held, self._held = list(self._held), deque(maxlen=HELD_EVENTS)
+        for seen, event in held:
+            if seen >= recent:
+                self.emit(event)
 
     def _enqueue(self, pending: _Pending) -> None:
         for destination in self._destinations:

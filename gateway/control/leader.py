@@ -83,7 +83,7 @@ class Leader:
             self.benchmarks.run(stop),
         ]
         if self.webhooks is not None:  # at the stop, queued events get a short grace to go out
-            self.webhooks.leading = True
+            self.webhooks.lead()
             loops.append(self.webhooks.run(stop))
         if self.replica is not None:
             loops.append(publish_forever(self.replica, self.registry, metrics.leader_gauges, stop))

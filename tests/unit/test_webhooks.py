@@ -22,6 +22,7 @@ from gateway.registry import BackendView, KeyView, Snapshot
 from gateway.settings import Settings
 from gateway.webhooks import (
     BACKOFF_MAX_S,
+    HANDOVER_S,
     Retry,
     WebhookEvent,
     WebhookSender,
@@ -155,6 +156,25 @@ async def test_a_full_queue_drops_its_oldest_event_and_counts_it(
     kept = [json.loads(p.body)["backend"] for p in sender._destinations[0].queue._queue]  # type: ignore[attr-defined]
     assert kept == ["b2", "b3", "b4"]  # the newest stay
     assert json.loads(sender._destinations[0].queue._queue[0].body)["replica"] == "r1"  # type: ignore[attr-defined]
+
+
+async def test_a_worker_that_takes_over_sends_what_it_saw_in_the_hand_over(
+    client: httpx.AsyncClient,
+) -> None:
+    now = [100.0]
+    sender = WebhookSender(["http://127.0.0.1:9/"], None, client, GatewayMetrics(),
+                           queue_size=10, retry=Retry(1, 0.1), clock=lambda: now[0])  # fmt: skip
+    sender.leading = False  # a worker that follows its replica's leader
+    sender.emit(event(1))  # long before the leader died: the leader sent it
+    now[0] += HANDOVER_S + 5
+    sender.emit(event(2))  # just before: the dead leader may not have
+    now[0] += 0.5  # the lock's poll: this worker leads
+    assert sender.queued == 0
+    sender.lead()
+    queue = sender._destinations[0].queue._queue  # type: ignore[attr-defined]
+    assert [json.loads(p.body)["backend"] for p in queue] == ["b2"]
+    sender.emit(event(3))  # and sends from now on
+    assert [json.loads(p.body)["backend"] for p in queue] == ["b2", "b3"]
 
 
 async def test_emit_from_another_thread_queues_on_the_loop(client: httpx.AsyncClient) -> None:
