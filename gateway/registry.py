@@ -62,7 +62,12 @@ class BackendView:
 class BackendState:
     """What this replica knows about a backend right now."""
 
-    in_flight: int = 0
+    in_flight: int = 0  # this process's requests on it (change it through `begin` and `end`)
+    # Since this process started: Σ in_flight·dt (request-seconds in flight) and the seconds
+    # with at least one in flight, settled at each change and each `clock` read.
+    in_flight_s: float = 0.0
+    busy_s: float = 0.0
+    settled_at: float | None = None  # the monotonic moment they were settled to
     healthy: bool = True
     slow_probes: int = 0  # health probes in a row that timed out
     failures: int = 0
@@ -79,6 +84,25 @@ class BackendState:
     # The backend's requests in flight from every replica (Little's law over each scrape
     # interval), smoothed over the last few scrapes; None before the second scrape.
     scraped_running: float | None = None
+
+    def begin(self, now: float) -> None:
+        """One more request in flight from `now` (monotonic seconds)."""
+        self.clock(now)
+        self.in_flight += 1
+
+    def end(self, now: float) -> None:
+        """One request fewer in flight from `now`."""
+        self.clock(now)
+        self.in_flight -= 1
+
+    def clock(self, now: float) -> tuple[float, float]:
+        """Request-seconds in flight and busy seconds, settled to `now`."""
+        if self.settled_at is not None and self.in_flight > 0 and now > self.settled_at:
+            elapsed = now - self.settled_at
+            self.in_flight_s += self.in_flight * elapsed
+            self.busy_s += elapsed
+        self.settled_at = now
+        return self.in_flight_s, self.busy_s
 
     def available(self, now: float) -> bool:
         """Healthy and not held out by an open circuit breaker (`now` is monotonic)."""

@@ -331,7 +331,7 @@ class Relay:
         state = self.registry.states[backend.name]
         x.backend, x.method = backend, backend.method
         x.attempts += 1
-        state.in_flight += 1
+        state.begin(time.monotonic())
         x.concurrency = state.load()  # the backend's load, alike on every replica
         upstream = _upstream_headers(x, backend)
         if self.tracing is not None and x.span is not None:  # the backend continues our span
@@ -362,7 +362,7 @@ class Relay:
             raise
         finally:
             departure.disarm()
-            state.in_flight -= 1
+            state.end(time.monotonic())
 
     async def _send_upstream(
         self, url: str, body: bytes, headers: dict[str, str], state: BackendState
