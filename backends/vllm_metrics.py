@@ -182,7 +182,7 @@ class Observation:
     drafts: float
     accepted: float
     accepted_per_position: tuple[float, ...]
-    running: float
+    running: float  # requests running or waiting at the later scrape (from every client)
     latency_s: float = 0.0  # Σ end-to-end latency of the requests that finished meanwhile
     finished: float | None = None  # requests that finished meanwhile (None: not exposed)
     prompt_tokens: float = 0.0
@@ -208,7 +208,7 @@ def difference(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> Obs
         drafts,
         accepted,
         per_position,
-        _mean_concurrency(before, after, seconds),
+        after.running + after.waiting,
         _finished_latency_s(before, after),
         _finished(before, after),
         max(after.prompt_tokens - before.prompt_tokens, 0.0),
@@ -225,10 +225,3 @@ def _finished_latency_s(before: VllmSnapshot, after: VllmSnapshot) -> float:
     if before.e2e_latency_sum_s is None or after.e2e_latency_sum_s is None:
         return 0.0
     return max(after.e2e_latency_sum_s - before.e2e_latency_sum_s, 0.0)
-
-
-def _mean_concurrency(before: VllmSnapshot, after: VllmSnapshot, seconds: float) -> float:
-    """Requests in the system on average: Σ latency of those that finished over the interval
-    (Little's law), else the running gauge at the scrape (an instant, so noisier)."""
-    latency = _finished_latency_s(before, after)
-    return latency / seconds if latency > 0 else after.running

@@ -254,7 +254,11 @@ async def _running(
         metrics,
         interval_s=settings.collect_interval_s,
         window_s=settings.measurement_window_s,
-        gate=Gate(settings.measurement_min_requests, settings.measurement_min_output_tokens),
+        gate=Gate(
+            settings.measurement_min_requests,
+            settings.measurement_min_output_tokens,
+            settings.measurement_ceiling_margin,
+        ),
         webhooks=webhooks,
         stores=replica is None,
     )

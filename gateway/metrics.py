@@ -17,6 +17,7 @@ so a series the leader removes is gone from every worker's `/metrics`.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -24,6 +25,8 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.registry import InFlightClock
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
@@ -180,8 +183,27 @@ class GatewayMetrics:
         )
         self.windows_rejected = Counter(
             "draftgate_measurement_windows_rejected",
-            "Collector windows not stored as measurements: too few requests or output tokens.",
+            "Collector windows not stored as measurements, by reason: too few requests or "
+            "output tokens, no request in flight, a rate above the hardware's ceiling.",
             ["backend", "reason"],
+            registry=r,
+        )
+        self.in_flight_seconds = Counter(
+            "draftgate_backend_in_flight_seconds",
+            "Request-seconds in flight per backend (its rate is the mean requests in flight).",
+            ["backend"],
+            registry=r,
+        )
+        self.busy_seconds = Counter(
+            "draftgate_backend_busy_seconds",
+            "Seconds with at least one request in flight per backend (summed over workers).",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_requests_ended = Counter(
+            "draftgate_backend_requests_ended",
+            "Requests sent to each backend that ended, whatever their outcome.",
+            ["backend"],
             registry=r,
         )
         self.desired_replicas = Gauge(
@@ -315,6 +337,30 @@ class GatewayMetrics:
             if family.name == "draftgate_backend_in_flight":
                 counts.update((s.labels["backend"], s.value) for s in family.samples)
         return counts
+
+    def in_flight_clocks(self) -> dict[str, InFlightClock] | None:
+        """Each backend's in-flight clock over every worker, as their collectors last
+        published it (None without workers: the registry's own clock is the replica's)."""
+        if self.multiprocess_dir is None:
+            return None
+        files = [str(f) for f in self.multiprocess_dir.glob("counter_*.db")]
+        parts: dict[str, dict[str, float]] = defaultdict(dict)
+        names = {
+            "draftgate_backend_in_flight_seconds_total": "in_flight_s",
+            "draftgate_backend_busy_seconds_total": "busy_s",
+            "draftgate_backend_requests_ended_total": "ended",
+        }
+        for family in MultiProcessCollector.merge(files):  # type: ignore[no-untyped-call]
+            for sample in family.samples:
+                if (field := names.get(sample.name)) is not None:
+                    parts[sample.labels["backend"]][field] = sample.value
+        return {backend: InFlightClock(**fields) for backend, fields in parts.items()}
+
+    def publish_clock(self, backend: str, change: InFlightClock) -> None:
+        """Count what this process sent `backend` since it last published."""
+        self.in_flight_seconds.labels(backend).inc(change.in_flight_s)
+        self.busy_seconds.labels(backend).inc(change.busy_s)
+        self.backend_requests_ended.labels(backend).inc(change.ended)
 
     def _replica_families(self) -> Iterator[Metric]:
         for family in self.registry.collect():

@@ -58,15 +58,34 @@ class BackendView:
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
+@dataclass(frozen=True, slots=True)
+class InFlightClock:
+    """What a gateway sent one backend, cumulative: request-seconds in flight (their rate is
+    the mean requests in flight), seconds with at least one in flight, requests ended."""
+
+    in_flight_s: float = 0.0
+    busy_s: float = 0.0
+    ended: float = 0.0
+
+    def since(self, earlier: InFlightClock) -> InFlightClock:
+        """The change from `earlier` to this."""
+        return InFlightClock(
+            self.in_flight_s - earlier.in_flight_s,
+            self.busy_s - earlier.busy_s,
+            self.ended - earlier.ended,
+        )
+
+
 @dataclass(slots=True)
 class BackendState:
     """What this replica knows about a backend right now."""
 
     in_flight: int = 0  # this process's requests on it (change it through `begin` and `end`)
-    # Since this process started: Σ in_flight·dt (request-seconds in flight) and the seconds
-    # with at least one in flight, settled at each change and each `clock` read.
+    # Since this process started: Σ in_flight·dt (request-seconds in flight), the seconds
+    # with at least one in flight, and requests ended, settled at each change and `clock` read.
     in_flight_s: float = 0.0
     busy_s: float = 0.0
+    ended: int = 0
     settled_at: float | None = None  # the monotonic moment they were settled to
     healthy: bool = True
     slow_probes: int = 0  # health probes in a row that timed out
@@ -81,8 +100,8 @@ class BackendState:
     # which the backend drafted; None for plain or before it drafted.
     acceptance_length: float | None = None
     acceptance_per_position: tuple[float, ...] | None = None
-    # The backend's requests in flight from every replica (Little's law over each scrape
-    # interval), smoothed over the last few scrapes; None before the second scrape.
+    # The backend's requests running or waiting, from every replica and client (its gauges
+    # at each scrape), smoothed over the last few scrapes; None before the second scrape.
     scraped_running: float | None = None
 
     def begin(self, now: float) -> None:
@@ -94,15 +113,16 @@ class BackendState:
         """One request fewer in flight from `now`."""
         self.clock(now)
         self.in_flight -= 1
+        self.ended += 1
 
-    def clock(self, now: float) -> tuple[float, float]:
-        """Request-seconds in flight and busy seconds, settled to `now`."""
+    def clock(self, now: float) -> InFlightClock:
+        """This process's in-flight clock of the backend, settled to `now`."""
         if self.settled_at is not None and self.in_flight > 0 and now > self.settled_at:
             elapsed = now - self.settled_at
             self.in_flight_s += self.in_flight * elapsed
             self.busy_s += elapsed
         self.settled_at = now
-        return self.in_flight_s, self.busy_s
+        return InFlightClock(self.in_flight_s, self.busy_s, self.ended)
 
     def available(self, now: float) -> bool:
         """Healthy and not held out by an open circuit breaker (`now` is monotonic)."""

@@ -374,6 +374,20 @@ class Settings(BaseSettings):
             "Default 500."
         ),
     )
+    measurement_ceiling_margin: float | None = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "A collector window whose output tokens/s is above this many times the hardware's "
+            "ceiling (planner/ceiling.py: the model's weights streamed at the GPU's datasheet "
+            "bandwidth, its tokens at the fastest tensor-core peak, no overhead, at the "
+            "window's concurrency and acceptance) is not stored, only counted "
+            '(`draftgate_measurement_windows_rejected_total{reason="above_ceiling"}`). '
+            "Default 2: a real engine stays under 1; 2 still admits the catalog's model served "
+            "with weights in half its bytes. Empty: never checked. `draftgate up "
+            "--time-scale X` multiplies it by X (its simulators run X times as fast)."
+        ),
+    )
     measurement_max_age_s: float = Field(
         default=7 * 86400.0,
         gt=0,

@@ -205,6 +205,9 @@ def up(
 
     # One worker: the backends it starts and switches live in the gateway's process.
     settings = settings_from_env(port=port, require_api_key=False, workers=1)
+    if settings.measurement_ceiling_margin is not None and not real_vllm:
+        margin = settings.measurement_ceiling_margin * max(time_scale, 1.0)  # sped-up hardware
+        settings = settings.model_copy(update={"measurement_ceiling_margin": margin})
     state_dir = Path(".draftgate")
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -5,14 +5,16 @@ Per interval and backend: output tokens/s from `generation_tokens`, mean accepta
 `1 + Δaccepted / Δdrafts` and per-position acceptance `Δaccepted_at_pos / Δdrafts` (vLLM's
 own definitions), running/waiting/KV usage. A counter that went down means the backend
 restarted: that interval is skipped, never turned into a negative or huge rate. Intervals
-are summed per backend and written as one `scrape` measurement per window, at the window's
-mean concurrency (Little's law over the whole window: the latency of a request lands in the
-interval it finished in, its tokens in every interval it ran, so only window totals pair
-up; the planner's curves bin the stored concurrencies). A window with fewer finished
-requests or output tokens than the gate asks is not stored, only counted: a few short test
-requests would otherwise move the curves that price every request. A backend whose declared method
-disagrees with its counters is flagged. Several replicas scrape the same backends; a window
-another replica already stored is not stored again.
+are summed per backend and written as one `scrape` measurement per window: the tokens
+generated in it over the time requests were in flight, at their time-average (the integral
+of requests in flight, from the gateway's in-flight clock of each backend, summed over the
+replica's workers; the backend's own gauges when it also served others). A window with fewer
+finished requests or output tokens than the gate asks, or with nothing in flight, is not
+stored, only counted: a few short test requests would otherwise move the curves that price
+every request; nor is one whose rate is above what the hardware can deliver (the planner's
+ceiling, times a margin). A backend whose declared method disagrees with its counters is
+flagged. Several replicas scrape the same backends; a window another replica already stored
+is not stored again.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ from gateway.db.base import utcnow
 from gateway.db.session import transaction
 from gateway.db.tables import Measurement
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendView, Registry
+from gateway.registry import BackendView, InFlightClock, Registry
 from gateway.webhooks import WebhookSender, backend_mismatch
+from planner.ceiling import output_tokens_per_s_ceiling
 
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 2.0
-MIN_BUSY_FRACTION = 0.05  # below this a window says too little about the busy rate
+# The backend finished more requests than this replica sent it (beyond what a scrape
+# boundary shifts between windows): it has other clients.
+FOREIGN_RATIO = 1.1
+FOREIGN_SLACK = 2
 MEASUREMENTS_LOCK = 0x6D656173  # PostgreSQL advisory lock key of scrape measurement writes
 
 
@@ -58,23 +64,38 @@ class Gate:
 
     min_requests: int
     min_output_tokens: int
+    # A window above the hardware's ceiling times this is not stored (None: never checked).
+    ceiling_margin: float | None = None
+
+    def above_ceiling(self, m: Measurement) -> bool:
+        """Whether `m` is faster than its model can run on its GPUs, margin included (never
+        for a model or GPU the planner's catalog does not know)."""
+        if self.ceiling_margin is None:
+            return False
+        per_step = m.mean_acceptance_length or 1.0
+        ceiling = output_tokens_per_s_ceiling(
+            m.model, m.gpu_type, m.gpu_count, m.concurrency, per_step
+        )
+        return ceiling is not None and m.output_tokens_per_s > self.ceiling_margin * ceiling
 
 
 @dataclass
 class Tally:
-    """Observations of one backend at one concurrency bucket, summed over a window."""
+    """Observations of one backend, summed over a window: the backend's counters, and what
+    this replica's gateway sent it (its in-flight clock) over the same scrapes."""
 
     seconds: float = 0.0
     output_tokens: float = 0.0
     drafts: float = 0.0
     accepted: float = 0.0
     accepted_per_position: list[float] = field(default_factory=list)
-    running_seconds: float = 0.0
-    latency_s: float = 0.0  # Σ latency of the requests that finished in the window
-    finished: float | None = 0.0  # requests finished (None: the server does not say)
+    finished: float | None = 0.0  # requests the backend finished (None: it does not say)
     prompt_tokens: float = 0.0
+    sent: InFlightClock = field(default_factory=InFlightClock)
+    gauge_in_flight_s: float = 0.0  # Σ running + waiting at each scrape, times its interval
+    gauge_busy_s: float = 0.0  # Σ intervals that ended with a request running or waiting
 
-    def add(self, o: Observation) -> None:
+    def add(self, o: Observation, sent: InFlightClock) -> None:
         self.seconds += o.seconds
         self.output_tokens += o.output_tokens
         self.prompt_tokens += o.prompt_tokens
@@ -83,12 +104,38 @@ class Tally:
         )
         self.drafts += o.drafts
         self.accepted += o.accepted
-        self.running_seconds += o.running * o.seconds
-        self.latency_s += o.latency_s
+        self.sent = InFlightClock(
+            self.sent.in_flight_s + sent.in_flight_s,
+            self.sent.busy_s + sent.busy_s,
+            self.sent.ended + sent.ended,
+        )
+        self.gauge_in_flight_s += o.running * o.seconds
+        self.gauge_busy_s += o.seconds if o.running > 0 else 0.0
         grow = len(o.accepted_per_position) - len(self.accepted_per_position)
         self.accepted_per_position += [0.0] * max(0, grow)
         for i, value in enumerate(o.accepted_per_position):
             self.accepted_per_position[i] += value
+
+    def foreign(self) -> bool:
+        """Whether the backend finished requests this replica did not send it (other
+        replicas' or other clients'): then the gateway's clock misses some of its load."""
+        if self.finished is None:
+            return True
+        return self.finished > FOREIGN_RATIO * self.sent.ended + FOREIGN_SLACK
+
+    def in_flight(self) -> tuple[float, float]:
+        """The window's request-seconds in flight and busy seconds at the backend.
+
+        The gateway's clock is exact for what it sent. When the backend also served others,
+        the backend's own gauges (an instant per scrape, so only an estimate) count too:
+        the larger of each, so another's traffic can only raise the concurrency a rate is
+        stored at, never lower it.
+        """
+        in_flight_s, busy_s = self.sent.in_flight_s, self.sent.busy_s
+        if self.foreign():
+            in_flight_s = max(in_flight_s, self.gauge_in_flight_s)
+            busy_s = max(busy_s, self.gauge_busy_s)
+        return in_flight_s, min(busy_s, self.seconds)
 
     def rejection(self, gate: Gate) -> str | None:
         """Why the window is too thin to be a measurement, if it is."""
@@ -96,34 +143,31 @@ class Tally:
             return "too_few_requests"
         if self.output_tokens < gate.min_output_tokens:
             return "too_few_tokens"
+        if self.in_flight()[1] <= 0:
+            return "nothing_in_flight"
         return None
 
-    def measurement(self, backend: BackendView) -> Measurement | None:
-        """The window as one `scrape` measurement (None when it says too little).
+    def measurement(self, backend: BackendView) -> Measurement:
+        """The window as one `scrape` measurement: the output tokens generated in it over the
+        time the backend had requests in flight, at their time-average over that time.
 
-        The window's mean concurrency is, by Little's law, the latency of the requests that
-        finished in it over its length (the scrape-time running gauge when none finished).
-        Below one request on average the backend sat idle part of the time; its rate while
-        busy is what a request sees, so the window is stored at concurrency 1 — unless no
-        request finished in it, when its busy time is unknown.
+        A request that spans windows counts in each the tokens and the time it spent there.
+        When the backend was busy all the window this is its tokens over the window at its
+        mean requests in flight; when it sat idle part of it, the rate while it was busy
+        (an idle backend generates nothing) at the requests in flight while busy (at least
+        one). Only time measured in flight divides the tokens, never a figure derived from
+        the requests that finished.
         """
         spec = self.drafts > 0
-        busy_s = self.latency_s or self.running_seconds
-        concurrency = busy_s / self.seconds
-        output_tokens_per_s = self.output_tokens / self.seconds
-        if concurrency < 1:
-            if not self.latency_s:
-                return None
-            output_tokens_per_s /= max(concurrency, MIN_BUSY_FRACTION)
-            concurrency = 1.0
+        in_flight_s, busy_s = self.in_flight()
         return Measurement(
             model=backend.model,
             method=backend.method,
             k=backend.k or 0,
             gpu_type=backend.gpu_type,
             gpu_count=backend.gpu_count,
-            concurrency=concurrency,
-            output_tokens_per_s=output_tokens_per_s,
+            concurrency=in_flight_s / busy_s,
+            output_tokens_per_s=self.output_tokens / busy_s,
             mean_acceptance_length=1 + self.accepted / self.drafts if spec else None,
             acceptance_per_position=[a / self.drafts for a in self.accepted_per_position]
             if spec
@@ -163,7 +207,8 @@ class Collector:
             metrics,
         )
         self.interval_s, self.window_s, self.gate = interval_s, window_s, gate
-        self._last: dict[str, tuple[float, VllmSnapshot]] = {}
+        self._last: dict[str, tuple[float, VllmSnapshot, InFlightClock]] = {}
+        self._published: dict[str, InFlightClock] = {}  # this process's clocks, as counted
         self._tallies: dict[str, tuple[BackendView, Tally]] = {}
         self._window_start = time.monotonic()
         self._own_rows: dict[str, int] = {}  # the last measurement this collector stored
@@ -183,11 +228,25 @@ class Collector:
         backends = [b for group in self.registry.snapshot.backends.values() for b in group]
         pages = await asyncio.gather(*(self._scrape(b) for b in backends), return_exceptions=True)
         now = time.monotonic()
+        clocks = self._in_flight_clocks(backends, now)
         for backend, snapshot in zip(backends, pages, strict=True):
             if isinstance(snapshot, BaseException):  # that backend's alone: the others go on
                 logger.warning("scrape of %s failed: %r", backend.name, snapshot)
             elif snapshot is not None:
-                self._absorb(backend, snapshot, now)
+                self._absorb(backend, snapshot, now, clocks.get(backend.name, InFlightClock()))
+
+    def _in_flight_clocks(
+        self, backends: list[BackendView], now: float
+    ) -> dict[str, InFlightClock]:
+        """Count what this process sent each backend since the last scrape, and read back
+        the replica's clocks (over its workers' counters when it has workers)."""
+        own = {}
+        for backend in backends:
+            clock = own[backend.name] = self.registry.states[backend.name].clock(now)
+            change = clock.since(self._published.get(backend.name, InFlightClock()))
+            self._published[backend.name] = clock
+            self.metrics.publish_clock(backend.name, change)
+        return self.metrics.in_flight_clocks() or own
 
     async def _scrape(self, backend: BackendView) -> VllmSnapshot | None:
         try:
@@ -199,7 +258,9 @@ class Collector:
             logger.debug("scrape of %s failed: %s", backend.name, exc)
             return None
 
-    def _absorb(self, backend: BackendView, snapshot: VllmSnapshot, now: float) -> None:
+    def _absorb(
+        self, backend: BackendView, snapshot: VllmSnapshot, now: float, clock: InFlightClock
+    ) -> None:
         state = self.registry.states[backend.name]
         state.waiting, state.kv_usage = snapshot.waiting, snapshot.kv_cache_usage or 0.0
         mismatch = method_mismatch(backend, snapshot)
@@ -208,10 +269,11 @@ class Collector:
         state.mismatch = mismatch
         self.metrics.mismatch.labels(backend.name).set(int(state.mismatch is not None))
         previous = self._last.get(backend.name)
-        self._last[backend.name] = (now, snapshot)
+        self._last[backend.name] = (now, snapshot, clock)
         if previous is None:
             return
         observation = difference(previous[1], snapshot, now - previous[0])
+        sent = clock.since(previous[2])
         if snapshot.drafts is None:
             state.acceptance_length = state.acceptance_per_position = None
         elif observation is not None and observation.drafts > 0:
@@ -225,9 +287,10 @@ class Collector:
             self.metrics.acceptance_length.labels(backend.name).set(state.acceptance_length)
         if observation is not None:  # the load, from every replica, that prices its requests
             state.scraped(observation.running)
-        if observation is None or observation.output_tokens <= 0:
-            return
-        self._tallies.setdefault(backend.name, (backend, Tally()))[1].add(observation)
+        if observation is None or min(sent.in_flight_s, sent.busy_s, sent.ended) < 0:
+            return  # a restart (of the backend, or of a worker whose counts were lost)
+        if observation.output_tokens > 0 or sent.busy_s > 0:
+            self._tallies.setdefault(backend.name, (backend, Tally()))[1].add(observation, sent)
 
     async def flush(self) -> None:
         """Write one measurement per backend of the window; start a new window."""
@@ -236,9 +299,20 @@ class Collector:
             return
         rows = []
         for backend, tally in self._tallies.values():
-            if reason := tally.rejection(self.gate):
+            reason = tally.rejection(self.gate)
+            m = None if reason else tally.measurement(backend)
+            if m is not None and self.gate.above_ceiling(m):
+                reason = "above_ceiling"
+                logger.warning(
+                    "%s: a window of %.0f output tokens/s at concurrency %.2f is above what "
+                    "its hardware can deliver; not stored",
+                    backend.name,
+                    m.output_tokens_per_s,
+                    m.concurrency,
+                )
+            if reason:
                 self.metrics.windows_rejected.labels(backend.name, reason).inc()
-            elif (m := tally.measurement(backend)) is not None:
+            elif m is not None:
                 rows.append(m)
         self._tallies, self._window_start = {}, time.monotonic()
         if not rows:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import sessionmaker
 from backends.vllm_metrics import VllmSnapshot
 from gateway.control.collector import Collector, Gate
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendView, Registry
+from gateway.registry import BackendView, InFlightClock, Registry
 from tests.unit.test_collector import AFTER, BEFORE, PEAGLE, PLAIN
 
 
@@ -31,7 +31,7 @@ def _collector() -> Collector:
 
 def _absorb(collector: Collector, backend: BackendView, *pages: VllmSnapshot) -> None:
     for i, page in enumerate(pages):
-        collector._absorb(backend, page, now=2.0 * i)
+        collector._absorb(backend, page, 2.0 * i, InFlightClock())
 
 
 def test_the_last_drafting_interval_is_the_live_acceptance() -> None:
@@ -43,7 +43,7 @@ def test_the_last_drafting_interval_is_the_live_acceptance() -> None:
     assert state.acceptance_length == 4.0  # 1 + 600 accepted / 200 drafts
     assert state.acceptance_per_position == pytest.approx((0.95, 0.8, 0.6, 0.375, 0.2, 0.075, 0))
     idle = replace(AFTER)  # no new drafts: the last known acceptance stays
-    collector._absorb(PEAGLE, idle, now=10.0)
+    collector._absorb(PEAGLE, idle, 10.0, InFlightClock())
     assert state.acceptance_length == 4.0
     assert _gauge(collector, PEAGLE) == 4.0
 
@@ -76,7 +76,7 @@ def test_a_backend_that_stops_drafting_loses_its_gauge() -> None:
     no_drafts = replace(
         AFTER, drafts=None, draft_tokens=None, accepted_tokens=None, accepted_per_position=None
     )
-    collector._absorb(PEAGLE, no_drafts, now=10.0)
+    collector._absorb(PEAGLE, no_drafts, 10.0, InFlightClock())
     assert _gauge(collector, PEAGLE) is None
 
 
