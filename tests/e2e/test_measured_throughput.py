@@ -1,0 +1,207 @@
+"""Measured throughput that a client's traffic pattern cannot move, against a real simulator.
+
+One key streams one long answer beside bursts of one-token requests: the pattern that once
+stored 19x a backend's real single-stream rate (a window's concurrency was derived from the
+latencies of the requests that finished in it, while its tokens came from every request
+that ran). The collector now divides a window's tokens by the time requests were in flight:
+every stored point sits at the stream's real rate, and the price of a fixed request barely
+moves. A simulator that claims a B200 but runs 20 times as fast is above what the hardware
+can do: its windows are counted as rejected, never stored. On SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    SIM_MODEL,
+    ModuleServerStarter,
+    Server,
+    fleet_backend,
+    gateway_env,
+    metric_value,
+    query_rows,
+    sim_args,
+    spawn_server,
+    write_fleet,
+)
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+# The issue's pattern ten times as fast: 2 s windows (20 s), four one-token requests every
+# 0.5 s (5 s); the default gates (10 requests, 500 tokens per window) and ceiling margin.
+SETTINGS = {"COLLECT_INTERVAL_S": "0.25", "MEASUREMENT_WINDOW_S": "2", "REGISTRY_REFRESH_S": "0.5",
+            "MEASUREMENT_CEILING_MARGIN": "2"}  # fmt: skip
+BURST, BURST_EVERY_S = 4, 0.5
+WINDOWS = 4  # stored windows the attack runs for
+WAIT_S = 90.0  # deadline of every poll: windows close late on a busy machine
+PRICE = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
+
+
+@pytest.fixture(scope="module")
+def sims(start_module_servers: ModuleServerStarter) -> tuple[Server, Server]:
+    """A plain simulator in real time, and one that runs 20 times as fast as its B200."""
+    real, fast = start_module_servers(sim_args(), sim_args("--time-scale", "20"))
+    return real, fast
+
+
+@pytest.fixture
+def gateway(database_url: str, tmp_path: Path) -> Iterator[Callable[[str], Server]]:
+    """Start a gateway on the test database in front of one backend URL."""
+    started: list[Server] = []
+
+    def start(url: str) -> Server:
+        fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("plain-1", url)])
+        env = gateway_env(database_url, fleet, **SETTINGS)
+        server = spawn_server(("gateway",), env, tmp_path)
+        started.append(server)
+        server.wait_healthy()
+        httpx.post(f"{server.base_url}/admin/v1/prices", json=PRICE, headers=ADMIN)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.close()
+
+
+def _until(condition: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _chat(max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens, "ignore_eos": True, **extra}  # fmt: skip
+
+
+def _single_stream_rate(http: httpx.Client) -> float:
+    """Output tokens/s of one stream alone, from its first to its last chunk."""
+    stamps: list[float] = []
+    body = _chat(400, stream=True)
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.perf_counter())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def _cost_of_200_tokens(server: Server, http: httpx.Client) -> dict[str, Any]:
+    """The usage record of one non-streamed 200-token answer."""
+    rid = uuid.uuid4().hex
+    response = http.post("/v1/chat/completions", json=_chat(200), headers={"x-request-id": rid})
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = {}
+
+    def recorded() -> bool:
+        usage = http.get("/admin/v1/usage", params={"limit": 1000}, headers=ADMIN).json()
+        found.update({r["client_request_id"]: r for r in usage["data"]})
+        return rid in found
+
+    _until(recorded, "the 200-token request's usage record was not written")
+    record = found[rid]
+    assert record["completion_tokens"] == 200
+    return record
+
+
+def _scrape_rows(database_url: str) -> list[dict[str, Any]]:
+    return query_rows(
+        database_url,
+        "SELECT concurrency, output_tokens_per_s, requests FROM measurements "
+        "WHERE source = 'scrape' ORDER BY id",
+    )
+
+
+def _long_stream(server: Server, stop: threading.Event) -> None:
+    """One long streamed answer, read until `stop` (then the connection is closed)."""
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=_chat(30000, stream=True)) as response,
+    ):
+        for _ in response.iter_bytes():
+            if stop.is_set():
+                return
+
+
+def _bursts(server: Server, done: Callable[[], bool]) -> None:
+    """Four one-token requests at once every half second, until `done`."""
+    with (
+        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        ThreadPoolExecutor(BURST) as pool,
+    ):
+        deadline = time.monotonic() + WAIT_S
+        while not done():
+            assert time.monotonic() < deadline, "the attack's windows were never stored"
+            started = time.monotonic()
+            codes = list(pool.map(lambda _: http.post("/v1/chat/completions", json=_chat(1)),
+                                  range(BURST)))  # fmt: skip
+            assert all(r.status_code == 200 for r in codes), [r.text for r in codes]
+            time.sleep(max(0.0, BURST_EVERY_S - (time.monotonic() - started)))
+
+
+def test_a_long_stream_beside_one_token_bursts_is_stored_at_its_real_rate(
+    sims: tuple[Server, Server], gateway: Callable[[str], Server], database_url: str
+) -> None:
+    server = gateway(sims[0].base_url)
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        rate = _single_stream_rate(http)
+        before = _cost_of_200_tokens(server, http)
+    assert before["curve_source"] == "estimated"  # nothing measured yet: the planner's curve
+
+    stop = threading.Event()
+    stream = threading.Thread(target=_long_stream, args=(server, stop))
+    stream.start()
+    try:
+        _bursts(server, lambda: len(_scrape_rows(database_url)) >= WINDOWS)
+    finally:
+        stop.set()
+        stream.join()
+
+    rows = _scrape_rows(database_url)
+    for row in rows:  # one stream and a few short requests in flight: about one
+        assert 1.0 <= row["concurrency"] < 1.5, rows
+        assert rate / 1.5 <= row["output_tokens_per_s"] <= rate * 1.5, (rate, rows)
+
+    def measured() -> bool:
+        curves = httpx.get(f"{server.base_url}/admin/v1/curves", params={"model": SIM_MODEL},
+                           headers=ADMIN).json()["curves"]  # fmt: skip
+        return any(c["measured"] for c in curves)  # the line now rests on them
+
+    _until(measured, "the stored windows never reached the curves")
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        after = _cost_of_200_tokens(server, http)
+    ratio = after["cost_usd"] / before["cost_usd"]
+    assert 0.5 <= ratio <= 2.0, (before, after)
+
+
+def test_a_rate_the_hardware_cannot_deliver_is_counted_not_stored(
+    sims: tuple[Server, Server], gateway: Callable[[str], Server], database_url: str
+) -> None:
+    server = gateway(sims[1].base_url)
+
+    def rejected() -> float:
+        return metric_value(server.base_url, "draftgate_measurement_windows_rejected_total",
+                            backend="plain-1", reason="above_ceiling")  # fmt: skip
+
+    stop = threading.Event()
+    stream = threading.Thread(target=_long_stream, args=(server, stop))
+    stream.start()
+    try:
+        _bursts(server, lambda: rejected() >= 2)
+    finally:
+        stop.set()
+        stream.join()
+    assert _scrape_rows(database_url) == []
+    assert "above what its hardware can deliver" in server.output()
