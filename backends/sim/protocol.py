@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from backends.sim.text import (
     CHAT_PROMPT_TOKENS,
@@ -64,6 +64,9 @@ class Generation:
     responses: bool = False  # the Responses API: named events, input/output token usage
     messages: bool = False  # Anthropic-style /v1/messages: named events, input/output usage
     parts: tuple[tuple[str, str], ...] = ()  # a chat prompt's (role, content) per message
+    # A completions list of several prompts, each (text, tokens): a completion per prompt,
+    # as vLLM serves it (then `prompt_text` and `prompt_tokens` are their whole).
+    prompts: tuple[tuple[str, int], ...] = ()
 
     def prompt_words(self) -> list[str]:
         """The prompt as the engine sees it, one string per token: a chat prompt's
@@ -97,15 +100,16 @@ def parse_generation(
     """Validate a chat or text completion request the way vLLM does."""
     _check_model(body, served_model)
     parts = _messages(body.get("messages")) if chat else ()
-    text = _joined(parts) if chat else _prompt_text(body.get("prompt"))
-    if len(text) > max_model_len * MAX_CHARS_PER_TOKEN:
-        raise _too_long(max_model_len, len(text) // MAX_CHARS_PER_TOKEN, 0, chat)
-    prompt_tokens = count_tokens(text)
+    texts = (_joined(parts),) if chat else _prompt_texts(body.get("prompt"))
+    longest = max(len(text) for text in texts)  # each prompt is checked, as vLLM does
+    if longest > max_model_len * MAX_CHARS_PER_TOKEN:
+        raise _too_long(max_model_len, longest // MAX_CHARS_PER_TOKEN, 0, chat)
+    counts = [count_tokens(text) for text in texts]
     if chat:
-        prompt_tokens += CHAT_TEMPLATE_TOKENS * len(parts) + CHAT_PROMPT_TOKENS
-    max_tokens = _max_tokens(body, max_model_len - prompt_tokens)
-    if prompt_tokens + max_tokens > max_model_len:
-        raise _too_long(max_model_len, prompt_tokens, max_tokens, chat)
+        counts[0] += CHAT_TEMPLATE_TOKENS * len(parts) + CHAT_PROMPT_TOKENS
+    max_tokens = _max_tokens(body, max_model_len - max(counts))
+    if max(counts) + max_tokens > max_model_len:
+        raise _too_long(max_model_len, max(counts), max_tokens, chat)
     if _integer(body, "n", 1) != 1:
         raise ApiError(400, "n must be 1 on this server", "n")
     options = body.get("stream_options") or {}
@@ -117,8 +121,8 @@ def parse_generation(
     return Generation(
         chat=chat,
         model=served_model,
-        prompt_text=text,
-        prompt_tokens=prompt_tokens,
+        prompt_text="\n".join(texts),
+        prompt_tokens=sum(counts),
         max_tokens=max_tokens,
         stream=stream,
         include_usage=_flag(options, "include_usage"),
@@ -126,6 +130,7 @@ def parse_generation(
         ignore_eos=_flag(body, "ignore_eos"),
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
         parts=parts,
+        prompts=tuple(zip(texts, counts, strict=True)) if len(texts) > 1 else (),
     )
 
 
@@ -175,10 +180,12 @@ def _named_events(
     parts: tuple[tuple[str, str], ...],
     prompt_tokens: int,
     max_tokens: int,
-    **api: bool,
+    *,
+    responses: bool = False,
+    messages: bool = False,
 ) -> Generation:
     """A chat generation of an API with named events and usage always sent (the Responses
-    API or messages; `api` says which)."""
+    API or messages)."""
     return Generation(
         chat=True,
         model=served_model,
@@ -191,7 +198,8 @@ def _named_events(
         ignore_eos=_flag(body, "ignore_eos"),
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
         parts=parts,
-        **api,
+        responses=responses,
+        messages=messages,
     )
 
 
@@ -217,14 +225,29 @@ def _joined(parts: tuple[tuple[str, str], ...]) -> str:
     return "\n".join(content for _, content in parts)
 
 
-def _prompt_text(prompt: object) -> str:
+def _prompt_texts(prompt: object) -> tuple[str, ...]:
+    """A completions prompt as vLLM takes it: a text, token ids, or a list of texts or of
+    token-id lists (a completion each)."""
     if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return " ".join(f"t{t}" for t in prompt)  # one token per id
-    raise ApiError(400, "prompt must be a string, a one-element list or token ids", "prompt")
+        return (prompt,)
+    if _token_ids(prompt):
+        return (_ids_text(prompt),)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return tuple(prompt)
+        if all(_token_ids(p) for p in prompt):
+            return tuple(_ids_text(p) for p in prompt)
+    raise ApiError(400, "prompt must be a string, token ids, or a list of either", "prompt")
+
+
+def _token_ids(prompt: object) -> TypeGuard[list[int]]:
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
+def _ids_text(ids: list[int]) -> str:
+    return " ".join(f"t{t}" for t in ids)  # one token per id
 
 
 def _max_tokens(body: dict[str, Any], room: int) -> int:
@@ -323,23 +346,32 @@ class ResponseWriter:
         choice = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}'
         return self._chunk(choice, ',"prompt_token_ids":null,"prompt_text":null')
 
-    def text_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
-        """A chunk carrying new text (and the finish reason on the last one)."""
+    def text_chunk(
+        self,
+        text: str,
+        finish_reason: str | None,
+        completion_tokens: int,
+        index: int = 0,
+        prompt_tokens: int | None = None,
+    ) -> bytes:
+        """A chunk carrying new text (and the finish reason on the last one) for the choice
+        `index`; continuous usage is that choice's own, with its prompt's tokens, as vLLM's."""
         finish = f'"finish_reason":{_json(finish_reason)}'
         if self.g.chat:
             stop = ',"stop_reason":null' if finish_reason is not None else ""
             choice = (
-                f'{{"index":0,"delta":{{"content":{_json(text)}}},"logprobs":null,'
+                f'{{"index":{index},"delta":{{"content":{_json(text)}}},"logprobs":null,'
                 f'{finish}{stop},"token_ids":null}}'
             )
         else:
             choice = (
-                f'{{"index":0,"text":{_json(text)},"logprobs":null,{finish},'
+                f'{{"index":{index},"text":{_json(text)},"logprobs":null,{finish},'
                 '"stop_reason":null,"prompt_token_ids":null,"token_ids":null}'
             )
         extra = ""
         if self.g.continuous_usage:
-            extra = f',"usage":{_json(usage(self.g.prompt_tokens, completion_tokens))}'
+            prompt = self.g.prompt_tokens if prompt_tokens is None else prompt_tokens
+            extra = f',"usage":{_json(usage(prompt, completion_tokens))}'
         return self._chunk(choice, extra)
 
     def usage_chunk(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
@@ -357,19 +389,21 @@ class ResponseWriter:
         self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
     ) -> bytes:
         """The non-streaming response body, with every key vLLM sends."""
-        ending = {"logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
-        if self.g.chat:
-            message = {"role": "assistant", "content": text, "refusal": None}
-            choice = {"index": 0, "message": message | _CHAT_MESSAGE_EXTRAS}
-            choice |= ending | _CHAT_CHOICE_EXTRAS
-        else:
-            choice = {"index": 0, "text": text} | ending | _COMPLETION_CHOICE_EXTRAS
+        return self.full_choices([(text, finish_reason)], completion_tokens, metrics)
+
+    def full_choices(
+        self,
+        choices: list[tuple[str, str]],
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+    ) -> bytes:
+        """The non-streaming response body of one or more (text, finish reason) choices."""
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion" if self.g.chat else "text_completion",
             "created": self.created,
             "model": self.g.model,
-            "choices": [choice],
+            "choices": [self._choice(i, *choice) for i, choice in enumerate(choices)],
             "service_tier": None,
             "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": full_usage(self.g.prompt_tokens, completion_tokens),
@@ -377,6 +411,14 @@ class ResponseWriter:
         if self.g.chat:
             body |= _CHAT_BODY_EXTRAS
         return _json(body | _TRANSFER_EXTRAS | {"metrics": metrics}).encode()
+
+    def _choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
+        ending = {"logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+        if self.g.chat:
+            message = {"role": "assistant", "content": text, "refusal": None}
+            choice = {"index": index, "message": message | _CHAT_MESSAGE_EXTRAS}
+            return choice | ending | _CHAT_CHOICE_EXTRAS
+        return {"index": index, "text": text} | ending | _COMPLETION_CHOICE_EXTRAS
 
 
 DONE = b"data: [DONE]\n\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,33 @@ class Stream:
     text: PseudoText
     sent_tokens: int = 0
     events: asyncio.Queue[tuple[str | None, Any]] = field(default_factory=asyncio.Queue)
+
+
+async def merged(streams: Sequence[Stream]) -> AsyncIterator[tuple[int, str | None, Any]]:
+    """Several streams' events as they come, each with its stream's index: (index, text,
+    tokens), then (index, None, finish reason) as each ends; an abort (its client left) is
+    the last event."""
+    events: asyncio.Queue[tuple[int, str | None, Any]] = asyncio.Queue()
+
+    async def pump(index: int, stream: Stream) -> None:
+        while True:
+            text, value = await stream.events.get()
+            events.put_nowait((index, text, value))
+            if text is None:
+                return
+
+    pumps = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        ended = 0
+        while ended < len(streams):
+            index, text, value = await events.get()
+            yield index, text, value
+            if text is None and value == "abort":
+                return
+            ended += text is None
+    finally:
+        for task in pumps:
+            task.cancel()
 
 
 class EngineRunner:

@@ -30,8 +30,8 @@ from backends.sim.protocol import (
     parse_responses,
 )
 from backends.sim.protocol import parse_generation as parse
-from backends.sim.runner import EngineRunner, Stream
-from backends.sim.text import PseudoText, seed_of
+from backends.sim.runner import EngineRunner, Stream, merged
+from backends.sim.text import PseudoText, prompt_words, seed_of
 from planner import calibration
 
 logger = logging.getLogger(__name__)
@@ -183,7 +183,11 @@ class SimServer:
             raise ApiError(500, message)
         if self.faults.delay_s:
             await asyncio.sleep(self.faults.delay_s)
-        request, stream = self._submit(generation)
+        if generation.prompts:
+            await self._generate_each(generation, receive, send)
+            return
+        prompt = (generation.prompt_text, generation.prompt_words(), generation.prompt_tokens)
+        request, stream = self._submit(generation, *prompt)
         watcher = asyncio.create_task(_until_disconnect(receive, stream))
         try:
             if generation.stream:
@@ -194,8 +198,63 @@ class SimServer:
             watcher.cancel()
             self.runner.abort(request)  # no-op once finished
 
-    def _submit(self, generation: Generation) -> tuple[SimRequest, Stream]:
-        seed = seed_of(generation.prompt_text)
+    async def _generate_each(self, generation: Generation, receive: Receive, send: Send) -> None:
+        """A completions list: a completion per prompt, side by side in the engine, as vLLM
+        runs them (choices in list order, usage summed); fault switches apart from errors
+        and delays leave such lists alone."""
+        submitted = [self._submit(generation, text, prompt_words(text), tokens)
+                     for text, tokens in generation.prompts]  # fmt: skip
+        streams = [stream for _, stream in submitted]
+        watcher = asyncio.create_task(_until_disconnect(receive, *streams))
+        writer = ResponseWriter(generation)
+        try:
+            if generation.stream:
+                await send({"type": "http.response.start", "status": 200, "headers": SSE})
+                await self._stream_each(writer, streams, send)
+            else:
+                await self._respond_each(writer, streams, send)
+        finally:
+            watcher.cancel()
+            for request, _ in submitted:
+                self.runner.abort(request)  # no-op once finished
+
+    async def _stream_each(self, writer: ResponseWriter, streams: list[Stream], send: Send) -> None:
+        completions = [0] * len(streams)
+        async for index, text, value in merged(streams):
+            if text is None and value == "abort":
+                return
+            if text is None:
+                continue
+            completions[index] += value
+            finish = self._finish_if_last(streams[index], completions[index])
+            prompt = streams[index].request.prompt_tokens
+            chunk = writer.text_chunk(text, finish, completions[index], index, prompt)
+            await _send_body(send, chunk)
+        closing = writer.closing(sum(completions), None)
+        await send({"type": "http.response.body", "body": closing, "more_body": False})
+
+    async def _respond_each(
+        self, writer: ResponseWriter, streams: list[Stream], send: Send
+    ) -> None:
+        texts: list[list[str]] = [[] for _ in streams]
+        reasons, completion = [""] * len(streams), 0
+        async for index, text, value in merged(streams):
+            if text is None and value == "abort":
+                return
+            if text is None:
+                reasons[index] = value
+                continue
+            texts[index].append(text)
+            completion += value
+        choices = [("".join(parts), reason) for parts, reason in zip(texts, reasons, strict=True)]
+        await _respond(send, 200, writer.full_choices(choices, completion, None))
+
+    def _submit(
+        self, generation: Generation, text: str, words: list[str], prompt_tokens: int
+    ) -> tuple[SimRequest, Stream]:
+        """Queue one sequence of the request: its prompt's text, tokens (as strings) and
+        token count."""
+        seed = seed_of(text)
         workload = calibration.workloads().get(generation.workload or self.config.workload)
         mean_output = workload.output_tokens if workload else 512
         stop_at = generation.max_tokens
@@ -203,12 +262,10 @@ class SimServer:
             stop_at = min(stop_at, natural_length(random.Random(seed), mean_output))
         profile = sim_config.acceptance_profile(self.config, workload.name if workload else None)
         cache = self.runner.core.prefix_cache
-        blocks = (
-            block_hashes(generation.prompt_words(), cache.block_size) if cache is not None else ()
-        )
+        blocks = block_hashes(words, cache.block_size) if cache is not None else ()
         request = SimRequest(
             request_id=f"req-{seed:x}",
-            prompt_tokens=generation.prompt_tokens,
+            prompt_tokens=prompt_tokens,
             max_tokens=generation.max_tokens,
             stop_at=stop_at,
             acceptance=profile,
@@ -314,11 +371,12 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _until_disconnect(receive: Receive, stream: Stream) -> None:
+async def _until_disconnect(receive: Receive, *streams: Stream) -> None:
     """Wake the response loop with an abort when the client goes away."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    stream.events.put_nowait((None, "abort"))
+    for stream in streams:
+        stream.events.put_nowait((None, "abort"))
 
 
 async def _respond(
