@@ -11,6 +11,7 @@ can do: its windows are counted as rejected, never stored. On SQLite and Postgre
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import uuid
@@ -98,20 +99,26 @@ def _single_stream_rate(http: httpx.Client) -> float:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
+def _usage_record(server: Server, request_id: str) -> dict[str, Any]:
+    """The usage record of one request, once the ledger has written it."""
+    found: dict[str, Any] = {}
+
+    def recorded() -> bool:
+        usage = httpx.get(f"{server.base_url}/admin/v1/usage", params={"limit": 1000},
+                          headers=ADMIN).json()  # fmt: skip
+        found.update({r["client_request_id"]: r for r in usage["data"]})
+        return request_id in found
+
+    _until(recorded, "the request's usage record was not written")
+    return found[request_id]
+
+
 def _cost_of_200_tokens(server: Server, http: httpx.Client) -> dict[str, Any]:
     """The usage record of one non-streamed 200-token answer."""
     rid = uuid.uuid4().hex
     response = http.post("/v1/chat/completions", json=_chat(200), headers={"x-request-id": rid})
     assert response.status_code == 200, response.text
-    found: dict[str, Any] = {}
-
-    def recorded() -> bool:
-        usage = http.get("/admin/v1/usage", params={"limit": 1000}, headers=ADMIN).json()
-        found.update({r["client_request_id"]: r for r in usage["data"]})
-        return rid in found
-
-    _until(recorded, "the 200-token request's usage record was not written")
-    record = found[rid]
+    record = _usage_record(server, rid)
     assert record["completion_tokens"] == 200
     return record
 
@@ -205,3 +212,77 @@ def test_a_rate_the_hardware_cannot_deliver_is_counted_not_stored(
         stream.join()
     assert _scrape_rows(database_url) == []
     assert "above what its hardware can deliver" in server.output()
+
+
+def _mixed_bursts(server: Server, seed: int, done: Callable[[], bool]) -> None:
+    """Ordinary mixed traffic: bursts of 1-6 requests at once, answers of 1 to 300 tokens,
+    streamed or not, a random pause between bursts."""
+    chooser = random.Random(seed)
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as http,
+        ThreadPoolExecutor(6) as pool,
+    ):
+        deadline = time.monotonic() + 2 * WAIT_S
+        while not done():
+            assert time.monotonic() < deadline, "the mixed traffic's windows were never stored"
+            bodies = [
+                _chat(chooser.choice((1, 16, 64, 300)), stream=chooser.random() < 0.5)
+                for _ in range(chooser.randint(1, 6))
+            ]
+            answers = list(pool.map(lambda b: http.post("/v1/chat/completions", json=b), bodies))
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            time.sleep(chooser.uniform(0.0, 0.4))
+
+
+def _price_300_tokens(server: Server) -> dict[str, Any]:
+    rid = uuid.uuid4().hex
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        response = http.post("/v1/chat/completions", json=_chat(300), headers={"x-request-id": rid})
+        assert response.status_code == 200, response.text
+    return _usage_record(server, rid)
+
+
+def test_two_gateways_in_front_of_one_backend_price_a_request_alike(
+    sims: tuple[Server, Server], tmp_path: Path
+) -> None:
+    """Each gateway sends the backend half its traffic and sees the other half only in the
+    backend's counters: both must still price the same 300-token request within 20%."""
+    gateways = []
+    try:
+        for name in ("a", "b"):
+            directory = tmp_path / name
+            directory.mkdir()
+            fleet = write_fleet(
+                directory / "fleet.yaml", [fleet_backend("shared", sims[0].base_url)]
+            )
+            env = gateway_env(f"sqlite:///{directory}/draftgate.db", fleet, **SETTINGS)
+            gateways.append((spawn_server(("gateway",), env, directory), directory))
+        for server, _ in gateways:
+            server.wait_healthy()
+            httpx.post(f"{server.base_url}/admin/v1/prices", json=PRICE, headers=ADMIN)
+
+        def stored() -> bool:
+            return all(
+                len(_scrape_rows(f"sqlite:///{d}/draftgate.db")) >= 2 * WINDOWS for _, d in gateways
+            )
+
+        loads = [
+            threading.Thread(target=_mixed_bursts, args=(server, seed, stored))
+            for seed, (server, _) in enumerate(gateways)
+        ]
+        for load in loads:
+            load.start()
+        for load in loads:
+            load.join()
+        records: list[dict[str, Any]] = []
+
+        def priced_alone() -> bool:  # the load the traffic left has decayed on both
+            records[:] = [_price_300_tokens(server) for server, _ in gateways]
+            return all(r["concurrency"] <= 1.05 for r in records)
+
+        _until(priced_alone, "the backend's load never settled")
+        costs = [r["cost_usd"] for r in records]
+    finally:
+        for server, _ in gateways:
+            server.close()
+    assert max(costs) / min(costs) <= 1.2, costs
