@@ -32,7 +32,7 @@ from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, 
 from gateway.deps import Services, authorize_admin
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
 from gateway.inflight import INFLIGHT_FILE, SharedInFlight
-from gateway.limits import Limiter
+from gateway.limits import Limiter, budgeted_spend
 from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
@@ -40,6 +40,7 @@ from gateway.relay.upstream import UPSTREAM_KEEPALIVE_S, Upstream
 from gateway.replica import Changes, Replica
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.settings import Settings
+from gateway.shared_budget import BUDGETS_FILE, SharedBudgets
 from gateway.webhooks import WebhookSender
 
 if TYPE_CHECKING:
@@ -212,12 +213,15 @@ async def _running(
         flush_interval_s=settings.ledger_flush_interval_s,
         max_pending=settings.ledger_max_pending,
     )
-    shared = None
-    if replica is not None:  # a key's requests in flight, counted over every worker
-        shared = SharedInFlight(replica.directory / INFLIGHT_FILE, replica.slot, settings.workers)
-    limiter = Limiter(sessions, settings.limits_sync_s, shared)
+    shared = budgets = None
+    if replica is not None:  # a key's requests in flight and budget, counted over every worker
+        directory, slot, workers = replica.directory, replica.slot, settings.workers
+        shared = SharedInFlight(directory / INFLIGHT_FILE, slot, workers)
+        spend = budgeted_spend(registry.snapshot)  # the first read, made after any predecessor died
+        budgets = SharedBudgets(directory / BUDGETS_FILE, slot, workers, spend)
+    limiter = Limiter(sessions, settings.limits_sync_s, shared, budgets)
     registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
-    registry.on_load.append(limiter.snapshot_loaded)
+    registry.on_load.append(lambda: limiter.snapshot_loaded(registry.snapshot))
     webhooks = WebhookSender.of(settings, metrics)  # None without webhook URLs: nothing runs
     if webhooks is not None:
         webhooks.leading = replica is None  # events go out from the leader alone

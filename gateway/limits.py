@@ -10,12 +10,17 @@ overshoot a limit together, and a single request larger than what remains is ref
 Each replica counts its own requests and tokens per key and minute (reservations included),
 and every `limits_sync_s` adds its new counts to the shared `rate_windows` table and reads
 back the totals of all replicas. A token or request limit therefore holds across replicas to
-within one sync interval of the other replicas' admissions. Budgets compare the key's spend
-in its period (from the registry's snapshot of the ledger), plus what this replica served
-that the snapshot does not include yet, plus its reservations in flight; other replicas'
-reservations are not shared, so across N replicas a budget can be overshot by what the
-others admit before their spend is written and read back (one ledger flush plus one
-`registry_refresh_s`), at most N - 1 times the budget that remained.
+within one sync interval of the other replicas' admissions.
+
+Budgets compare the key's spend in its period (from the registry's snapshot of the ledger),
+plus what was served that the snapshot does not include yet, plus the reservations in
+flight. A replica's worker processes share those figures (gateway/shared_budget.py), so a
+budget holds over all of one replica's workers as in one process. Other replicas'
+reservations are not shared: a replica sees another's spend only once that request has
+ended, its ledger has written it (`ledger_flush_interval_s`, 0.5 s by default) and this
+replica's registry has read it (`registry_refresh_s`, 2 s). Until then each of N replicas
+may admit the whole budget that remained, so a budget can be overshot by at most N - 1
+times what remained: with 3 replicas and $10 left, up to $30 admitted, $20 over.
 
 A key's requests in flight are counted on each replica alone (from admission to settlement),
 over all of its worker processes (gateway/inflight.py): `max_concurrent_requests` bounds what
@@ -42,6 +47,7 @@ from gateway.db.tables import RateWindow
 from gateway.errors import QuotaExceeded, RateLimited
 from gateway.inflight import SharedInFlight
 from gateway.registry import KeyView, Snapshot
+from gateway.shared_budget import SharedBudgets
 
 logger = logging.getLogger(__name__)
 WINDOW_S = 60
@@ -76,6 +82,13 @@ class Reservation:
     tokens: int
     usd: float
     shared: bool = False  # counted in flight over the replica's workers (gateway/inflight.py)
+    shared_budget: bool = False  # held over the replica's workers (gateway/shared_budget.py)
+
+
+def budgeted_spend(snapshot: Snapshot) -> dict[int, float]:
+    """Each budgeted key's spend in its period, as of `snapshot`, by key id."""
+    spend = snapshot.key_spend_usd
+    return {k.id: spend.get(k.id, 0.0) for k in snapshot.keys.values() if k.budget_usd is not None}
 
 
 def current_window(now_s: float) -> int:
@@ -87,11 +100,17 @@ class Limiter:
     """Counts per key and minute, and the checks against a key's limits."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], sync_s: float, shared: SharedInFlight | None = None
+        self,
+        sessions: sessionmaker[Session],
+        sync_s: float,
+        shared: SharedInFlight | None = None,
+        budgets: SharedBudgets | None = None,
     ) -> None:
         self._sessions = sessions
         self._sync_s = sync_s
         self._shared = shared  # with worker processes: in-flight counts over all of them
+        self._budgets = budgets  # and budget figures over all of them
+        self._budgeted: frozenset[int] = frozenset()  # key ids with a budget, as last loaded
         self._counts: dict[tuple[int, int], _Counts] = defaultdict(_Counts)
         self._spend_since_snapshot: dict[int, float] = defaultdict(float)
         self._reserved_usd: dict[int, float] = {}  # budget held by requests in flight
@@ -104,14 +123,29 @@ class Limiter:
     ) -> Reservation:
         """Reserve `tokens` and `usd` for one request, or raise the refusal over the key's
         rate limits or budget (`spent_usd`: the key's spend as of the registry's snapshot).
-        A key's requests in flight are counted over the replica's workers when it has them."""
+        A key's requests in flight and budget are counted over the replica's workers when it
+        has them."""
         shared = self._shared
         if key.max_concurrent_requests is None or shared is None or not shared.covers(key.id):
-            return self._admit(key, spent_usd, tokens, usd, now_s, self._in_flight.get(key.id, 0))
-        with shared.locked():  # no other worker admits between the check and the count
-            held = self._admit(key, spent_usd, tokens, usd, now_s, shared.total(key.id))
-            shared.add(key.id, 1)
-        return replace(held, shared=True)
+            shared = None
+        budgets = self._budgets
+        if key.budget_usd is None or budgets is None or not budgets.covers(key.id):
+            budgets = None
+        if shared is None and budgets is None:
+            in_flight = self._in_flight.get(key.id, 0)
+            return self._admit(key, spent_usd, tokens, usd, now_s, in_flight, None)
+        # No other worker admits between the checks and the counts. In-flight counts are
+        # locked first, then budgets: one order everywhere.
+        with contextlib.ExitStack() as locks:
+            if shared is not None:
+                locks.enter_context(shared.locked())
+            if budgets is not None:
+                locks.enter_context(budgets.locked())
+            in_flight = self._in_flight.get(key.id, 0) if shared is None else shared.total(key.id)
+            held = self._admit(key, spent_usd, tokens, usd, now_s, in_flight, budgets)
+            if shared is not None:
+                shared.add(key.id, 1)
+        return replace(held, shared=shared is not None, shared_budget=budgets is not None)
 
     def _admit(
         self,
@@ -121,6 +155,7 @@ class Limiter:
         usd: float,
         now_s: float | None,
         in_flight: int,
+        budgets: SharedBudgets | None,
     ) -> Reservation:
         most = key.max_concurrent_requests
         if most is not None and in_flight >= most:
@@ -146,34 +181,63 @@ class Limiter:
                 f"({counts.tokens} used or reserved, this request up to {tokens})"
             )
             raise RateLimited(message, retry_after_s=retry)
-        budget = key.budget_usd
-        if budget is not None:
-            spent = spent_usd + self._spend_since_snapshot.get(key.id, 0.0)
-            held = self._reserved_usd.get(key.id, 0.0)
-            if spent >= budget or spent + held + usd > budget:
-                message = (
-                    f"Budget exhausted: ${spent:.4f} spent and ${held:.4f} held by requests "
-                    f"in flight of ${budget:.2f} ({key.budget_period}); this request may "
-                    f"cost up to ${usd:.4f}"
-                )
-                raise QuotaExceeded(message)
-            self._reserved_usd[key.id] = held + usd
+        if key.budget_usd is not None:
+            self._hold_budget(key, key.budget_usd, spent_usd, usd, budgets)
         counted = self._counts[(key.id, window)]
         counted.unsynced_requests += 1
         counted.unsynced_tokens += tokens
         self._in_flight[key.id] = self._in_flight.get(key.id, 0) + 1
-        return Reservation(key.id, window, tokens, usd if budget is not None else 0.0)
+        return Reservation(key.id, window, tokens, usd if key.budget_usd is not None else 0.0)
+
+    def _hold_budget(
+        self,
+        key: KeyView,
+        budget: float,
+        spent_usd: float,
+        usd: float,
+        budgets: SharedBudgets | None,
+    ) -> None:
+        """Reserve `usd` of the key's budget, or refuse: its spend and what requests in
+        flight hold, on every worker when `budgets` shares them (called under its lock)."""
+        since = self._spend_since_snapshot.get(key.id, 0.0)
+        held_here = self._reserved_usd.get(key.id, 0.0)
+        if budgets is None:
+            spent, held = spent_usd + since, held_here
+        else:  # the newest worker's snapshot, and what each served since its own
+            figures = budgets.figures(key.id)
+            spent = max(spent_usd, figures.snapshot_usd) + figures.unsnapshotted_usd
+            held = figures.reserved_usd
+        if spent >= budget or spent + held + usd > budget:
+            message = (
+                f"Budget exhausted: ${spent:.4f} spent and ${held:.4f} held by requests "
+                f"in flight of ${budget:.2f} ({key.budget_period}); this request may "
+                f"cost up to ${usd:.4f}"
+            )
+            raise QuotaExceeded(message)
+        self._reserved_usd[key.id] = held_here + usd
+        if budgets is not None:
+            budgets.write(key.id, held_here + usd, since)
 
     def budget_used(self, snapshot: Snapshot) -> dict[tuple[str, ...], float]:
         """The share of its budget each budgeted key spent in its period, as its checks see
         it (reservations in flight aside), by (key id, key name)."""
-        used: dict[tuple[str, ...], float] = {}
-        for key in snapshot.keys.values():
-            if key.budget_usd:
-                spent = snapshot.key_spend_usd.get(key.id, 0.0)
-                spent += self._spend_since_snapshot.get(key.id, 0.0)
-                used[(str(key.id), key.name)] = spent / key.budget_usd
-        return used
+        budgeted = [(k, k.budget_usd) for k in snapshot.keys.values() if k.budget_usd]
+        budgets = self._budgets
+        if budgets is not None and not any(budgets.covers(k.id) for k, _ in budgeted):
+            budgets = None  # no other worker's figures to read: no lock to take
+        with contextlib.nullcontext() if budgets is None else budgets.locked():
+            return {
+                (str(k.id), k.name): self._spent(k.id, snapshot, budgets) / budget
+                for k, budget in budgeted
+            }
+
+    def _spent(self, key_id: int, snapshot: Snapshot, budgets: SharedBudgets | None) -> float:
+        """A key's spend as its checks see it (over every worker with `budgets`, locked)."""
+        spent = snapshot.key_spend_usd.get(key_id, 0.0)
+        if budgets is None or not budgets.covers(key_id):
+            return spent + self._spend_since_snapshot.get(key_id, 0.0)
+        figures = budgets.figures(key_id)
+        return max(spent, figures.snapshot_usd) + figures.unsnapshotted_usd
 
     def settle(self, held: Reservation, tokens: int, cost_usd: float | None) -> None:
         """A request ended: its actual tokens and cost replace its reservation."""
@@ -184,14 +248,27 @@ class Limiter:
             self._in_flight[held.key_id] = left_in_flight
         else:
             self._in_flight.pop(held.key_id, None)
+        if tokens != held.tokens and held.window >= current_window(time.time()) - 1:
+            self._counts[(held.key_id, held.window)].unsynced_tokens += tokens - held.tokens
+        budgets = self._budgets  # its figures shared if it holds some or has a budget now
+        if budgets is None or not (
+            held.shared_budget or (cost_usd and held.key_id in self._budgeted)
+        ):
+            self._settle_usd(held, cost_usd)
+            return
+        with budgets.locked():  # the cost counted and the reservation released at once
+            self._settle_usd(held, cost_usd)
+            since = self._spend_since_snapshot.get(held.key_id, 0.0)
+            budgets.write(held.key_id, self._reserved_usd.get(held.key_id, 0.0), since)
+
+    def _settle_usd(self, held: Reservation, cost_usd: float | None) -> None:
+        """Release the request's reserved USD and count what it cost."""
         if held.usd:
             left = self._reserved_usd.get(held.key_id, 0.0) - held.usd
             if left > 1e-12:
                 self._reserved_usd[held.key_id] = left
             else:
                 self._reserved_usd.pop(held.key_id, None)
-        if tokens != held.tokens and held.window >= current_window(time.time()) - 1:
-            self._counts[(held.key_id, held.window)].unsynced_tokens += tokens - held.tokens
         if cost_usd:
             self._spend_since_snapshot[held.key_id] += cost_usd
 
@@ -214,14 +291,34 @@ class Limiter:
         self._unwritten_at_start = dict(unwritten_usd)
         self._spend_at_start = dict(self._spend_since_snapshot)
 
-    def snapshot_loaded(self) -> None:
-        """The registry read fresh spend totals: forget what they now include."""
+    def snapshot_loaded(self, snapshot: Snapshot) -> None:
+        """The registry read `snapshot`, with fresh spend totals: forget what they now
+        include (and, with worker processes, publish the budgeted keys' figures at once)."""
+        budgets, spend_now = self._budgets, {}
+        if budgets is not None:
+            spend_now = {k: usd for k, usd in budgeted_spend(snapshot).items() if budgets.covers(k)}
+        if budgets is None or not spend_now:  # no other worker reads anything of ours
+            self._forget_snapshotted()
+            self._budgeted = frozenset()
+            return
+        with budgets.locked():
+            since = self._forget_snapshotted()
+            for key_id in spend_now:
+                budgets.write(key_id, self._reserved_usd.get(key_id, 0.0), since.get(key_id, 0.0))
+            budgets.publish_snapshot(spend_now)
+            self._budgeted = frozenset(spend_now)
+
+    def _forget_snapshotted(self) -> Mapping[int, float]:
+        """Keep, of the spend since the last snapshot, only what the new one cannot include:
+        what was unwritten when its read began, and what was served during the read."""
+        before = dict(self._spend_since_snapshot)  # one step: the loop may add a key
         spend = defaultdict(float, self._unwritten_at_start)
         if self._spend_at_start is not None:  # else: the read began after all we counted
-            for key_id, usd in self._spend_since_snapshot.items():
+            for key_id, usd in before.items():
                 spend[key_id] += max(0.0, usd - self._spend_at_start.get(key_id, 0.0))
         self._spend_since_snapshot = spend
         self._unwritten_at_start, self._spend_at_start = {}, None
+        return spend
 
     async def run(self, stop: asyncio.Event) -> None:
         """Exchange counts with the other replicas until `stop`."""

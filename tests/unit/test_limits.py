@@ -79,7 +79,7 @@ def test_budget_holds_the_worst_case_of_requests_in_flight() -> None:
     lim.settle(held[0], 10, 0.05)  # cost less than its worst case: room again
     lim.admit(BUDGET, 0.5, 0, 0.2)
     lim.settle(held[1], 10, None)  # failed: released, nothing spent
-    lim.snapshot_loaded()  # the snapshot now includes the 0.05
+    lim.snapshot_loaded(Snapshot())  # the snapshot now includes the 0.05
     lim.admit(BUDGET, 0.55, 0, 0.2)
 
 
@@ -88,7 +88,7 @@ def test_spend_since_the_snapshot_counts_until_the_snapshot_has_it() -> None:
     lim.settle(lim.admit(BUDGET, 0.0, 0, 0.0), 150, 0.25)
     with pytest.raises(QuotaExceeded):
         lim.admit(BUDGET, 0.8, 0, 0.0)  # 0.8 in the snapshot + 0.25 since
-    lim.snapshot_loaded()
+    lim.snapshot_loaded(Snapshot())
     lim.admit(BUDGET, 0.8, 0, 0.0)
 
 
