@@ -60,9 +60,9 @@ def gateway(database_url: str, tmp_path: Path) -> Iterator[Callable[[str], Serve
     """Start a gateway on the test database in front of one backend URL."""
     started: list[Server] = []
 
-    def start(url: str) -> Server:
+    def start(url: str, workers: int = 1) -> Server:
         fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("plain-1", url)])
-        env = gateway_env(database_url, fleet, **SETTINGS)
+        env = gateway_env(database_url, fleet, **SETTINGS, WORKERS=str(workers))
         server = spawn_server(("gateway",), env, tmp_path)
         started.append(server)
         server.wait_healthy()
@@ -158,10 +158,13 @@ def _bursts(server: Server, done: Callable[[], bool]) -> None:
             time.sleep(max(0.0, BURST_EVERY_S - (time.monotonic() - started)))
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_long_stream_beside_one_token_bursts_is_stored_at_its_real_rate(
-    sims: tuple[Server, Server], gateway: Callable[[str], Server], database_url: str
+    sims: tuple[Server, Server], gateway: Callable[..., Server], database_url: str, workers: int
 ) -> None:
-    server = gateway(sims[0].base_url)
+    """With two workers, each sends part of the traffic: the leader stores the window with
+    the time in flight of both (their published clocks)."""
+    server = gateway(sims[0].base_url, workers)
     with httpx.Client(base_url=server.base_url, timeout=60) as http:
         rate = _single_stream_rate(http)
         before = _cost_of_200_tokens(server, http)
@@ -194,7 +197,7 @@ def test_a_long_stream_beside_one_token_bursts_is_stored_at_its_real_rate(
 
 
 def test_a_rate_the_hardware_cannot_deliver_is_counted_not_stored(
-    sims: tuple[Server, Server], gateway: Callable[[str], Server], database_url: str
+    sims: tuple[Server, Server], gateway: Callable[..., Server], database_url: str
 ) -> None:
     server = gateway(sims[1].base_url)
 
