@@ -1,12 +1,22 @@
-"""Reading usage out of an OpenAI SSE stream without parsing its chunks (pure).
+"""Reading usage out of an OpenAI SSE stream, parsing JSON only where usage may be (pure).
 
 Chat and text completions: the gateway asks the backend for `include_usage` and
 `continuous_usage_stats`, so every chunk carries cumulative usage and the last one before
-`[DONE]` is a `"choices":[]` usage chunk. Bytes pass through untouched; only the usage-only
-chunk is cut out when the client did not ask for it (a client indexing `choices[0]` would
-fail on it), and so is each content chunk's `usage` when it did not ask for continuous
-usage (a client adding up per-chunk usage would over-count). The last chunk is kept as it
-came, and parsed once at the end, so even a stream cut short knows its exact token counts.
+`[DONE]` is a usage-only chunk (its `choices` empty). Bytes pass through untouched; only the
+usage-only chunk is cut out when the client did not ask for it (a client indexing
+`choices[0]` would fail on it), and so is each content chunk's `usage` when it did not ask
+for continuous usage (a client adding up per-chunk usage would over-count). The last event
+with a usage object is kept as it came, and parsed once at the end, so even a stream cut
+short knows its exact token counts.
+
+Usage is found whatever the JSON's whitespace. An event without a `"usage"` key (its name
+holds no whitespace, only what follows it may) passes as it came and is never parsed.
+vLLM and SGLang write compact JSON, so in their events every usage member is
+`,"usage":{...}` or `"usage":null` and the usage-only chunk says `"choices":[]`: those are
+found and cut by their bytes, with no JSON parse per chunk. An event where any `usage` or
+`choices` key is written otherwise (`"usage": {`, pretty-printed over several `data:` lines)
+is parsed as JSON, and written again, compact on one `data:` line, only when its usage
+member is cut.
 
 The Responses API streams named events (`event: response.output_text.delta` then its
 `data:` line) and ends with `response.completed`, whose `response.usage` holds the counts
@@ -22,11 +32,17 @@ from typing import Any
 
 import orjson
 
-USAGE_ONLY = b'"choices":[]'
-CHUNK_USAGE = b',"usage":{'
+USAGE_KEY = b'"usage"'  # in every event that may hold usage, whatever its whitespace
 USAGE = b'"usage":{'  # a usage object, not `"usage":null`
+CHUNK_USAGE = b',"usage":{'
+NULL_USAGE = b'"usage":null'
+CHOICES = b'"choices"'
+CONTENT_CHOICES = b'"choices":[{'
+USAGE_ONLY = b'"choices":[]'
 EVENT_END = b"\n\n"
 DATA = b"data: "
+DATA_FIELD = b"data:"  # the space after it is optional
+NEXT_DATA = b"\ndata: "
 DONE = b"data: [DONE]"
 # A usage member whose object holds no object (vLLM's: counts, and details that are null): cut
 # by one regex pass in C; any other (nested details) by walking its braces.
@@ -48,41 +64,87 @@ class UsageTap:
 
     def feed(self, data: bytes) -> bytes:
         """Return the bytes to forward for this upstream chunk."""
-        if not self._carry and data.endswith(EVENT_END) and USAGE_ONLY not in data:
-            self.chunks += data.count(DATA)
-            if USAGE in data:
-                self._last_usage = data  # the common case: whole events, no usage chunk
-            if self._strip_chunk_usage and CHUNK_USAGE in data:
-                return without_usage(data)
-            return data
-        return self._split(self._carry + data)
-
-    def _split(self, data: bytes) -> bytes:
-        """Handle whole events one by one; hold back a trailing partial event."""
+        if not self._carry and data.endswith(EVENT_END):
+            return self._forward(data)
+        data = self._carry + data
         events = data.split(EVENT_END)
         self._carry = events.pop()  # an incomplete event, or b"" after a final separator
-        kept = []
-        for event in events:
-            if USAGE_ONLY in event and event.startswith(DATA):
-                self.usage = _usage(event)
-                if self._strip:
-                    continue
-            else:
-                self.chunks += event.count(DATA)  # counted whole, however the bytes were cut
-                if USAGE in event:
-                    self._last_usage = event
-                if self._strip_chunk_usage and CHUNK_USAGE in event:
-                    event = without_usage(event)
-            kept.append(event + EVENT_END)
-        return b"".join(kept)
+        return self._forward(data[: len(data) - len(self._carry)], events)
+
+    def _forward(self, data: bytes, events: list[bytes] | None = None) -> bytes:
+        """The bytes to forward for whole events (`events`: `data` split, when it was)."""
+        usages = data.count(USAGE_KEY)
+        if not usages:  # nothing to read or cut
+            self.chunks += data.count(DATA)  # counted whole, however the bytes were cut
+            return data
+        if _vllm_content(data, usages):
+            self.chunks += data.count(DATA)
+            self._last_usage = data
+            return without_usage(data) if self._strip_chunk_usage else data
+        if events is None:
+            events = data.split(EVENT_END)
+            self._carry = events.pop()  # b"", or a newline after the last separator
+        return b"".join([self._event(event) for event in events])
+
+    def _event(self, event: bytes) -> bytes:
+        """The bytes to forward for one whole event (b"": cut out)."""
+        if USAGE_KEY not in event:
+            self.chunks += event.count(DATA)
+            return event + EVENT_END
+        if _compact(event):
+            return self._compact_event(event)
+        return self._parsed_event(event)
+
+    def _compact_event(self, event: bytes) -> bytes:
+        """An event in vLLM's compact form, read and cut by its bytes."""
+        if USAGE_ONLY in event and event.startswith(DATA):
+            self.usage = _usage(event)
+            return b"" if self._strip else event + EVENT_END
+        self.chunks += event.count(DATA)
+        if USAGE in event:
+            self._last_usage = event
+        if self._strip_chunk_usage and CHUNK_USAGE in event:
+            event = without_usage(event)
+        return event + EVENT_END
+
+    def _parsed_event(self, event: bytes) -> bytes:
+        """An event with usage in another form than vLLM's, read as JSON."""
+        body = _body(event)
+        if body is not None and body.get("choices") == []:  # the usage-only chunk
+            self.usage = _usage_in(body)
+            return b"" if self._strip else event + EVENT_END
+        self.chunks += event.count(DATA)
+        if body is None:
+            return event + EVENT_END
+        if _usage_in(body) is not None:
+            self._last_usage = event
+        if self._strip_chunk_usage and isinstance(body.get("usage"), dict):
+            del body["usage"]
+            event = _with_data(event, orjson.dumps(body))
+        return event + EVENT_END
 
     def finish(self) -> bytes:
         """Bytes still held back at the end of the stream; settles `usage`."""
         rest, self._carry = self._carry, b""
         self.chunks += rest.count(DATA)
         if self.usage is None:
-            self.usage = _usage(_last_data(self._last_usage))
+            self.usage = _usage_of_last(self._last_usage)
         return rest
+
+
+def _vllm_content(data: bytes, usages: int) -> bool:
+    """Whether whole events holding `usages` usage keys are vLLM's content chunks: each usage
+    an object after another member, each choices list opening on an object."""
+    return usages == data.count(CHUNK_USAGE) and data.count(CHOICES) == data.count(CONTENT_CHOICES)
+
+
+def _compact(event: bytes) -> bool:
+    """Whether every `usage` and `choices` key of `event` is written as vLLM writes it (a usage
+    object after another member, or null; choices opening on an object or empty), so that
+    the byte patterns find each one."""
+    usages = event.count(CHUNK_USAGE) + event.count(NULL_USAGE)
+    choices = event.count(CONTENT_CHOICES) + event.count(USAGE_ONLY)
+    return event.count(USAGE_KEY) == usages and event.count(CHOICES) == choices
 
 
 def without_usage(data: bytes) -> bytes:
@@ -114,34 +176,46 @@ def _object_end(data: bytes, start: int) -> int | None:
             return at
 
 
-def _data_line(event: bytes) -> bytes | None:
-    """The `data: ...` line of one event (after an `event:` line, if named)."""
-    if event.startswith(DATA):
-        return event
-    at = event.find(b"\n" + DATA)
-    return None if at < 0 else event[at + 1 :]
+def _data_only(event: bytes) -> bool:
+    """Whether every line of `event` is a `data: ` line (no name, no id: nearly every event)."""
+    return event.startswith(DATA) and event.count(b"\n") == event.count(NEXT_DATA)
 
 
-def _last_data(data: bytes) -> bytes:
-    """The last `data: {...}` line with a usage object in a chunk (a chunk may hold several
-    events)."""
-    lines = [_data_line(e) for e in data.split(EVENT_END) if USAGE in e]
-    found = [line for line in lines if line is not None]
-    return found[-1] if found else b""
+def _data(event: bytes) -> bytes | None:
+    """The data of one event: its `data:` lines' values joined by newlines, as a client reads
+    them (after an `event:` line, if named); None without any."""
+    if _data_only(event):
+        return event[len(DATA) :].replace(NEXT_DATA, b"\n")
+    lines = event.split(b"\n")
+    values = [line[len(DATA_FIELD) :] for line in lines if line.startswith(DATA_FIELD)]
+    return b"\n".join(v.removeprefix(b" ") for v in values) if values else None
 
 
-def _usage(event: bytes) -> dict[str, Any] | None:
-    """The `usage` object of one event, if it has one: at the top (completions,
-    `message_delta`), or in the `response` (`response.completed`) or `message`
-    (`message_start`) it carries."""
-    line = _data_line(event)
-    if line is None:
+def _with_data(event: bytes, data: bytes) -> bytes:
+    """`event` with its `data:` lines replaced by one holding `data`, after its other fields."""
+    if _data_only(event):
+        return DATA + data
+    fields = [line for line in event.split(b"\n") if not line.startswith(DATA_FIELD)]
+    return b"\n".join([*fields, DATA + data])
+
+
+def _body(event: bytes) -> dict[str, Any] | None:
+    """The JSON object one event's data holds, if it holds one."""
+    data = _data(event)
+    if data is None:
         return None
     try:
-        body = orjson.loads(line[len(DATA) :].strip())
+        body = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(body, dict):
+    return body if isinstance(body, dict) else None
+
+
+def _usage_in(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The `usage` object of one event's body, if it has one: at the top (completions,
+    `message_delta`), or in the `response` (`response.completed`) or `message`
+    (`message_start`) it carries."""
+    if body is None:
         return None
     usage = body.get("usage")
     for holder in ("response", "message"):  # response.completed; message_start
@@ -149,3 +223,17 @@ def _usage(event: bytes) -> dict[str, Any] | None:
         if usage is None and isinstance(inner, dict):
             usage = inner.get("usage")
     return usage if isinstance(usage, dict) else None
+
+
+def _usage(event: bytes) -> dict[str, Any] | None:
+    """The `usage` object of one event, if it has one."""
+    return _usage_in(_body(event))
+
+
+def _usage_of_last(data: bytes) -> dict[str, Any] | None:
+    """The usage of the last event in `data` that has a usage object (a chunk may hold
+    several events)."""
+    for event in reversed(data.split(EVENT_END)):
+        if USAGE_KEY in event and (usage := _usage(event)) is not None:
+            return usage
+    return None

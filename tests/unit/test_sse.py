@@ -1,7 +1,13 @@
-"""Usage read from an SSE stream without parsing its chunks."""
+"""Usage read from an SSE stream: vLLM's compact chunks by their bytes, any other whitespace
+as JSON."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
+import orjson
 import pytest
 
 from gateway.relay.sse import UsageTap
@@ -119,3 +125,171 @@ def test_messages_usage_is_read_from_message_delta(split: bool) -> None:
     tap = UsageTap(strip_usage_chunk=True)
     assert relay(tap, chunks) == b"".join(MESSAGES)
     assert tap.usage == {"input_tokens": 5, "output_tokens": 3}
+
+
+# --- Usage written with other whitespace than vLLM's compact JSON ---------------------------
+
+HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+FINAL = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+def content(text: str, completion: int | None) -> dict[str, Any]:
+    """A content chunk, with cumulative usage (None: `"usage": null`, as OpenAI writes)."""
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+    usage = None if completion is None else FINAL | {"completion_tokens": completion}
+    return HEAD | {"choices": [choice], "usage": usage}
+
+
+BODIES = [content(" a", 1), content(' b "usage": {', 3)]
+USAGE_ONLY = HEAD | {"choices": [], "usage": FINAL}
+
+
+def spaced(body: dict[str, Any]) -> bytes:
+    """One event as `json.dumps` writes it by default (`"usage": {`, `"choices": []`)."""
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def pretty(body: dict[str, Any]) -> bytes:
+    """One event pretty-printed over several `data:` lines (a client joins them by newlines)."""
+    lines = json.dumps(body, indent=2).splitlines()
+    return "".join(f"data: {line}\n" for line in lines).encode() + b"\n"
+
+
+def client_reads(out: bytes) -> list[Any]:
+    """What a client reads of a stream: each event's data, parsed."""
+    events = []
+    for event in out.split(b"\n\n")[:-1]:
+        lines = event.decode().split("\n")
+        data = "\n".join(line.removeprefix("data: ") for line in lines if line.startswith("data:"))
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != key}
+
+
+@pytest.mark.parametrize("write", [spaced, pretty])
+def test_spaced_usage_is_read_and_cut_out_unless_asked(write: Callable[[Any], bytes]) -> None:
+    """Usage not in vLLM's compact form is still exact, and what the client did not ask for is
+    still cut: the usage-only chunk and each content chunk's usage member."""
+    events = [*(write(b) for b in BODIES), write(USAGE_ONLY), DONE]
+    tap = UsageTap(strip_usage_chunk=True, strip_chunk_usage=True)
+    out = relay(tap, events)
+    assert tap.usage == FINAL
+    assert client_reads(out) == [*(without(b, "usage") for b in BODIES), "[DONE]"]
+    assert tap.chunks == b"".join(events[:2]).count(b"data: ") + 1  # [DONE] counts, as ever
+    final_only = UsageTap(strip_usage_chunk=False, strip_chunk_usage=True)
+    reads = client_reads(relay(final_only, events))
+    assert reads == [*(without(b, "usage") for b in BODIES), USAGE_ONLY, "[DONE]"]
+    everything = UsageTap(strip_usage_chunk=False, strip_chunk_usage=False)
+    assert relay(everything, events) == b"".join(events)  # as it came, byte for byte
+    assert everything.usage == FINAL
+
+
+@pytest.mark.parametrize("write", [spaced, pretty])
+@pytest.mark.parametrize("strip", [True, False])
+def test_spaced_events_split_at_every_byte_give_the_same(
+    write: Callable[[Any], bytes], strip: bool
+) -> None:
+    whole = b"".join([*(write(b) for b in BODIES), write(USAGE_ONLY), DONE])
+    expected = relay(UsageTap(strip, strip), [whole])
+    assert (b'"usage"' in expected) is not strip
+    for cut in range(len(whole) + 1):
+        tap = UsageTap(strip, strip)
+        assert relay(tap, [whole[:cut], whole[cut:]]) == expected, cut
+        assert tap.usage == FINAL, cut
+    tap = UsageTap(strip, strip)
+    assert relay(tap, [whole[i : i + 1] for i in range(len(whole))]) == expected
+    assert tap.usage == FINAL
+
+
+@pytest.mark.parametrize("write", [spaced, pretty])
+def test_a_spaced_stream_cut_short_takes_usage_from_its_last_chunk(
+    write: Callable[[Any], bytes],
+) -> None:
+    tap = UsageTap(strip_usage_chunk=True, strip_chunk_usage=True)
+    relay(tap, [write(b) for b in BODIES])
+    assert tap.usage == FINAL
+
+
+def test_null_usage_is_passed_as_it_came_and_the_usage_chunk_still_counts() -> None:
+    """OpenAI's form: `"usage": null` on each content chunk, then the usage-only chunk. An
+    event with nothing to cut keeps its bytes."""
+    nulls = [spaced(content(" a", None)), spaced(content(" b", None))]
+    tap = UsageTap(strip_usage_chunk=True, strip_chunk_usage=True)
+    assert relay(tap, [*nulls, spaced(USAGE_ONLY), DONE]) == b"".join([*nulls, DONE])
+    assert tap.usage == FINAL
+
+
+def test_spaced_named_events_carry_their_usage() -> None:
+    """Responses and messages streams written with spaces are counted as their compact form."""
+    completed = {"type": "response.completed", "response": {"status": "completed",
+                 "usage": {"input_tokens": 5, "output_tokens": 3}}}  # fmt: skip
+    delta = {"type": "message_delta", "usage": {"input_tokens": 5, "output_tokens": 3}}
+    for kind, body in [("response.completed", completed), ("message_delta", delta)]:
+        events = named("x", '{"type": "x", "usage": null}') + named(kind, json.dumps(body))
+        tap = UsageTap(strip_usage_chunk=True)
+        assert relay(tap, [events[:9], events[9:]]) == events
+        assert tap.usage == {"input_tokens": 5, "output_tokens": 3}
+
+
+# vLLM's own form, field for field: a content chunk is HEAD + choices + usage member + "}".
+VLLM_HEAD = '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+VLLM_CHOICES = [
+    '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]',
+    '[{"index":0,"delta":{"content":" the \\"usage\\": {"},"logprobs":null,"finish_reason":null}]',
+    '[{"index":0,"delta":{"content":"."},"logprobs":null,"finish_reason":"stop",'
+    '"stop_reason":null}]',
+]
+VLLM_USAGE = [
+    ',"usage":{"prompt_tokens":5,"total_tokens":5,"completion_tokens":0}',
+    ',"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}',
+    ',"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3,'
+    '"prompt_tokens_details":{"cached_tokens":0}}',
+]
+VLLM_LAST = (
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+    '"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}'
+)
+
+
+@pytest.mark.parametrize("final", [True, False])
+@pytest.mark.parametrize("every_chunk", [True, False])
+def test_vllm_compact_chunks_are_cut_by_their_bytes(final: bool, every_chunk: bool) -> None:
+    """vLLM's compact form comes out byte for byte as the usage patterns cut it: the usage
+    member gone and nothing else touched, however the bytes were cut into reads."""
+    usages = VLLM_USAGE if every_chunk else ["" for _ in VLLM_USAGE]
+    chunks = [event(VLLM_HEAD + c + u + "}") for c, u in zip(VLLM_CHOICES, VLLM_USAGE, strict=True)]
+    expected = [event(VLLM_HEAD + c + u + "}") for c, u in zip(VLLM_CHOICES, usages, strict=True)]
+    whole = b"".join([*chunks, event(VLLM_LAST), DONE])
+    want = b"".join([*expected, event(VLLM_LAST) if final else b"", DONE])
+    for cut in [None, *range(len(whole) + 1)]:
+        reads = [*chunks, event(VLLM_LAST), DONE] if cut is None else [whole[:cut], whole[cut:]]
+        tap = UsageTap(strip_usage_chunk=not final, strip_chunk_usage=not every_chunk)
+        assert relay(tap, reads) == want, cut
+        assert tap.usage == {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3}
+
+
+def test_vllm_chunks_and_chunks_without_usage_are_not_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hot path: no JSON parse for a chunk without a usage key, nor for vLLM's compact
+    usage; the last usage is parsed once, at the end."""
+    parsed: list[bytes] = []
+    loads = orjson.loads
+
+    def counting(data: bytes) -> Any:
+        parsed.append(data)
+        return loads(data)
+
+    monkeypatch.setattr(orjson, "loads", counting)
+    chunks = [event(VLLM_HEAD + c + u + "}") for c, u in zip(VLLM_CHOICES, VLLM_USAGE, strict=True)]
+    tap = UsageTap(strip_usage_chunk=True, strip_chunk_usage=True)
+    for chunk in [event('{"choices":[{"index":0,"text":"x"}]}'), *chunks]:
+        tap.feed(chunk)
+    assert parsed == []
+    tap.finish()
+    assert len(parsed) == 1
+    assert tap.usage is not None
+    assert tap.usage["completion_tokens"] == 3
