@@ -160,14 +160,24 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(
         default=3.0,
         gt=0,
-        description="Seconds to connect to a backend before trying another. Default 3 s.",
+        description=(
+            "Seconds to connect to a backend before trying another (it never got the "
+            "request; the failure counts against its breaker). Default 3 s."
+        ),
     )
     read_timeout_s: float = Field(
         default=120.0,
         gt=0,
         description=(
             "Seconds a backend may stay silent (before the first byte or between chunks). "
-            "Default 120 s: long prefills on big prompts are slow, a stall is not."
+            "A stream silent that long is tried on another backend (before its first byte) or "
+            "ended with an error event, and counts against the backend's breaker. vLLM sends "
+            "a non-streamed response only once generated, so for one this bounds its whole "
+            "generation: past it the request is answered 504, not tried elsewhere (its "
+            "backend took it and worked on it), charged the tokens its time on the backend "
+            "generated (estimated from its curve) and not counted against the breaker. "
+            "Default 120 s: long prefills on big prompts are slow, a stall is not; raise it "
+            "for long non-streamed generations."
         ),
     )
     pool_timeout_s: float = Field(

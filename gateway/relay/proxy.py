@@ -2,8 +2,10 @@
 
 Per request: read and check the body, authenticate the key and its limits (memory only),
 route, then stream the backend's bytes through as they arrive. Failures before the first
-byte reaches the client are retried on the next backend; a stream that breaks later ends
-with an SSE error event. Every request ends in exactly one ledger record.
+byte reaches the client are retried on the next backend, except a whole (non-streamed)
+response that outlasts the read timeout: its backend accepted it and worked on it, so it is
+answered 504 and charged an estimate of that work. A stream that breaks later ends with an
+SSE error event. Every request ends in exactly one ledger record.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ class Relay:
         admit(x, path, payload, len(body), states, limit, self.limiter, self.metrics)
         try:
             await self._forward(path, body, backends, x, stream, asked, departure, send)
-        except ClientGone:
+        except (ClientGone, UpstreamTimeout):
             if not stream:  # the backend never said what it generated: estimate it
                 estimate_abandoned(x, path, payload, len(body), limit)
             raise
@@ -305,6 +307,10 @@ class Relay:
                     ) from None
                 suspects.append(retryable.answered)
                 continue
+            except UpstreamTimeout:  # accepted, then too slow: no other backend tries it
+                for state in suspects:
+                    self._record_failure(state)
+                raise
             for state in suspects:  # another backend served what they failed
                 self._record_failure(state)
             return
@@ -339,7 +345,7 @@ class Relay:
         departure.arm()
         x.sent = time.perf_counter()
         try:
-            response = await self._send_upstream(backend.url + path, body, upstream, state)
+            response = await self._send_upstream(backend.url + path, body, upstream, state, stream)
             try:
                 headers = _response_headers(response, backend, fallback, x)
                 headers += self._limit_headers(x)
@@ -351,9 +357,10 @@ class Relay:
                 await response.aclose()
             if x.outcome != "upstream_error":  # a stream that broke counted as a failure
                 _record_success(state)
-        except _Retryable as retryable:
+        except (_Retryable, UpstreamTimeout) as failed:
             if self.tracing is not None and x.span is not None:
-                self.tracing.attempt_failed(x.span, backend, retryable.error)
+                error = failed.error if isinstance(failed, _Retryable) else failed
+                self.tracing.attempt_failed(x.span, backend, error)
             raise
         except asyncio.CancelledError as exc:
             if departure.happened:  # the client left: that cancelled us
@@ -365,12 +372,18 @@ class Relay:
             state.end(time.monotonic())
 
     async def _send_upstream(
-        self, url: str, body: bytes, headers: dict[str, str], state: BackendState
+        self, url: str, body: bytes, headers: dict[str, str], state: BackendState, stream: bool
     ) -> UpstreamResponse:
-        """Send and wait for the response head; failures here are safe to retry."""
+        """Send and wait for the response head; failures here are safe to retry, but one: a
+        whole response's head that does not come within the read timeout. vLLM heads a
+        stream at once but a whole response only when generation ends, so that backend took
+        the request and is working on it: trying it elsewhere would generate it again. It is
+        not counted against the breaker either: one long request is no failing backend."""
         try:
             response = await self.client.send(url, body, headers)
         except UpstreamTimedOut as exc:
+            if not stream:
+                raise UpstreamTimeout(f"backend timed out: {exc}") from exc
             self._record_failure(state)
             raise _Retryable(UpstreamTimeout(f"backend timed out: {exc}")) from exc
         except UpstreamUnreachable as exc:

@@ -1,8 +1,8 @@
 """Scenario 2: backends that stall mid-stream or answer slowly.
 
 A stall trips the read timeout (the stream ends with an SSE error event) and, repeated, the
-circuit breaker; a slow answer is retried on another backend; meanwhile another model on
-healthy backends is served as fast as before (no head-of-line blocking), and a few hundred
+circuit breaker; a stream slow to start is retried on another backend; meanwhile another
+model on healthy backends is served as fast as before (no head-of-line blocking), and a few hundred
 stalled requests leave no upstream connection, descriptor or memory behind.
 """
 
@@ -197,7 +197,9 @@ def test_a_slow_backend_is_retried_elsewhere_then_skipped(sims: Sims, gateways: 
             assert len(served) < 60, "the breaker never opened"
             # Each a conversation of its own, so affinity keys spread over both backends.
             chat = [{"role": "user", "content": f"hi {len(served)}"}]
-            body = {"model": SLOW_MODEL, "messages": chat, "max_tokens": 4}
+            # A stream: vLLM heads one at once, so its silence is the backend's fault (a whole
+            # response is headed only once generated: it is not retried, nor counted).
+            body = {"model": SLOW_MODEL, "messages": chat, "max_tokens": 4, "stream": True}
             response = http.post("/v1/chat/completions", json=body)
             served.append((response.status_code, response.headers.get("x-draftgate-backend")))
     retried = metric_value(gateway.base_url, "draftgate_upstream_retries_total", model=SLOW_MODEL)
