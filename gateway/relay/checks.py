@@ -94,16 +94,53 @@ def with_usage_options(payload: dict[str, Any]) -> bytes:
 
 
 def worst_case_tokens(path: str, payload: dict[str, Any], body_bytes: int, limit: int) -> int:
-    """The most tokens a request can use: its prompt's estimate from the body's size, plus
-    every completion token it may ask for (max tokens times n, or the model's limit `limit`
-    when it sets none), each at most `limit`. What it is reserved against a key's limits."""
-    prompt = min(body_bytes // BYTES_PER_TOKEN, limit)
+    """The most tokens a request can use: its prompts' estimate plus every completion token it
+    may ask for. What it is reserved against a key's limits."""
+    prompt = prompt_estimate(path, payload, body_bytes, limit)
+    return prompt + completion_worst_case(path, payload, limit)
+
+
+def prompt_estimate(path: str, payload: dict[str, Any], body_bytes: int, limit: int) -> int:
+    """A request's prompt tokens, estimated from its body's size (or counted, for prompts of
+    token ids, whose digits can be fewer than 4 bytes a token), each prompt at most `limit`."""
+    found = max(body_bytes // BYTES_PER_TOKEN, _token_ids(path, payload))
+    return min(found, limit * prompt_count(path, payload))
+
+
+def completion_worst_case(path: str, payload: dict[str, Any], limit: int) -> int:
+    """Every completion token a request may ask for: max tokens (or the model's limit `limit`
+    when it sets none, each at most `limit`) for each sequence it generates."""
     if path not in GENERATION_PATHS:  # embeddings, pooling, scoring: prompt only
-        return prompt
+        return 0
     default = COMPLETIONS_DEFAULT_MAX_TOKENS if path == "/v1/completions" else limit
     names = ("max_completion_tokens", "max_tokens", "max_output_tokens")
     asked = next((n for name in names if (n := _positive_int(payload.get(name)))), default)
-    return prompt + min(asked, limit) * (_positive_int(payload.get("n")) or 1)
+    return min(asked, limit) * sequences(path, payload)
+
+
+def sequences(path: str, payload: dict[str, Any]) -> int:
+    """The sequences a backend generates for a request: `n` (or `best_of` where larger: vLLM
+    generates that many and returns the best `n`) for each of its prompts."""
+    n = _positive_int(payload.get("n")) or 1
+    best_of = _positive_int(payload.get("best_of")) or 1
+    return prompt_count(path, payload) * max(n, best_of)
+
+
+def prompt_count(path: str, payload: dict[str, Any]) -> int:
+    """The prompts of a request: a `/v1/completions` list of texts or of token-id lists is a
+    completion per prompt (as vLLM serves it); anything else is one."""
+    prompt = payload.get("prompt") if path == "/v1/completions" else None
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return len(prompt)
+    return 1
+
+
+def _token_ids(path: str, payload: dict[str, Any]) -> int:
+    """The token ids a `/v1/completions` prompt is made of (0 for text)."""
+    prompt = payload.get("prompt") if path == "/v1/completions" else None
+    if not isinstance(prompt, list):
+        return 0
+    return sum(len(p) if isinstance(p, list) else isinstance(p, int) for p in prompt)
 
 
 def _positive_int(value: Any) -> int | None:

@@ -20,7 +20,12 @@ from gateway.errors import GatewayError
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, BackendView, KeyView, Snapshot
-from gateway.relay.checks import BYTES_PER_TOKEN, worst_case_tokens
+from gateway.relay.checks import (
+    completion_worst_case,
+    prompt_estimate,
+    sequences,
+    worst_case_tokens,
+)
 from gateway.relay.usage import Tokens, tokens_of
 from gateway.rules import RuleView
 
@@ -133,24 +138,25 @@ def _gpu_time_usd(
 def estimate_abandoned(
     x: Exchange, path: str, payload: dict[str, Any], body_bytes: int, limit: int
 ) -> None:
-    """The usage of a non-streamed request its client left before the backend answered
-    (the backend never says what it generated): the prompt's estimate from the body's size,
-    and the time it ran on its backend, less the prompt's prefill, at the per-request rate
-    of the curve that prices it at its load (curve tokens/s over the load), at most the
+    """The usage of a non-streamed request whose backend never answered it (its client left,
+    or the read timeout passed; vLLM says what it generated only in the whole response): the
+    prompts' estimate, and the time it ran on its backend, less the prompts' prefill, at the
+    per-sequence rate of the curve that prices it at its load (curve tokens/s over the load,
+    its own sequences included: every prompt of a list, `n` or `best_of` times), at most the
     completion tokens it asked for. Recorded as estimated."""
     snapshot, backend = x.snapshot, x.backend
     if snapshot is None or backend is None or x.method is None or x.model is None:
         return
     if x.sent is None or x.usage is not None:
         return
-    prompt = min(body_bytes // BYTES_PER_TOKEN, limit)
-    cap = worst_case_tokens(path, payload, body_bytes, limit) - prompt
-    key, c = (x.model, x.method, backend.gpu_type), max(x.concurrency or 1.0, 1.0)
+    prompt = prompt_estimate(path, payload, body_bytes, limit)
+    cap, each = completion_worst_case(path, payload, limit), sequences(path, payload)
+    key, c = (x.model, x.method, backend.gpu_type), max(x.concurrency or 1.0, 1.0) + each - 1
     curve, prefill = snapshot.curves.get(key), snapshot.prefill.get(key)
     running_s = time.perf_counter() - x.sent - prompt * (prefill.s_per_token if prefill else 0)
     completion = 0
     if curve is not None and running_s > 0:
-        completion = min(int(running_s * curve.at(c) * backend.gpu_count / c), cap)
+        completion = min(int(running_s * curve.at(c) * backend.gpu_count * each / c), cap)
     x.usage = {"prompt_tokens": prompt, "completion_tokens": completion}
     x.tokens_estimated = True
 

@@ -3,7 +3,9 @@
 A non-streamed request gets its response head only once generation ends, so one that outlasts
 the read timeout was accepted and worked on: it is answered 504 after that one backend, never
 retried on another, charged an estimate of what its backend generated, and it opens no
-breaker. Through the real gateway and simulators on sockets.
+breaker. A list of prompts on `/v1/completions` is a completion per prompt: all of them are
+reserved against the key's limits at admission and counted in its record. Through the real
+gateway and simulators on sockets.
 """
 
 from __future__ import annotations
@@ -134,3 +136,83 @@ def test_a_whole_response_past_the_read_timeout_is_answered_once_and_charged(
     assert (record["status_code"], record["tokens_estimated"]) == (504, True)
     assert abs(record["completion_tokens"] - generated) <= 0.1 * generated
     assert record["cost_usd"] > 0
+
+
+def test_a_whole_list_past_the_read_timeout_is_charged_for_every_prompt(stack: Stack) -> None:
+    """Four prompts generate side by side: the estimate counts four sequences at the load
+    they make together, not one."""
+    key_id, key = stack.key()
+    tokens_before = stack.sims_total("vllm:generation_tokens_total")
+    requests_before = stack.sims_total("vllm:request_success_total")
+    prompts = [f"Tell story number {i}." for i in range(4)]
+    body = {"model": SIM_MODEL, "prompt": prompts, "max_tokens": 30000, "ignore_eos": True}
+    response = stack.post("/v1/completions", key, body)
+    assert response.status_code == 504, response.text
+    _until(
+        lambda: (
+            stack.sims_total("vllm:request_success_total") >= requests_before + len(prompts)
+            and stack.sims_total("vllm:num_requests_running") == 0
+        ),
+        "the simulators never ended the prompts",
+    )
+    generated = stack.sims_total("vllm:generation_tokens_total") - tokens_before
+    record = stack.record(key_id)
+    print(
+        f"\n{len(prompts)} prompts past the read timeout: simulators generated {generated:.0f}, "
+        f"recorded {record['completion_tokens']} (estimated: {record['tokens_estimated']})"
+    )
+    assert stack.sims_total("vllm:request_success_total") == requests_before + len(prompts)
+    assert record["tokens_estimated"] is True
+    assert abs(record["completion_tokens"] - generated) <= 0.1 * generated
+
+
+LIST_MAX_TOKENS = 50
+TOKENS_PER_MINUTE = 300
+
+
+def test_a_list_of_prompts_reserves_every_prompt(stack: Stack) -> None:
+    """Six prompts of 50 tokens are more than a 300-token minute holds, one is not."""
+    _, key = stack.key(tokens_per_minute=TOKENS_PER_MINUTE)
+    served_before = stack.sims_total("vllm:request_success_total")
+    prompts = [f"Prompt {i}" for i in range(6)]
+    body = {"model": SIM_MODEL, "prompt": prompts, "max_tokens": LIST_MAX_TOKENS}
+    refused = stack.post("/v1/completions", key, body | {"ignore_eos": True})
+    assert refused.status_code == 429, refused.text
+    assert "Request too large" in refused.json()["error"]["message"]
+    assert stack.sims_total("vllm:request_success_total") == served_before  # none reached
+    one = stack.post("/v1/completions", key, body | {"prompt": prompts[0], "ignore_eos": True})
+    assert one.status_code == 200, one.text
+
+
+def test_a_list_of_prompts_is_counted_whole(stack: Stack) -> None:
+    key_id, key = stack.key(tokens_per_minute=TOKENS_PER_MINUTE)
+    prompts = [f"Prompt {i}" for i in range(3)]
+    body = {"model": SIM_MODEL, "prompt": prompts, "max_tokens": LIST_MAX_TOKENS}
+    response = stack.post("/v1/completions", key, body | {"ignore_eos": True})
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    reserved = TOKENS_PER_MINUTE - int(response.headers["x-ratelimit-remaining-tokens"])
+    record = stack.record(key_id)
+    print(
+        f"\n{len(prompts)} prompts x {LIST_MAX_TOKENS} tokens: {reserved} reserved, the backend "
+        f"generated {usage['completion_tokens']}, recorded {record['completion_tokens']}"
+    )
+    assert usage["completion_tokens"] == len(prompts) * LIST_MAX_TOKENS
+    assert reserved >= len(prompts) * LIST_MAX_TOKENS
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    assert record["tokens_estimated"] is False
+
+
+def test_a_streamed_list_of_prompts_is_counted_whole(stack: Stack) -> None:
+    key_id, key = stack.key(tokens_per_minute=TOKENS_PER_MINUTE)
+    prompts = [f"Prompt {i}" for i in range(3)]
+    body = {"model": SIM_MODEL, "prompt": prompts, "max_tokens": LIST_MAX_TOKENS}
+    response = stack.post("/v1/completions", key, body | {"ignore_eos": True, "stream": True})
+    assert response.status_code == 200, response.text
+    assert response.text.endswith("data: [DONE]\n\n")
+    record = stack.record(key_id)
+    assert record["completion_tokens"] == len(prompts) * LIST_MAX_TOKENS
+    assert record["prompt_tokens"] > 0
