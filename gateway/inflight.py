@@ -6,7 +6,7 @@ in the replica's directory): an int32 per key id below `KEY_IDS`, at
 `slot * KEY_IDS + key_id`. An admission reads every worker's count of its key and adds one
 to this worker's own under an exclusive `flock` of the file, so two workers never both take
 a key's last place. The file is sparse: only the pages of key ids in use take memory (4 KiB
-per 1,024 ids per worker).
+per 1,024 ids per worker), on a memory file system too.
 
 A worker that dies leaves its counts behind; the worker started in its slot clears them
 before it serves, since the requests they counted died with it.
@@ -14,6 +14,7 @@ before it serves, since the requests they counted died with it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -63,10 +64,26 @@ class SharedInFlight:
         self._counts[self._own + key_id] += requests
 
     def _clear_own(self) -> None:
-        """Forget the counts a dead predecessor in this slot left, page by page (reading a
-        hole of the sparse file allocates nothing)."""
-        zero = bytes(mmap.PAGESIZE)
+        """Forget the counts a dead predecessor in this slot left."""
         start = self._own * COUNT_BYTES
-        for offset in range(start, start + KEY_IDS * COUNT_BYTES, mmap.PAGESIZE):
-            if self._map[offset : offset + mmap.PAGESIZE] != zero:
-                self._map[offset : offset + mmap.PAGESIZE] = zero
+        clear_part(self._fd, self._map, start, start + KEY_IDS * COUNT_BYTES)
+
+
+def clear_part(fd: int, mapped: mmap.mmap, start: int, end: int) -> None:
+    """Zero the pages from `start` to `end` (page-aligned) of a shared sparse file that hold
+    data, found with SEEK_DATA so that no hole is read (on a memory file system, reading a
+    hole through the map allocates its page)."""
+    zero, page = bytes(mmap.PAGESIZE), mmap.PAGESIZE
+    offset = start
+    while offset < end:
+        try:
+            data = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but holes from here on
+                return
+            raise
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        for at in range(data - data % page, hole, page):
+            if mapped[at : at + page] != zero:
+                mapped[at : at + page] = zero
+        offset = hole

@@ -31,7 +31,6 @@ database was unreachable.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import mmap
 import os
@@ -41,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.inflight import KEY_IDS
+from gateway.inflight import KEY_IDS, clear_part
 
 BUDGETS_FILE = "budgets"
 FIGURE_BYTES = 8
@@ -119,21 +118,6 @@ class SharedBudgets:
                 figures[own + key_id * FIGURES] = usd
 
     def _clear_own(self) -> None:
-        """Zero the pages of this worker's part that hold data, found with SEEK_DATA so
-        that no hole is read (on a memory file system, reading one allocates it)."""
-        zero, page = bytes(mmap.PAGESIZE), mmap.PAGESIZE
+        """Forget the figures a dead predecessor in this slot left."""
         start = self._own * FIGURE_BYTES
-        end = start + KEY_IDS * FIGURES * FIGURE_BYTES
-        offset = start
-        while offset < end:
-            try:
-                data = os.lseek(self._fd, offset, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:  # nothing but holes from here on
-                    return
-                raise
-            hole = min(os.lseek(self._fd, data, os.SEEK_HOLE), end)
-            for at in range(data - data % page, hole, page):
-                if self._map[at : at + page] != zero:
-                    self._map[at : at + page] = zero
-            offset = hole
+        clear_part(self._fd, self._map, start, start + KEY_IDS * FIGURES * FIGURE_BYTES)

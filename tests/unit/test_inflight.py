@@ -5,6 +5,8 @@ as a worker does, so each `flock` is its own)."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from gateway.inflight import INFLIGHT_FILE, KEY_IDS, SharedInFlight
 from gateway.limits import Limiter
 from gateway.registry import KeyView
 
+MEMORY_FS = Path("/dev/shm")  # noqa: S108 (the tests make a private directory in it)
 TWO = KeyView(7, "k", None, None, None, "monthly", None, max_concurrent_requests=2)
 
 
@@ -67,3 +70,24 @@ def test_keys_beyond_the_table_are_counted_per_worker(tmp_path: Path) -> None:
         first.admit(huge, 0.0, 0, 0.0)
     first.settle(held, 0, None)
     first.admit(huge, 0.0, 0, 0.0)
+
+
+@pytest.fixture
+def memory_dir() -> Iterator[Path]:
+    """A directory on a memory file system, where reading a hole of a mapped file takes a
+    page (skipped where there is none)."""
+    if not MEMORY_FS.is_dir():
+        pytest.skip(f"no memory file system at {MEMORY_FS}")
+    with tempfile.TemporaryDirectory(dir=MEMORY_FS) as directory:  # a private one, removed
+        yield Path(directory)
+
+
+def test_a_restart_clears_every_count_of_its_slot_and_reads_no_hole(memory_dir: Path) -> None:
+    path = memory_dir / INFLIGHT_FILE
+    first, second = SharedInFlight(path, 0, workers=2), SharedInFlight(path, 1, workers=2)
+    for key_id in (0, KEY_IDS // 2, KEY_IDS - 1):
+        first.add(key_id, 1)
+        second.add(key_id, 2)
+    again = SharedInFlight(path, 1, workers=2)  # the second dies and starts again
+    assert [again.total(k) for k in (0, KEY_IDS // 2, KEY_IDS - 1)] == [1, 1, 1]
+    assert path.stat().st_blocks * 512 <= 6 * 4096  # the pages used, not 8 MiB of holes
