@@ -37,6 +37,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from gateway.inflight import INFLIGHT_FILE
 from gateway.replica import CHOICES_FILE, GAUGES_FILE, LOCK_FILE, METRICS_DIR, Replica
+from gateway.shared_budget import BUDGETS_FILE
 
 logger = logging.getLogger(__name__)
 LISTEN_BACKLOG = 2048  # uvicorn's default
@@ -61,7 +62,7 @@ def prepare_state_dir(directory: Path | None) -> tuple[Path, bool]:
         return Path(tempfile.mkdtemp(prefix="draftgate-workers-")), True
     directory.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(directory / METRICS_DIR, ignore_errors=True)  # a dead run's counts
-    for name in (CHOICES_FILE, GAUGES_FILE, LOCK_FILE, INFLIGHT_FILE):
+    for name in (CHOICES_FILE, GAUGES_FILE, LOCK_FILE, INFLIGHT_FILE, BUDGETS_FILE):
         (directory / name).unlink(missing_ok=True)
     for stale in [*directory.glob("change.*"), *directory.glob("ack.*")]:
         stale.unlink()

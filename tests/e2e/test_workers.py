@@ -241,7 +241,11 @@ def test_a_follower_serves_by_the_leaders_choices_and_gauges(replica: Replica) -
                     model=SIM_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
                 )
             assert answer.headers["x-draftgate-method"] == "p-eagle"
-        assert replica.served_by_pid()[follower] == served + 1
+        # counted when the request settles, just after its answer is sent
+        wait_until(
+            lambda: replica.served_by_pid().get(follower, 0.0) == served + 1,
+            "the follower counted the request it served",
+        )
     finally:
         os.kill(leader, signal.SIGCONT)
 
