@@ -41,3 +41,22 @@ def output_tokens_per_s_ceiling(
     seqs = max(concurrency, 1.0)
     tokens = seqs * max(tokens_per_step, 1.0)
     return tokens / ideal_step_s(spec, gpu_spec, max(gpu_count, 1), tokens, seqs)
+
+
+def ceiling_exceeded(
+    model: str,
+    gpu: str,
+    gpu_count: int,
+    concurrency: float,
+    acceptance_length: float | None,
+    output_tokens_per_s: float,
+    margin: float,
+) -> float | None:
+    """The ceiling a point's rate is above, `margin` times over (None: it is not, or the
+    catalog does not know the model or GPU). Plain points keep one token per step."""
+    ceiling = output_tokens_per_s_ceiling(
+        model, gpu, gpu_count, concurrency, acceptance_length or 1.0
+    )
+    if ceiling is None or output_tokens_per_s <= margin * ceiling:
+        return None
+    return ceiling

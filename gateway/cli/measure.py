@@ -216,6 +216,7 @@ def _import(
         points = [point for f in files for point in read(f)]
     except ImportRejected as exc:
         fail(f"nothing imported: {exc}")
+    _check_ceilings(points, k, gpu, gpu_count)
     with session() as db:
         db.add_all(
             Measurement(
@@ -238,3 +239,25 @@ def _import(
             for p in points
         )
     typer.echo(f"imported {len(points)} measurement(s)")
+
+
+def _check_ceilings(points: list[Any], k: int, gpu: str, gpu_count: int) -> None:
+    """Fail, importing nothing, when a point is faster than its hardware can be (a point
+    without its acceptance may keep every drafted token: 1 + K per step)."""
+    from gateway.cli.common import settings_from_env
+    from planner.ceiling import ceiling_exceeded
+
+    margin = settings_from_env().measurement_ceiling_margin
+    if margin is None:
+        return
+    for p in points:
+        rate = p.output_tokens_per_s
+        per_step = p.mean_acceptance_length or 1 + k
+        args = (p.model, gpu, gpu_count, p.concurrency, per_step, rate, margin)
+        if (ceiling := ceiling_exceeded(*args)) is not None:
+            fail(
+                f"nothing imported: {rate:.0f} output tokens/s at concurrency "
+                f"{p.concurrency:g} is above what {gpu_count}x {gpu} can deliver for {p.model} "
+                f"({ceiling:.0f} at most, x{margin:g} allowed: "
+                "DRAFTGATE_MEASUREMENT_CEILING_MARGIN)"
+            )

@@ -38,7 +38,7 @@ from gateway.db.tables import Measurement
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, InFlightClock, Registry
 from gateway.webhooks import WebhookSender, backend_mismatch
-from planner.ceiling import output_tokens_per_s_ceiling
+from planner.ceiling import ceiling_exceeded
 
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 2.0
@@ -72,11 +72,18 @@ class Gate:
         for a model or GPU the planner's catalog does not know)."""
         if self.ceiling_margin is None:
             return False
-        per_step = m.mean_acceptance_length or 1.0
-        ceiling = output_tokens_per_s_ceiling(
-            m.model, m.gpu_type, m.gpu_count, m.concurrency, per_step
+        return (
+            ceiling_exceeded(
+                m.model,
+                m.gpu_type,
+                m.gpu_count,
+                m.concurrency,
+                m.mean_acceptance_length,
+                m.output_tokens_per_s,
+                self.ceiling_margin,
+            )
+            is not None
         )
-        return ceiling is not None and m.output_tokens_per_s > self.ceiling_margin * ceiling
 
 
 @dataclass

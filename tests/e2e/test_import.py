@@ -41,6 +41,7 @@ def test_vllm_bench_result_becomes_a_measurement(run_cli: CliRunner, tmp_path: P
         ({"output_throughput": None}, "missing 'output_throughput'"),
         ({"max_concurrency": None}, "give --concurrency"),
         ({"model_id": None}, "give --model"),
+        ({"output_throughput": 500000.0}, "is above what 1x B200 can deliver"),
     ],
 )
 def test_a_bad_file_imports_nothing(
@@ -69,8 +70,14 @@ def test_guidellm_report_becomes_one_measurement_per_benchmark(
 ) -> None:
     database_url = f"sqlite:///{tmp_path}/imports.db"
     env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    # 2.1 ms between tokens: faster than an H100 streams Qwen3-8B's 16 GB of weights (4.9 ms
+    # at its datasheet bandwidth), within what a B200 can (2.0 ms)
+    on_h100 = run_cli("import", "guidellm", str(GUIDELLM), "--model", "Qwen/Qwen3-8B",
+                      "--method", "plain", "--gpu", "H100", env=env)  # fmt: skip
+    assert on_h100.returncode == 2
+    assert "is above what 1x H100 can deliver for Qwen/Qwen3-8B" in on_h100.stderr
     done = run_cli("import", "guidellm", str(GUIDELLM), "--model", "Qwen/Qwen3-8B",
-                   "--method", "plain", "--gpu", "H100", env=env)  # fmt: skip
+                   "--method", "plain", "--gpu", "B200", env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = query_rows(database_url, "SELECT * FROM measurements ORDER BY concurrency")
     # Concurrency: the measured mean where reported, else the strategy's stream count.
@@ -83,7 +90,7 @@ def test_guidellm_report_becomes_one_measurement_per_benchmark(
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"benchmarks": [{"metrics": {}}]}))
     bad = run_cli("import", "guidellm", str(broken), "--model", "m", "--method", "plain",
-                  "--gpu", "H100", env=env)  # fmt: skip
+                  "--gpu", "B200", env=env)  # fmt: skip
     assert bad.returncode == 2
     assert "benchmarks[0]" in bad.stderr
     assert len(query_rows(database_url, "SELECT id FROM measurements")) == 2
