@@ -28,7 +28,7 @@ usage object, and reads it once at the end.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -47,6 +47,8 @@ DONE = b"data: [DONE]"
 # A usage member whose object holds no object (vLLM's: counts, and details that are null): cut
 # by one regex pass in C; any other (nested details) by walking its braces.
 FLAT_CHUNK_USAGE = re.compile(rb',"usage":\{[^{}]*\}')
+
+Form = Literal["content", "compact", "other"]
 
 
 class UsageTap:
@@ -77,27 +79,31 @@ class UsageTap:
         if not usages:  # nothing to read or cut
             self.chunks += data.count(DATA)  # counted whole, however the bytes were cut
             return data
-        if _vllm_content(data, usages):
+        form = _form(data, usages)
+        if form == "content":  # read and cut in one pass, as vLLM streams
             self.chunks += data.count(DATA)
-            self._last_usage = data
+            if USAGE in data:
+                self._last_usage = data
             return without_usage(data) if self._strip_chunk_usage else data
         if events is None:
             events = data.split(EVENT_END)
             self._carry = events.pop()  # b"", or a newline after the last separator
-        return b"".join([self._event(event) for event in events])
+        handle = self._compact_event if form == "compact" else self._event
+        return b"".join([handle(event) for event in events])
 
     def _event(self, event: bytes) -> bytes:
-        """The bytes to forward for one whole event (b"": cut out)."""
-        if USAGE_KEY not in event:
+        """The bytes to forward for one whole event of a chunk not all compact."""
+        usages = event.count(USAGE_KEY)
+        if not usages:
             self.chunks += event.count(DATA)
             return event + EVENT_END
-        if _compact(event):
+        if _form(event, usages) != "other":
             return self._compact_event(event)
         return self._parsed_event(event)
 
     def _compact_event(self, event: bytes) -> bytes:
-        """An event in vLLM's compact form, read and cut by its bytes."""
-        if USAGE_ONLY in event and event.startswith(DATA):
+        """An event in vLLM's compact form, read and cut by its bytes (b"": cut out)."""
+        if USAGE_ONLY in event and event.startswith(DATA) and USAGE_KEY in event:
             self.usage = _usage(event)
             return b"" if self._strip else event + EVENT_END
         self.chunks += event.count(DATA)
@@ -132,19 +138,17 @@ class UsageTap:
         return rest
 
 
-def _vllm_content(data: bytes, usages: int) -> bool:
-    """Whether whole events holding `usages` usage keys are vLLM's content chunks: each usage
-    an object after another member, each choices list opening on an object."""
-    return usages == data.count(CHUNK_USAGE) and data.count(CHOICES) == data.count(CONTENT_CHOICES)
-
-
-def _compact(event: bytes) -> bool:
-    """Whether every `usage` and `choices` key of `event` is written as vLLM writes it (a usage
-    object after another member, or null; choices opening on an object or empty), so that
-    the byte patterns find each one."""
-    usages = event.count(CHUNK_USAGE) + event.count(NULL_USAGE)
-    choices = event.count(CONTENT_CHOICES) + event.count(USAGE_ONLY)
-    return event.count(USAGE_KEY) == usages and event.count(CHOICES) == choices
+def _form(data: bytes, usages: int) -> Form:
+    """How whole events holding `usages` usage keys are written: in vLLM's compact form, each
+    usage an object after another member or null, each choices list opening on an object
+    (`content`) or also empty (`compact`, with a usage-only chunk); else `other`."""
+    objects = data.count(CHUNK_USAGE)
+    if usages != objects and usages != objects + data.count(NULL_USAGE):
+        return "other"
+    choices, content = data.count(CHOICES), data.count(CONTENT_CHOICES)
+    if choices == content:
+        return "content"
+    return "compact" if choices == content + data.count(USAGE_ONLY) else "other"
 
 
 def without_usage(data: bytes) -> bytes:
