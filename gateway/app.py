@@ -266,7 +266,7 @@ async def _running(
         webhooks=webhooks,
         stores=replica is None,
     )
-    benchmarks = BenchmarkManager(sessions)
+    benchmarks = BenchmarkManager(sessions, settings.measurement_ceiling_margin)
     leader = Leader(settings, sessions, registry, metrics, collector, benchmarks, webhooks, replica)
     stoppable = [
         asyncio.create_task(c)

@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from backends.bench import BenchConfig, LevelResult, run_sweep
+from gateway.control.collector import above_ceiling
 from gateway.db import queries
 from gateway.db.base import utcnow
 from gateway.db.session import transaction
@@ -79,8 +80,11 @@ class Claimed:
 class BenchmarkManager:
     """Claims, runs and cancels a replica's benchmark runs (in its leader)."""
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], ceiling_margin: float | None = None
+    ) -> None:
         self.sessions = sessions
+        self.ceiling_margin = ceiling_margin  # levels faster than the hardware are not stored
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._stopping = False
 
@@ -225,7 +229,15 @@ class BenchmarkManager:
     ) -> None:
         """Record how the run ended and the levels it completed; a run cancelled (or given up
         on) meanwhile keeps that status."""
-        result = {"levels": [_level_json(level) for level in levels]}
+        result: dict[str, Any] = {"levels": [_level_json(level) for level in levels]}
+        measured = []
+        if backend.get("method") is not None:
+            measured = [level_measurement(level, backend) for level in levels if level.completed]
+        kept = [m for m in measured if not above_ceiling(m, self.ceiling_margin)]
+        if len(kept) < len(measured):  # in the run's result, never among the measurements
+            above = [m.concurrency for m in measured if m not in kept]
+            result["above_ceiling"] = above
+            logger.warning("run %d: levels at %s above the hardware's ceiling", run_id, above)
         with transaction(self.sessions) as session:
             row = session.get(BenchmarkRun, run_id)
             if row is None:
@@ -233,10 +245,7 @@ class BenchmarkManager:
             if row.status == "running":
                 row.status, row.error, row.finished_at = status, error, utcnow()
             row.result, row.heartbeat_at = result, None
-            if backend.get("method") is not None:
-                session.add_all(
-                    level_measurement(level, backend) for level in levels if level.completed
-                )
+            session.add_all(kept)
 
 
 def _mean(values: list[float]) -> float | None:

@@ -68,22 +68,19 @@ class Gate:
     ceiling_margin: float | None = None
 
     def above_ceiling(self, m: Measurement) -> bool:
-        """Whether `m` is faster than its model can run on its GPUs, margin included (never
-        for a model or GPU the planner's catalog does not know)."""
-        if self.ceiling_margin is None:
-            return False
-        return (
-            ceiling_exceeded(
-                m.model,
-                m.gpu_type,
-                m.gpu_count,
-                m.concurrency,
-                m.mean_acceptance_length,
-                m.output_tokens_per_s,
-                self.ceiling_margin,
-            )
-            is not None
-        )
+        """Whether `m` is faster than its hardware can be, margin included."""
+        return above_ceiling(m, self.ceiling_margin)
+
+
+def above_ceiling(m: Measurement, margin: float | None) -> bool:
+    """Whether `m` is faster than its model can run on its GPUs, `margin` times over (never
+    for a model or GPU the planner's catalog does not know, nor without a margin)."""
+    if margin is None:
+        return False
+    acceptance = m.mean_acceptance_length or (1 + m.k if m.method != "plain" else 1.0)
+    rate, c = m.output_tokens_per_s, m.concurrency
+    args = (m.model, m.gpu_type, m.gpu_count, c, acceptance, rate, margin)
+    return ceiling_exceeded(*args) is not None
 
 
 @dataclass
@@ -101,8 +98,11 @@ class Tally:
     sent: InFlightClock = field(default_factory=InFlightClock)
     gauge_in_flight_s: float = 0.0  # Σ running + waiting at each scrape, times its interval
     gauge_busy_s: float = 0.0  # Σ intervals that ended with a request running or waiting
+    own_sampled_s: float = 0.0  # Σ this replica's requests on it at each scrape, times alike
 
-    def add(self, o: Observation, sent: InFlightClock) -> None:
+    def add(self, o: Observation, sent: InFlightClock, in_flight_now: float = 0.0) -> None:
+        """Add one scrape interval: the backend's counters, what this replica sent it over
+        the interval, and what it had in flight on it at the scrape."""
         self.seconds += o.seconds
         self.output_tokens += o.output_tokens
         self.prompt_tokens += o.prompt_tokens
@@ -118,6 +118,7 @@ class Tally:
         )
         self.gauge_in_flight_s += o.running * o.seconds
         self.gauge_busy_s += o.seconds if o.running > 0 else 0.0
+        self.own_sampled_s += in_flight_now * o.seconds
         grow = len(o.accepted_per_position) - len(self.accepted_per_position)
         self.accepted_per_position += [0.0] * max(0, grow)
         for i, value in enumerate(o.accepted_per_position):
@@ -134,15 +135,17 @@ class Tally:
         """The window's request-seconds in flight and busy seconds at the backend.
 
         The gateway's clock is exact for what it sent. When the backend also served others,
-        the backend's own gauges (an instant per scrape, so only an estimate) count too:
-        the larger of each, so another's traffic can only raise the concurrency a rate is
-        stored at, never lower it.
+        their share is estimated from the backend's gauges (an instant per scrape): the
+        gauges less this replica's own requests at the same instants, so that only the
+        others' part is sampled; its busy time is the larger of the two. Another's traffic
+        can only raise the concurrency a rate is stored at, never lower it.
         """
         in_flight_s, busy_s = self.sent.in_flight_s, self.sent.busy_s
         if self.foreign():
-            in_flight_s = max(in_flight_s, self.gauge_in_flight_s)
+            in_flight_s += max(0.0, self.gauge_in_flight_s - self.own_sampled_s)
             busy_s = max(busy_s, self.gauge_busy_s)
-        return in_flight_s, min(busy_s, self.seconds)
+        busy_s = min(busy_s, self.seconds)
+        return max(in_flight_s, busy_s), busy_s
 
     def rejection(self, gate: Gate) -> str | None:
         """Why the window is too thin to be a measurement, if it is."""
@@ -236,11 +239,15 @@ class Collector:
         pages = await asyncio.gather(*(self._scrape(b) for b in backends), return_exceptions=True)
         now = time.monotonic()
         clocks = self._in_flight_clocks(backends, now)
+        instants = self.metrics.in_flight_by_backend() or {
+            b.name: float(self.registry.states[b.name].in_flight) for b in backends
+        }
         for backend, snapshot in zip(backends, pages, strict=True):
             if isinstance(snapshot, BaseException):  # that backend's alone: the others go on
                 logger.warning("scrape of %s failed: %r", backend.name, snapshot)
             elif snapshot is not None:
-                self._absorb(backend, snapshot, now, clocks.get(backend.name, InFlightClock()))
+                clock = clocks.get(backend.name, InFlightClock())
+                self._absorb(backend, snapshot, now, clock, instants.get(backend.name, 0.0))
 
     def _in_flight_clocks(
         self, backends: list[BackendView], now: float
@@ -266,7 +273,12 @@ class Collector:
             return None
 
     def _absorb(
-        self, backend: BackendView, snapshot: VllmSnapshot, now: float, clock: InFlightClock
+        self,
+        backend: BackendView,
+        snapshot: VllmSnapshot,
+        now: float,
+        clock: InFlightClock,
+        in_flight_now: float = 0.0,
     ) -> None:
         state = self.registry.states[backend.name]
         state.waiting, state.kv_usage = snapshot.waiting, snapshot.kv_cache_usage or 0.0
@@ -297,7 +309,8 @@ class Collector:
         if observation is None or min(sent.in_flight_s, sent.busy_s, sent.ended) < 0:
             return  # a restart (of the backend, or of a worker whose counts were lost)
         if observation.output_tokens > 0 or sent.busy_s > 0:
-            self._tallies.setdefault(backend.name, (backend, Tally()))[1].add(observation, sent)
+            tally = self._tallies.setdefault(backend.name, (backend, Tally()))[1]
+            tally.add(observation, sent, in_flight_now)
 
     async def flush(self) -> None:
         """Write one measurement per backend of the window; start a new window."""

@@ -214,3 +214,25 @@ def test_a_rate_the_hardware_cannot_deliver_is_counted_not_stored(
         stream.join()
     assert _scrape_rows(database_url) == []
     assert "above what its hardware can deliver" in server.output()
+
+
+def test_a_sweep_faster_than_the_hardware_is_not_stored(
+    sims: tuple[Server, Server], gateway: Callable[..., Server], database_url: str
+) -> None:
+    server = gateway(sims[1].base_url)
+    body = {"backend": "plain-1", "concurrency": [1, 4], "duration_s": 2, "output_len": 64}
+    with httpx.Client(base_url=server.base_url, headers=ADMIN, timeout=10.0) as http:
+        run_id = http.post("/admin/v1/benchmarks", json=body).json()["id"]
+        run: dict[str, Any] = {}
+
+        def done() -> bool:
+            run.update(http.get(f"/admin/v1/benchmarks/{run_id}").json())
+            return run["status"] not in ("queued", "running")
+
+        _until(done, "the sweep never finished")
+    assert run["status"] == "succeeded", run
+    assert run["result"]["above_ceiling"] == [
+        level["concurrency"] for level in run["result"]["levels"]
+    ]
+    rows = query_rows(database_url, "SELECT id FROM measurements WHERE source = 'bench'")
+    assert rows == []

@@ -117,9 +117,11 @@ def test_one_long_stream_beside_one_token_requests_stays_at_its_rate() -> None:
 
 
 def test_a_backend_with_other_clients_is_measured_by_its_own_gauges_too() -> None:
-    """It finished 20 requests, this gateway sent it 5: its gauges say 3 in flight."""
+    """It finished 20 requests, this gateway sent it 5: its gauges say 3 in flight, of
+    which 1 this gateway's: the others held 2 over the interval, beside its own 1."""
     tally = Tally()
-    tally.add(_interval(2000, 2.0, 20, 3), InFlightClock(in_flight_s=2.0, busy_s=2.0, ended=5))
+    clock = InFlightClock(in_flight_s=2.0, busy_s=2.0, ended=5)
+    tally.add(_interval(2000, 2.0, 20, 3), clock, in_flight_now=1)
     assert tally.foreign()
     m = tally.measurement(PLAIN)
     assert (m.concurrency, m.output_tokens_per_s) == (3.0, 1000.0)
