@@ -82,8 +82,7 @@ class UsageTap:
         form = _form(data, usages)
         if form == "content":  # read and cut in one pass, as vLLM streams
             self.chunks += data.count(DATA)
-            if USAGE in data:
-                self._last_usage = data
+            self._last_usage = data
             return without_usage(data) if self._strip_chunk_usage else data
         if events is None:
             events = data.split(EVENT_END)
@@ -139,14 +138,15 @@ class UsageTap:
 
 
 def _form(data: bytes, usages: int) -> Form:
-    """How whole events holding `usages` usage keys are written: in vLLM's compact form, each
-    usage an object after another member or null, each choices list opening on an object
-    (`content`) or also empty (`compact`, with a usage-only chunk); else `other`."""
+    """How whole events holding `usages` usage keys are written: vLLM's content chunks, each
+    usage an object after another member and each choices list opening on an object
+    (`content`); in vLLM's compact form with usage also null or choices also empty (`compact`);
+    or not (`other`)."""
     objects = data.count(CHUNK_USAGE)
     if usages != objects and usages != objects + data.count(NULL_USAGE):
         return "other"
     choices, content = data.count(CHOICES), data.count(CONTENT_CHOICES)
-    if choices == content:
+    if choices == content and usages == objects:
         return "content"
     return "compact" if choices == content + data.count(USAGE_ONLY) else "other"
 
