@@ -4,7 +4,8 @@ A curve drawn through measurements alone knows nothing past its highest measured
 concurrency (it saturates there), so a method that has only seen exploration traffic would
 look hopeless at high load and the selector could never move to it. For models and GPUs in
 the planner's catalog, the planner's prediction fills the concurrencies no measurement
-covers, scaled to agree with the nearest measured point; a method with a backend but no
+covers, scaled to the measured points within an octave of the end it extends (their
+geometric mean of measured over predicted); a method with a backend but no
 measurement yet gets the prediction scaled by how far the planner is from the measured
 methods of that model and GPU. Models outside the catalog keep curves from their
 measurements only.
@@ -109,6 +110,9 @@ MEAN_ERROR_TO_95 = 2.45
 CALIBRATED_ERROR = 0.07  # planner/ACCURACY.md: speedups over plain, held out
 OUT_OF_SAMPLE_ERROR = 0.20  # the planner on dense models, GPUs and engines it never saw
 UNPREDICTED = 1.0
+# Past the measured points, the prediction is scaled to the points within this factor of
+# concurrency of the end it extends (an octave: up to five quarter-octave bins).
+ANCHOR_SPAN = 2.0
 
 
 def pool(samples: Iterable[Sample]) -> tuple[list[Aggregate], Rejections]:
@@ -374,20 +378,29 @@ def _shape_error(
 def extend(
     measured_points: list[tuple[float, float]], predicted: Mapping[int, float]
 ) -> list[tuple[float, float]]:
-    """Measured points, plus predictions outside their range scaled to meet them (pure)."""
+    """Measured points, plus predictions outside their range scaled to the measured points
+    within an octave of that end (pure): the geometric mean of measured over predicted
+    there, so one noisy end bin does not move every price beyond it."""
     if not measured_points:
         return [(float(c), tps) for c, tps in predicted.items()]
-    low, high = min(measured_points), max(measured_points)
-    lows = [c for c in predicted if c < low[0]]
-    highs = [c for c in predicted if c > high[0]]
+    ordered = sorted(measured_points)
+    low, high = ordered[0][0], ordered[-1][0]
     out = list(measured_points)
+    lows = [c for c in predicted if c < low]
     if lows:
-        scale = low[1] / _predicted_at(predicted, low[0])
+        scale = _scale_to(predicted, [p for p in ordered if p[0] <= ANCHOR_SPAN * low])
         out += [(float(c), predicted[c] * scale) for c in lows]
+    highs = [c for c in predicted if c > high]
     if highs:
-        scale = high[1] / _predicted_at(predicted, high[0])
+        scale = _scale_to(predicted, [p for p in ordered if p[0] >= high / ANCHOR_SPAN])
         out += [(float(c), predicted[c] * scale) for c in highs]
     return out
+
+
+def _scale_to(predicted: Mapping[int, float], points: list[tuple[float, float]]) -> float:
+    """The geometric mean of measured over predicted at `points`."""
+    logs = [math.log(tps / _predicted_at(predicted, c)) for c, tps in points]
+    return math.exp(sum(logs) / len(logs))
 
 
 def _predicted_at(predicted: Mapping[int, float], c: float) -> float:

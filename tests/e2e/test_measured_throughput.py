@@ -5,12 +5,15 @@ stored 19x a backend's real single-stream rate (a window's concurrency was deriv
 latencies of the requests that finished in it, while its tokens came from every request
 that ran). The collector now divides a window's tokens by the time requests were in flight:
 every stored point sits at the stream's real rate, and the price of a fixed request barely
-moves. A simulator that claims a B200 but runs 20 times as fast is above what the hardware
-can do: its windows are counted as rejected, never stored. On SQLite and PostgreSQL.
+moves. Two gateways in front of one backend, each sending half of an ordinary mixed traffic,
+price the same request alike. A simulator that claims a B200 but runs 20 times as fast is
+above what the hardware can do: its windows and sweeps are counted as rejected, never
+stored. On SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import uuid
@@ -236,3 +239,80 @@ def test_a_sweep_faster_than_the_hardware_is_not_stored(
     ]
     rows = query_rows(database_url, "SELECT id FROM measurements WHERE source = 'bench'")
     assert rows == []
+
+
+def _mixed_bursts(server: Server, seed: int, done: Callable[[], bool]) -> None:
+    """Ordinary mixed traffic: bursts of 1-6 requests at once, answers of 1 to 300 tokens,
+    streamed or not, a random pause between bursts."""
+    chooser = random.Random(seed)
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as http,
+        ThreadPoolExecutor(6) as pool,
+    ):
+        deadline = time.monotonic() + 2 * WAIT_S
+        while not done():
+            assert time.monotonic() < deadline, "the mixed traffic's windows were never stored"
+            bodies = [
+                _chat(chooser.choice((1, 16, 64, 300)), stream=chooser.random() < 0.5)
+                for _ in range(chooser.randint(1, 6))
+            ]
+            answers = list(pool.map(lambda b: http.post("/v1/chat/completions", json=b), bodies))
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            time.sleep(chooser.uniform(0.0, 0.4))
+
+
+def _price_300_tokens(server: Server) -> dict[str, Any]:
+    rid = uuid.uuid4().hex
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        response = http.post("/v1/chat/completions", json=_chat(300), headers={"x-request-id": rid})
+        assert response.status_code == 200, response.text
+    return _usage_record(server, rid)
+
+
+def test_two_gateways_in_front_of_one_backend_price_a_request_alike(
+    sims: tuple[Server, Server], tmp_path: Path
+) -> None:
+    """Each gateway sends the backend half its traffic and sees the other half only in the
+    backend's counters: both must still price the same 300-token request within 20%."""
+    gateways = []
+    try:
+        for name in ("a", "b"):
+            directory = tmp_path / name
+            directory.mkdir()
+            fleet = write_fleet(
+                directory / "fleet.yaml", [fleet_backend("shared", sims[0].base_url)]
+            )
+            # 5 s windows: the other gateway's half is seen only in the backend's gauges, an
+            # instant per scrape, and a window of mixed bursts averages more of both there
+            longer = SETTINGS | {"MEASUREMENT_WINDOW_S": "5"}
+            env = gateway_env(f"sqlite:///{directory}/draftgate.db", fleet, **longer)
+            gateways.append((spawn_server(("gateway",), env, directory), directory))
+        for server, _ in gateways:
+            server.wait_healthy()
+            httpx.post(f"{server.base_url}/admin/v1/prices", json=PRICE, headers=ADMIN)
+
+        def stored() -> bool:
+            return all(
+                len(_scrape_rows(f"sqlite:///{d}/draftgate.db")) >= 2 * WINDOWS for _, d in gateways
+            )
+
+        loads = [
+            threading.Thread(target=_mixed_bursts, args=(server, seed, stored))
+            for seed, (server, _) in enumerate(gateways)
+        ]
+        for load in loads:
+            load.start()
+        for load in loads:
+            load.join()
+        records: list[dict[str, Any]] = []
+
+        def priced_alone() -> bool:  # the load the traffic left has decayed on both
+            records[:] = [_price_300_tokens(server) for server, _ in gateways]
+            return all(r["concurrency"] <= 1.05 for r in records)
+
+        _until(priced_alone, "the backend's load never settled")
+        costs = [r["cost_usd"] for r in records]
+    finally:
+        for server, _ in gateways:
+            server.close()
+    assert max(costs) / min(costs) <= 1.2, costs

@@ -22,6 +22,16 @@ def test_extend_keeps_measurements_and_scales_predictions_to_meet_them() -> None
     assert points[16.0] == pytest.approx(640.0 * 150 / 300)
 
 
+def test_extend_scales_to_every_measured_point_within_an_octave_of_its_end() -> None:
+    """A noisy lowest bin (0.4x the prediction beside one at 0.5x an octave up) moves the
+    estimates below it by its share only; a point further up has none."""
+    predicted = {1: 100.0, 2: 200.0, 4: 400.0, 8: 800.0, 16: 1600.0}
+    measured = [(2.0, 80.0), (4.0, 200.0), (8.0, 800.0)]
+    points = dict(extend(measured, predicted))
+    assert points[1.0] == pytest.approx(100.0 * (0.4 * 0.5) ** 0.5)
+    assert points[16.0] == pytest.approx(1600.0 * (0.5 * 1.0) ** 0.5)  # 4 and 8 at that end
+
+
 def test_extend_interpolates_the_prediction_between_grid_points() -> None:
     predicted = {1: 100.0, 4: 300.0, 16: 600.0}
     points = dict(extend([(2.0, 100.0)], predicted))  # predicted at 2: halfway in log = 200
