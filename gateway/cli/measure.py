@@ -145,12 +145,21 @@ def _save_levels(path: Path, config: Any, results: list[Any]) -> None:
 def _store_levels(
     results: list[Any], model: str, method: str, k: int, gpu: str, count: int
 ) -> None:
+    from gateway.cli.common import settings_from_env
     from gateway.control.benchmarks import level_measurement
+    from gateway.control.collector import above_ceiling
 
     backend = {"model": model, "method": method, "k": k, "gpu_type": gpu, "gpu_count": count}
+    margin = settings_from_env().measurement_ceiling_margin
+    measured = [level_measurement(r, backend) for r in results if r.completed]
+    kept = [m for m in measured if not above_ceiling(m, margin)]
+    for m in measured:
+        if m not in kept:
+            typer.echo(f"not stored: concurrency {m.concurrency:g} is above what {count}x "
+                       f"{gpu} can deliver for {model}", err=True)  # fmt: skip
     with session() as db:
-        db.add_all(level_measurement(r, backend) for r in results if r.completed)
-    typer.echo(f"stored {sum(1 for r in results if r.completed)} measurement(s)", err=True)
+        db.add_all(kept)
+    typer.echo(f"stored {len(kept)} measurement(s)", err=True)
 
 
 Method = Annotated[str, typer.Option(help="The method the server ran.")]
