@@ -95,6 +95,10 @@ SHAPE_RATIO = 4.0
 # outlier (the modified z-score of Iglewicz and Hoaglin); bins of fewer points keep all.
 OUTLIER_Z = 3.5
 OUTLIER_MIN_POINTS = 3
+# A bin of that many points or more whose request-weighted spread is above half its mean
+# says nothing of the throughput there (mixed bursts spread a bin by about 0.25 in tests):
+# its points are kept out as noise.
+NOISE_SPREAD = 0.5
 Rejections = dict[tuple[CurveKey, int], dict[str, int]]  # (curve, K) -> reason -> points
 
 # How sure a curve is, as the relative 95% half-width of its throughput (to first order, of
@@ -125,14 +129,18 @@ def pool(samples: Iterable[Sample]) -> tuple[list[Aggregate], Rejections]:
     rejected: Rejections = {}
     for (key, k), group in by_curve.items():
         kept = _same_shape(group)
-        counts = {"shape": len(group) - len(kept), "outlier": 0}
+        counts = {"shape": len(group) - len(kept), "outlier": 0, "noise": 0}
         bins: dict[float, list[Sample]] = defaultdict(list)
         for sample in kept:
             bins[concurrency_bin(sample.concurrency)].append(sample)
         for c, members in sorted(bins.items()):
             good = _without_outliers(members)
             counts["outlier"] += len(members) - len(good)
-            pooled.append(_pooled(key, k, c, good))
+            point = _pooled(key, k, c, good)
+            if len(good) >= OUTLIER_MIN_POINTS and point.spread > NOISE_SPREAD:
+                counts["noise"] += len(good)  # the planner's estimate, with its band, there
+                continue
+            pooled.append(point)
         if any(counts.values()):
             rejected[(key, k)] = {reason: n for reason, n in counts.items() if n}
     return pooled, rejected

@@ -143,6 +143,17 @@ def test_another_k_never_mixes_into_a_curve() -> None:
     assert curves.k[key] == 3
 
 
+def test_a_bin_whose_spread_is_noise_is_kept_out_and_counted() -> None:
+    """Three windows at c=4 of 100, 1,000 and 1,900 tokens/s (no one an outlier of the
+    others): a spread of 0.73 of the mean says nothing; a bin at c=8 of 2,000 +- 5% stays."""
+    key = (MODEL, "plain", GPU)
+    wild = [Sample(key, 0, 4.0, tps, None, 50, 256) for tps in (100.0, 1000.0, 1900.0)]
+    steady = [Sample(key, 0, 8.0, tps, None, 50, 256) for tps in (1900.0, 2000.0, 2100.0)]
+    [point], rejected = pool([*wild, *steady])
+    assert rejected == {(key, 0): {"noise": 3}}
+    assert (point.concurrency, point.output_tokens_per_s) == (8.0, 2000.0)
+
+
 def test_answers_of_another_shape_and_outliers_are_kept_out_and_counted() -> None:
     key = (MODEL, "plain", GPU)
     steady = [Sample(key, 0, 4.0, 1000.0 + i, None, 50, 256) for i in range(5)]
