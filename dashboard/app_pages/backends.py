@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.app_pages.flash import changed, show_flash
-from dashboard.app_pages.live import live_panel
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA, or_missing, share
 from dashboard.schemas import Backend
+from dashboard.widgets.flash import changed, show_flash
+from dashboard.widgets.live import live_panel
 
 ACCEPTANCE_SOURCES = {"scrape": "live scrape", "measurement": "last stored measurement"}
 

@@ -6,8 +6,6 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard.app_pages.flash import changed, show_flash
-from dashboard.app_pages.live import live_panel
 from dashboard.client import (
     AdminClient,
     admin_client,
@@ -17,6 +15,8 @@ from dashboard.client import (
 )
 from dashboard.formats import NO_DATA, count, ms, or_missing
 from dashboard.schemas import Backend, Benchmark
+from dashboard.widgets.flash import changed, show_flash
+from dashboard.widgets.live import live_panel
 
 LATEST = 20  # measurements listed
 SOURCES = {"scrape": "live traffic (collector)", "bench": "sweep", "import": "imported"}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.app_pages.downloads import usage_csv_button
-from dashboard.app_pages.flash import changed, show_flash
-from dashboard.app_pages.periods import period_start
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA, count, or_missing, usd
 from dashboard.schemas import ApiKey, UsageRow
+from dashboard.widgets.downloads import usage_csv_button
+from dashboard.widgets.flash import changed, show_flash
+from dashboard.widgets.periods import period_start
 
 KEYLESS = 0  # the ledger's rollups count requests sent without a key under key 0
 

@@ -9,13 +9,13 @@ from typing import Any
 import streamlit as st
 
 from dashboard import charts
-from dashboard.app_pages.curves import live_curves
-from dashboard.app_pages.flash import changed, show_flash
-from dashboard.app_pages.periods import choose_price_kind
 from dashboard.audit_view import MOVES, audit_rows, candidates
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA, count, ms, or_missing, usd
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
+from dashboard.widgets.curves import live_curves
+from dashboard.widgets.flash import changed, show_flash
+from dashboard.widgets.periods import choose_price_kind
 
 GPUS = ("B200", "H100")
 TRAFFIC_WINDOW = dt.timedelta(hours=1)

@@ -13,12 +13,12 @@ import datetime as dt
 import streamlit as st
 
 from dashboard import charts
-from dashboard.app_pages.downloads import usage_csv_button
-from dashboard.app_pages.live import live_panel
-from dashboard.app_pages.periods import choose_period, choose_price_kind, price_note
 from dashboard.client import AdminClient, admin_client, shows_api_errors
 from dashboard.formats import ms, ratio
 from dashboard.schemas import Backend, Fleet, FleetObjective, PriceKind, Spend, Usage, UsageRow
+from dashboard.widgets.downloads import usage_csv_button
+from dashboard.widgets.live import live_panel
+from dashboard.widgets.periods import choose_period, choose_price_kind, price_note
 
 
 def _money(usd: float | None) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.app_pages.curves import live_curves
-from dashboard.app_pages.periods import choose_price_kind
 from dashboard.client import AdminApiError, AdminClient, admin_client, shows_api_errors
 from dashboard.formats import usd
 from dashboard.schemas import Backend, Capacity, DecodingMethod, MethodCapacity, Plan
+from dashboard.widgets.curves import live_curves
+from dashboard.widgets.periods import choose_price_kind
 
 WORKLOADS = ("chat", "code", "math", "mixed")
 ENGINES = ("vllm", "sglang")  # the calibrated engines (planner/data/calibration.yaml)

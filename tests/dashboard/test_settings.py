@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.app_pages.periods import period_start
 from dashboard.settings import DashboardSettings
+from dashboard.widgets.periods import period_start
 
 SETTINGS_DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 

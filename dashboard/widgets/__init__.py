@@ -1,0 +1,1 @@
+"""What several pages draw: live panels, period pickers, change confirmations, curves."""
