@@ -166,8 +166,8 @@ class UsageRow(Record):
 
 
 class Usage(Record):
-    start: dt.datetime = Field(alias="from")
-    end: dt.datetime = Field(alias="to")
+    """The totals of GET /savings; the period is the one the dashboard asked for."""
+
     data: list[UsageRow]
 
 
