@@ -78,6 +78,8 @@ class SimConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     adaptive_verification: bool = False
     per_request_spec_metrics: bool = False
+    # vLLM's --enable-prompt-tokens-details: usage says the prompt tokens found cached
+    enable_prompt_tokens_details: bool = False
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
     api_key: str | None = field(default=None, repr=False)  # as vLLM's --api-key: /v1 only

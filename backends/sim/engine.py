@@ -51,6 +51,9 @@ class SimRequest:
     spec: SpecStats = field(default_factory=SpecStats)
     block_hashes: tuple[bytes, ...] = ()  # the prompt's full blocks, for the prefix cache
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at its last admission
+    # ... at its first admission: what vLLM's usage says (its `num_cached_tokens` is set when
+    # a request is first scheduled, and kept through preemptions)
+    first_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.prefill_needed = self.prefill_needed or self.prompt_tokens
@@ -193,6 +196,7 @@ class EngineCore:
         if request.scheduled_s is None:  # the first admission: where its prompt came from
             result.computed_prompt_tokens += request.prompt_tokens - cached
             result.cached_prompt_tokens += cached
+            request.first_cached_tokens = cached
 
     def _private_blocks(self) -> int:
         """KV blocks running requests hold beyond their cached prompt blocks."""

@@ -299,10 +299,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def full_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int | None]:
-    """Usage of a whole (non-streamed) response, with vLLM's empty token details."""
-    details = {"prompt_tokens_details": None, "completion_tokens_details": None}
-    return {**usage(prompt_tokens, completion_tokens), **details}
+def full_usage(
+    prompt_tokens: int, completion_tokens: int, details: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Usage of a whole (non-streamed) response, with vLLM's token details (null unless
+    `details`: the prompt's, `{"cached_tokens": n}`)."""
+    empty = {"prompt_tokens_details": details, "completion_tokens_details": None}
+    return {**usage(prompt_tokens, completion_tokens), **empty}
+
+
+def prompt_details(chat: bool, cached_tokens: int | None) -> dict[str, int] | None:
+    """vLLM's `prompt_tokens_details` under --enable-prompt-tokens-details (`cached_tokens`
+    None: without it): a chat says the cached tokens only when some were, a text completion
+    always."""
+    if cached_tokens is None or (chat and not cached_tokens):
+        return None
+    return {"cached_tokens": cached_tokens}
 
 
 # Keys vLLM 0.32 sends that the simulator has no values for (the tier against real vLLM
@@ -335,9 +347,16 @@ class ResponseWriter:
         """What a stream starts with: the role chunk of a chat, nothing for text."""
         return self.role_chunk() if self.g.chat else b""
 
-    def closing(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
+    def closing(
+        self,
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
+    ) -> bytes:
         """What a finished stream ends with: the usage chunk if asked for, then [DONE]."""
-        usage = self.usage_chunk(completion_tokens, metrics) if self.g.include_usage else b""
+        usage = b""
+        if self.g.include_usage:
+            usage = self.usage_chunk(completion_tokens, metrics, cached_tokens)
         return usage + DONE
 
     def role_chunk(self) -> bytes:
@@ -374,9 +393,19 @@ class ResponseWriter:
             extra = f',"usage":{_json(usage(prompt, completion_tokens))}'
         return self._chunk(choice, extra)
 
-    def usage_chunk(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
-        """The final chunk with usage (and per-request metrics when enabled)."""
-        extra = f',"usage":{_json(usage(self.g.prompt_tokens, completion_tokens))}'
+    def usage_chunk(
+        self,
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
+    ) -> bytes:
+        """The final chunk with usage (its prompt's details when it has them, the only chunk
+        that does) and per-request metrics when enabled."""
+        counts: dict[str, Any] = usage(self.g.prompt_tokens, completion_tokens)
+        details = prompt_details(self.g.chat, cached_tokens)
+        if details is not None:
+            counts["prompt_tokens_details"] = details
+        extra = f',"usage":{_json(counts)}'
         extra += f',"system_fingerprint":"{SYSTEM_FINGERPRINT}"'
         if metrics is not None:
             extra += f',"metrics":{_json(metrics)}'
@@ -386,16 +415,23 @@ class ResponseWriter:
         return f"{self._head}{choices}]{extra}}}\n\n".encode()
 
     def full_response(
-        self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
+        self,
+        text: str,
+        finish_reason: str,
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
     ) -> bytes:
         """The non-streaming response body, with every key vLLM sends."""
-        return self.full_choices([(text, finish_reason)], completion_tokens, metrics)
+        choices = [(text, finish_reason)]
+        return self.full_choices(choices, completion_tokens, metrics, cached_tokens)
 
     def full_choices(
         self,
         choices: list[tuple[str, str]],
         completion_tokens: int,
         metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
     ) -> bytes:
         """The non-streaming response body of one or more (text, finish reason) choices."""
         body: dict[str, Any] = {
@@ -406,7 +442,11 @@ class ResponseWriter:
             "choices": [self._choice(i, *choice) for i, choice in enumerate(choices)],
             "service_tier": None,
             "system_fingerprint": SYSTEM_FINGERPRINT,
-            "usage": full_usage(self.g.prompt_tokens, completion_tokens),
+            "usage": full_usage(
+                self.g.prompt_tokens,
+                completion_tokens,
+                prompt_details(self.g.chat, cached_tokens),
+            ),
         }
         if self.g.chat:
             body |= _CHAT_BODY_EXTRAS
@@ -454,9 +494,14 @@ class ResponsesWriter:
         return self._event("response.output_text.delta", item_id=self.item_id, output_index=0,
                            content_index=0, delta=text, logprobs=[])  # fmt: skip
 
-    def closing(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
+    def closing(
+        self,
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
+    ) -> bytes:
         text = "".join(self._parts)
-        done = self._response("completed", completion_tokens, text)
+        done = self._response("completed", completion_tokens, text, cached_tokens)
         [item] = done["output"]
         return b"".join([
             self._event("response.output_text.done", item_id=self.item_id, output_index=0,
@@ -468,9 +513,15 @@ class ResponsesWriter:
         ])  # fmt: skip
 
     def full_response(
-        self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
+        self,
+        text: str,
+        finish_reason: str,
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
     ) -> bytes:
-        return _json(self._response("completed", completion_tokens, text)).encode()
+        body = self._response("completed", completion_tokens, text, cached_tokens)
+        return _json(body).encode()
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -478,8 +529,14 @@ class ResponsesWriter:
         return f"event: {kind}\ndata: {_json(body)}\n\n".encode()
 
     def _response(
-        self, status: str, completion_tokens: int | None, text: str = ""
+        self,
+        status: str,
+        completion_tokens: int | None,
+        text: str = "",
+        cached_tokens: int | None = None,
     ) -> dict[str, Any]:
+        """The response object; its usage's cached tokens are 0 unless the server says them
+        (vLLM copies its prompt token details there)."""
         output: list[dict[str, Any]] = []
         if status == "completed":
             content: dict[str, Any] = {
@@ -494,7 +551,7 @@ class ResponsesWriter:
         if completion_tokens is not None:
             usage = {
                 "input_tokens": self.g.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": cached_tokens or 0},
                 "output_tokens": completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": self.g.prompt_tokens + completion_tokens,
@@ -539,7 +596,12 @@ class MessagesWriter:
         delta = {"type": "text_delta", "text": text}
         return self._event("content_block_delta", index=0, delta=delta)
 
-    def closing(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:
+    def closing(
+        self,
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
+    ) -> bytes:
         delta = {"stop_reason": STOP_REASONS.get(self._finish, "end_turn"),
                  "stop_sequence": None}  # fmt: skip
         return b"".join([
@@ -549,7 +611,12 @@ class MessagesWriter:
         ])  # fmt: skip
 
     def full_response(
-        self, text: str, finish_reason: str, completion_tokens: int, metrics: dict[str, Any] | None
+        self,
+        text: str,
+        finish_reason: str,
+        completion_tokens: int,
+        metrics: dict[str, Any] | None,
+        cached_tokens: int | None = None,
     ) -> bytes:
         content = [{"type": "text", "text": text}]
         body = self._message(content, STOP_REASONS.get(finish_reason, "end_turn"),

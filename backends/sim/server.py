@@ -219,18 +219,21 @@ class SimServer:
                 self.runner.abort(request)  # no-op once finished
 
     async def _stream_each(self, writer: ResponseWriter, streams: list[Stream], send: Send) -> None:
-        completions = [0] * len(streams)
+        completions, first = [0] * len(streams), None
         async for index, text, value in merged(streams):
             if text is None and value == "abort":
                 return
             if text is None:
                 continue
+            first = index if first is None else first
             completions[index] += value
             finish = self._finish_if_last(streams[index], completions[index])
             prompt = streams[index].request.prompt_tokens
             chunk = writer.text_chunk(text, finish, completions[index], index, prompt)
             await _send_body(send, chunk)
-        closing = writer.closing(sum(completions), None)
+        # vLLM's usage says the cached tokens of the prompt whose output came first
+        cached = self._cached_tokens(streams[first or 0].request)
+        closing = writer.closing(sum(completions), None, cached)
         await send({"type": "http.response.body", "body": closing, "more_body": False})
 
     async def _respond_each(
@@ -247,7 +250,8 @@ class SimServer:
             texts[index].append(text)
             completion += value
         choices = [("".join(parts), reason) for parts, reason in zip(texts, reasons, strict=True)]
-        await _respond(send, 200, writer.full_choices(choices, completion, None))
+        cached = self._cached_tokens(streams[-1].request)  # vLLM's: the last prompt's
+        await _respond(send, 200, writer.full_choices(choices, completion, None, cached))
 
     def _submit(
         self, generation: Generation, text: str, words: list[str], prompt_tokens: int
@@ -296,7 +300,7 @@ class SimServer:
         if value == "abort":
             return
         metrics = self._request_metrics(stream.request) if generation.include_usage else None
-        closing = writer.closing(completion, metrics)
+        closing = writer.closing(completion, metrics, self._cached_tokens(stream.request))
         await send({"type": "http.response.body", "body": closing, "more_body": False})
 
     def _finish_if_last(self, stream: Stream, completion: int) -> str | None:
@@ -329,8 +333,16 @@ class SimServer:
         if value == "abort":
             return
         metrics = self._request_metrics(stream.request)
-        body = writer.full_response("".join(parts), value, completion, metrics)
+        cached = self._cached_tokens(stream.request)
+        body = writer.full_response("".join(parts), value, completion, metrics, cached)
         await _respond(send, 200, body)
+
+    def _cached_tokens(self, request: SimRequest) -> int | None:
+        """The prompt tokens its usage says were cached: vLLM's --enable-prompt-tokens-details
+        (None without it: the usage says nothing of them)."""
+        if not self.config.enable_prompt_tokens_details:
+            return None
+        return request.first_cached_tokens
 
     def _request_metrics(self, request: SimRequest) -> dict[str, Any] | None:
         """vLLM's `--per-request-spec-decode-metrics summary` block."""

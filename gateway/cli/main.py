@@ -459,6 +459,10 @@ def sim(
     block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
     adaptive_verification: bool = False,
     per_request_spec_metrics: bool = False,
+    enable_prompt_tokens_details: Annotated[
+        bool,
+        typer.Option(help="As vLLM's: usage says the prompt tokens found in the prefix cache."),
+    ] = False,
     seed: int = 0,
     error_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.0,
     stall_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.0,
@@ -498,6 +502,7 @@ def sim(
         block_size=block_size,
         adaptive_verification=adaptive_verification,
         per_request_spec_metrics=per_request_spec_metrics,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
         seed=seed,
         faults=faults,
         api_key=api_key,

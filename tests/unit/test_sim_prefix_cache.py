@@ -1,12 +1,17 @@
-"""The simulator's prefix cache: chained block hashes, hits skip prefill, LRU in the budget."""
+"""The simulator's prefix cache: chained block hashes, hits skip prefill, LRU in the budget;
+the cached tokens its usage says, as vLLM says them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+
+import pytest
 
 from backends.sim.config import SimConfig, build_engine
 from backends.sim.engine import EngineCore, SimRequest
 from backends.sim.prefix_cache import PrefixCache, block_hashes
+from backends.sim.protocol import Generation, ResponseWriter, prompt_details
 from backends.sim.text import template_words
 
 PLAIN = SimConfig(model="meta-llama/Llama-3.1-8B-Instruct", method="plain", block_size=16)
@@ -118,3 +123,43 @@ def test_a_busy_server_keeps_less_of_its_past() -> None:
     serve(core, request("new", words(64, "y")), now)
     assert len(cache) <= cache.capacity_blocks - 20
     assert cache.cached_tokens(block_hashes(words(16 * half, "x"), 16), 16 * half + 1) == 16 * half
+
+
+def test_a_request_keeps_what_its_first_admission_found_cached() -> None:
+    """vLLM's usage says the tokens found cached when the request was first scheduled."""
+    core = build_engine(PLAIN)
+    prompt = words(4000)
+    cold, warm = request("a", prompt), request("b", prompt)
+    serve(core, cold)
+    serve(core, warm, now=10.0)
+    assert (cold.first_cached_tokens, warm.first_cached_tokens) == (0, 3984)
+
+
+@pytest.mark.parametrize(
+    ("chat", "cached", "said"),
+    [
+        (True, None, None),  # without --enable-prompt-tokens-details: never
+        (True, 0, None),  # a chat says them only when some were found
+        (True, 3984, {"cached_tokens": 3984}),
+        (False, None, None),
+        (False, 0, {"cached_tokens": 0}),  # a text completion always
+        (False, 48, {"cached_tokens": 48}),
+    ],
+)
+def test_prompt_details_are_said_as_vllm_says_them(
+    chat: bool, cached: int | None, said: dict[str, int] | None
+) -> None:
+    assert prompt_details(chat, cached) == said
+    generation = Generation(
+        chat=chat, model="m", prompt_text="p", prompt_tokens=4000, max_tokens=4, stream=True,
+        include_usage=True, continuous_usage=True, ignore_eos=True, workload=None,
+    )  # fmt: skip
+    writer = ResponseWriter(generation)
+    closing = writer.closing(4, None, cached).decode()
+    usage_chunk, done = closing.split("\n\n")[:2]
+    assert done == "data: [DONE]"
+    usage = json.loads(usage_chunk.removeprefix("data: "))["usage"]
+    assert usage.get("prompt_tokens_details") == said  # on the usage-only chunk alone
+    assert "prompt_tokens_details" not in writer.text_chunk("x", None, 1).decode()
+    whole = json.loads(writer.full_response("x", "length", 4, None, cached))
+    assert whole["usage"]["prompt_tokens_details"] == said  # null when not said
