@@ -60,6 +60,15 @@ class UsageEntry:
     # The $/1M prompt tokens both costs include (None: prompts unpriced)
     prompt_usd_per_mtok: float | None = None
     tokens_estimated: bool = False  # the counts are the gateway's estimate, not the backend's
+    # Of the prompt tokens, those the backend read from its prefix cache (None: not said)
+    cached_prompt_tokens: int | None = None
+
+
+def prefill_saved_by_cache_usd(entry: UsageEntry) -> float:
+    """The prefill its cache hits skipped, at the prompt price it was given (0 unpriced)."""
+    if not entry.cached_prompt_tokens or entry.prompt_usd_per_mtok is None:
+        return 0.0
+    return entry.cached_prompt_tokens * entry.prompt_usd_per_mtok / 1e6
 
 
 ENTRY_FIELDS = tuple(f.name for f in fields(UsageEntry))
@@ -81,6 +90,8 @@ ROLLUP_VALUES = [
     "busy_s",
     "cost_error_usd",
     "baseline_error_usd",
+    "cached_prompt_tokens",
+    "prefill_saved_by_cache_usd",
 ]
 
 
@@ -111,7 +122,7 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
     """Increment the hourly rollup rows by these (newly inserted) records."""
     sums: dict[tuple[dt.datetime, str, str, str, int], list[float]] = {}
     for e in entries:
-        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0])
         total[0] += 1
         total[1] += e.status_code >= 400
         total[2] += e.prompt_tokens
@@ -121,6 +132,8 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
         total[6] += e.latency_ms / 1000
         total[7] += e.cost_error_usd or 0.0
         total[8] += e.baseline_error_usd or 0.0
+        total[9] += e.cached_prompt_tokens or 0
+        total[10] += prefill_saved_by_cache_usd(e)
     rows = [
         dict(zip(ROLLUP_KEY, key, strict=True)) | dict(zip(ROLLUP_VALUES, values, strict=True))
         for key, values in sums.items()
@@ -158,6 +171,8 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
             func.coalesce(func.sum(r.latency_ms), 0.0) / 1000,
             func.coalesce(func.sum(r.cost_error_usd), 0.0),
             func.coalesce(func.sum(r.baseline_error_usd), 0.0),
+            func.coalesce(func.sum(r.cached_prompt_tokens), 0),
+            func.coalesce(func.sum(r.cached_prompt_tokens * r.prompt_usd_per_mtok / 1e6), 0.0),
         )
         .where(r.created_at >= hour, r.created_at < end)
         .group_by(*dimensions)
@@ -178,10 +193,12 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
             "busy_s": busy,
             "cost_error_usd": cost_error,
             "baseline_error_usd": baseline_error,
+            "cached_prompt_tokens": cached,
+            "prefill_saved_by_cache_usd": saved,
         }
         for (
             method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy,
-            cost_error, baseline_error,
+            cost_error, baseline_error, cached, saved,
         ) in session.execute(groups)
     ]  # fmt: skip
     if rows:

@@ -171,6 +171,12 @@ class SavingsRow(Report):
     cost_usd_95: tuple[float, float]
     baseline_cost_usd_95: tuple[float, float]
     savings_usd_95: tuple[float, float]
+    # Prompt tokens the backends read from their prefix caches (priced at nothing), and the
+    # prefill they skipped at the prompt price each request was given: what cache hits (and
+    # the session affinity that brings them) avoided in capacity cost, not money released.
+    # Prefill is the same for every method, so it is in no saving above.
+    cached_prompt_tokens: int
+    prefill_saved_by_cache_usd: float
 
 
 class SavingsReport(Report):
@@ -350,9 +356,10 @@ class CurvesReport(Report):
 
 class UsageRow(Report):
     """One request as the ledger recorded it, with the prices applied to it: cost_usd is
-    (completion_tokens x usd_per_mtok + prompt_tokens x prompt_usd_per_mtok) / 1e6, where
-    usd_per_mtok is its method's curve at its concurrency on its backend's GPU type with the
-    curve's own prefill taken out (`output_usd_per_mtok` of GET /admin/v1/curves' line)."""
+    (completion_tokens x usd_per_mtok + (prompt_tokens - cached_prompt_tokens) x
+    prompt_usd_per_mtok) / 1e6, where usd_per_mtok is its method's curve at its concurrency
+    on its backend's GPU type with the curve's own prefill taken out (`output_usd_per_mtok`
+    of GET /admin/v1/curves' line), and a null cached_prompt_tokens counts as 0."""
 
     id: int
     request_id: str
@@ -363,6 +370,9 @@ class UsageRow(Report):
     method: str | None
     backend: str | None
     prompt_tokens: int
+    # Of them, read from the backend's prefix cache: no prefill, not priced (None: the
+    # backend did not say, as vLLM without --enable-prompt-tokens-details)
+    cached_prompt_tokens: int | None
     completion_tokens: int
     status_code: int
     outcome: str

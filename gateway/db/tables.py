@@ -157,6 +157,9 @@ class UsageRecord(Base):
     # The token counts are the gateway's estimate (a non-streamed request abandoned by its
     # client: the backend never said what it generated), not the backend's report.
     tokens_estimated: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Of the prompt tokens, those the backend read from its prefix cache, so not priced
+    # (vLLM's `prompt_tokens_details.cached_tokens`); NULL when the backend did not say.
+    cached_prompt_tokens: Mapped[int | None]
 
 
 class UsageHourly(Base):
@@ -184,6 +187,10 @@ class UsageHourly(Base):
     # interval of a sum is the sum of the half-widths.
     cost_error_usd: Mapped[float] = mapped_column(default=0.0, server_default="0")
     baseline_error_usd: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    # Prompt tokens read from the prefix cache, and the prefill they skipped at the prompt
+    # price each record was given: a capacity cost the cache avoided, not money released.
+    cached_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    prefill_saved_by_cache_usd: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
 
 class Measurement(Base):

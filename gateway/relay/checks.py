@@ -14,6 +14,9 @@ COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 GENERATION_PATHS = COMPLETION_PATHS | {"/v1/responses", "/v1/messages"}
 BYTES_PER_TOKEN = 4  # a prompt's token estimate from its body's size (JSON framing included)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's (and OpenAI's) default for /v1/completions
+# `x-draftgate-include-cost: true`: a stream ends with a comment holding its cost (its headers
+# went out before its usage was known, so they cannot say it as a whole response's do).
+INCLUDE_COST_HEADER = b"x-draftgate-include-cost"
 # vLLM's own bounds (SamplingParams): a value outside is refused here, before any backend.
 SAMPLING_RANGES = {
     "temperature": (0.0, float("inf")),
@@ -70,17 +73,21 @@ class UsageAsked:
 
     final: bool  # include_usage: the closing usage-only chunk
     every_chunk: bool  # continuous_usage_stats: cumulative usage on each content chunk
+    cost: bool = False  # INCLUDE_COST_HEADER: an SSE comment with its cost, last but [DONE]
 
 
-def usage_asked(path: str, payload: dict[str, Any]) -> UsageAsked:
-    """What usage the client asked for (other streams than completions get all they send)."""
+def usage_asked(path: str, payload: dict[str, Any], cost_header: bytes = b"") -> UsageAsked:
+    """What usage the client asked for (other streams than completions get all they send),
+    and whether its cost (`cost_header`: the value of INCLUDE_COST_HEADER, if sent)."""
+    cost = cost_header.strip().lower() == b"true"
     if path not in COMPLETION_PATHS:
-        return UsageAsked(final=True, every_chunk=True)
+        return UsageAsked(final=True, every_chunk=True, cost=cost)
     options = payload.get("stream_options")
     options = options if isinstance(options, dict) else {}
     return UsageAsked(
         final=options.get("include_usage") is True,
         every_chunk=options.get("continuous_usage_stats") is True,
+        cost=cost,
     )
 
 

@@ -189,7 +189,7 @@ def _record(
     for name in tokens.rejected:  # set aside, counted: the record itself is kept
         metrics.usage_rejected.labels(name).inc()
     latency = time.perf_counter() - x.started
-    costs = x.costs or price(x, prompt, completion, latency, metrics)
+    costs = x.costs or price(x, tokens, latency, metrics)
     cost, baseline = costs.cost, costs.baseline
     ttft = None if x.first_byte is None else x.first_byte - x.started
     method = x.method or "none"
@@ -204,6 +204,7 @@ def _record(
             backend_name=x.backend.name if x.backend else None,
             prompt_tokens=prompt,
             completion_tokens=completion,
+            cached_prompt_tokens=tokens.cached,
             status_code=x.status,
             outcome=x.outcome,
             latency_ms=latency * 1000,
@@ -236,22 +237,20 @@ class Costs:
     prompt_usd_per_mtok: float | None = None
 
 
-def price(
-    x: Exchange, prompt: int, completion: int, latency_s: float, metrics: GatewayMetrics
-) -> Costs:
-    """The request's costs, kept on the exchange (a response header may show them first)."""
+def price(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetrics) -> Costs:
+    """The request's costs, kept on the exchange (a response header or a stream's last
+    comment may show them first)."""
     if x.costs is None:
-        x.costs = _costs(x, prompt, completion, latency_s, metrics)
+        x.costs = _costs(x, tokens, latency_s, metrics)
     return x.costs
 
 
-def _costs(
-    x: Exchange, prompt: int, completion: int, latency_s: float, metrics: GatewayMetrics
-) -> Costs:
-    """Output tokens at the curve's $/1M with its own prefill taken out, prompt tokens at
-    the prefill price (the same for plain, so prompts never change a saving). Without a
-    curve, the request's share of the backend's GPU time: never free, never a saving."""
-    snapshot = x.snapshot
+def _costs(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetrics) -> Costs:
+    """Output tokens at the curve's $/1M with its own prefill taken out, the prompt tokens
+    not read from the prefix cache at the prefill price (the same for plain, so prompts
+    never change a saving; a cache hit skipped its prefill). Without a curve, the request's
+    share of the backend's GPU time: never free, never a saving."""
+    snapshot, prompt, completion = x.snapshot, tokens.prompt, tokens.completion
     if x.backend is None or x.method is None or x.model is None or snapshot is None:
         return Costs()
     c, gpu = x.concurrency or 1.0, x.backend.gpu_type
@@ -260,7 +259,7 @@ def _costs(
     per_prompt = snapshot.prompt_usd_per_mtok(x.model, x.method, gpu)
     if not completion and not (prompt and per_prompt):
         return Costs()
-    prompt_usd = prompt * (per_prompt or 0.0) / 1e6
+    prompt_usd = (prompt - (tokens.cached or 0)) * (per_prompt or 0.0) / 1e6
     per_output = snapshot.output_usd_per_mtok(x.model, x.method, x.backend, c)
     plain = snapshot.output_usd_per_mtok(x.model, "plain", x.backend, c)
     cost = None if per_output is None else completion * per_output / 1e6 + prompt_usd

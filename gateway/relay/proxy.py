@@ -45,6 +45,7 @@ from gateway.moves import position_of
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry, Snapshot
 from gateway.relay.checks import (
     COMPLETION_PATHS,
+    INCLUDE_COST_HEADER,
     UsageAsked,
     check_completion,
     parse_body,
@@ -53,7 +54,7 @@ from gateway.relay.checks import (
 )
 from gateway.relay.exchange import Exchange, admit, estimate_abandoned, price, settle
 from gateway.relay.routing import route
-from gateway.relay.sse import UsageTap
+from gateway.relay.sse import DONE, UsageTap
 from gateway.relay.upstream import (
     Upstream,
     UpstreamBroke,
@@ -76,6 +77,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # usage_records.request_id is 64 chars
+# Before the JSON of a stream's cost (its usage record's cost_usd, cost_error_usd and
+# curve_source), when the client sent `x-draftgate-include-cost: true`.
+COST_COMMENT = b": x-draftgate-cost "
 
 
 class ClientGone(Exception):
@@ -186,7 +190,7 @@ class Relay:
             if found is not None:
                 x.affinity = Affinity(found[0], self.settings.affinity_balance)
         stream = payload.get("stream") is True
-        asked = usage_asked(path, payload)
+        asked = usage_asked(path, payload, headers.get(INCLUDE_COST_HEADER, b""))
         if stream and path in COMPLETION_PATHS:
             body = with_usage_options(payload)
         states, limit = self.registry.states, self.settings.default_max_model_len
@@ -439,6 +443,7 @@ class Relay:
         x.status = response.status_code
         await send({"type": "http.response.start", "status": x.status, "headers": headers})
         tap = UsageTap(strip_usage_chunk=not asked.final, strip_chunk_usage=not asked.every_chunk)
+        held = b""  # from `data: [DONE]` on, when the cost comment is to go before it
         # Asked for identity; a compressing hop that ignores it is decoded, so the tap (and the
         # client, who gets no content-encoding header) reads text.
         try:
@@ -448,9 +453,14 @@ class Relay:
                     x.first_byte = now
                 x.last_byte = now
                 out = tap.feed(chunk)
+                if asked.cost:
+                    out, held = _hold_done(out, held)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             rest = tap.finish()
+            if asked.cost:
+                rest, held = _hold_done(rest, held)
+                rest += self._cost_comment(x, tap) + held
             x.responded = True
             await send({"type": "http.response.body", "body": rest, "more_body": False})
         except (UpstreamBroke, UpstreamTimedOut) as exc:  # the backend broke mid-stream
@@ -458,12 +468,24 @@ class Relay:
             if x.backend is not None:
                 self._record_failure(self.registry.states[x.backend.name])
             broke = _interrupted(f"backend stream broke: {exc}")
-            event = tap.finish() + _sse_error(broke, x.request_id)
+            event = tap.finish()
+            if asked.cost:
+                event += self._cost_comment(x, tap)
+            event += _sse_error(broke, x.request_id)
             x.responded = True
             await send({"type": "http.response.body", "body": event, "more_body": False})
         finally:
             tap.finish()  # a stream cut short still knows its usage from its last chunk
             x.usage, x.chunks = tap.usage, tap.chunks
+
+    def _cost_comment(self, x: Exchange, tap: UsageTap) -> bytes:
+        """The SSE comment that tells a stream's client its cost, as its usage record holds
+        it (clients skip comments: the stream stays valid for every SSE parser)."""
+        x.usage = tap.usage
+        costs = price(x, tokens_of(x.usage), time.perf_counter() - x.started, self.metrics)
+        said = {"cost_usd": costs.cost, "cost_error_usd": costs.cost_error,
+                "curve_source": costs.source}  # fmt: skip
+        return COST_COMMENT + orjson.dumps(said) + b"\n\n"
 
     async def _relay_whole(
         self,
@@ -541,8 +563,7 @@ def _response_headers(
 
 def _cost_headers(x: Exchange, metrics: GatewayMetrics) -> list[tuple[bytes, bytes]]:
     """A whole response's capacity cost, its 95% half-width and the source of its price."""
-    tokens = tokens_of(x.usage)
-    costs = price(x, tokens.prompt, tokens.completion, time.perf_counter() - x.started, metrics)
+    costs = price(x, tokens_of(x.usage), time.perf_counter() - x.started, metrics)
     if costs.cost is None:
         return []
     headers = [(b"x-draftgate-cost-usd", b"%.9f" % costs.cost)]
@@ -551,6 +572,17 @@ def _cost_headers(x: Exchange, metrics: GatewayMetrics) -> list[tuple[bytes, byt
     if costs.source is not None:
         headers.append((b"x-draftgate-cost-source", costs.source.encode()))
     return headers
+
+
+def _hold_done(data: bytes, held: bytes) -> tuple[bytes, bytes]:
+    """`data` to forward now, and what is held back: from a closing `data: [DONE]` event on
+    (whole events only reach here, so it starts a line)."""
+    if held:
+        return b"", held + data
+    at = data.rfind(DONE)
+    if at < 0 or data[at:].strip() != DONE or (at and data[at - 1 : at] != b"\n"):
+        return data, held
+    return data[:at], data[at:]
 
 
 def _usage_of(content: bytes) -> dict[str, Any] | None:

@@ -4,6 +4,12 @@ Chat and text completions and embeddings report `prompt_tokens` and `completion_
 the Responses API and Anthropic-style messages report `input_tokens` and `output_tokens`.
 A count that is not a whole number in [0, MAX_TOKENS] is set aside (counted as 0 and named
 in `rejected`), so one bad value from a backend can never stop the ledger or lose the record.
+
+The prompt tokens read from the backend's prefix cache (their prefill skipped) are counted
+apart where the usage says them: `prompt_tokens_details.cached_tokens` (vLLM, with
+`--enable-prompt-tokens-details`, on a whole response and on a stream's usage-only chunk),
+`input_tokens_details.cached_tokens` (the Responses API), `cache_read_input_tokens`
+(Anthropic-style). More cached tokens than the prompt has is set aside like a bad count.
 """
 
 from __future__ import annotations
@@ -17,28 +23,61 @@ PROMPT_KEYS = ("prompt_tokens", "input_tokens")
 COMPLETION_KEYS = ("completion_tokens", "output_tokens")
 # Anthropic-style usage counts prompt tokens read from or written to the prefix cache apart
 # from `input_tokens` (vLLM: input = prompt - cache_read - cache_creation): all are prompt.
-CACHED_PROMPT_KEYS = (("cache_read_input_tokens",), ("cache_creation_input_tokens",))
+CACHE_READ = "cache_read_input_tokens"
+CACHED_PROMPT_KEYS = ((CACHE_READ,), ("cache_creation_input_tokens",))
+CACHED_DETAILS = ("prompt_tokens_details", "input_tokens_details")  # each with cached_tokens
 
 
 @dataclass(frozen=True, slots=True)
 class Tokens:
-    """A request's token counts, and the usage fields that could not be counted."""
+    """A request's token counts, and the usage fields that could not be counted; `cached`
+    of the prompt tokens came from the prefix cache (None: the backend did not say)."""
 
     prompt: int = 0
     completion: int = 0
     rejected: tuple[str, ...] = ()
+    cached: int | None = None
 
 
 def tokens_of(usage: dict[str, Any] | None) -> Tokens:
-    """The prompt and completion counts of a usage object (0 where it has none)."""
+    """The prompt, completion and cached prompt counts of a usage object (0 where it has
+    none; cached None)."""
     if not usage:
         return Tokens()
     rejected: list[str] = []
     prompt = _count(usage, PROMPT_KEYS, rejected)
+    cached = None
     if "input_tokens" in usage:
-        prompt += sum(_count(usage, keys, rejected) for keys in CACHED_PROMPT_KEYS)
+        read, created = (_count(usage, keys, rejected) for keys in CACHED_PROMPT_KEYS)
+        prompt += read + created
+        if usage.get(CACHE_READ) is not None and CACHE_READ not in rejected:
+            cached = read
     completion = _count(usage, COMPLETION_KEYS, rejected)
-    return Tokens(prompt, completion, tuple(rejected))
+    if cached is None:
+        cached = _cached(usage, prompt, rejected)
+    return Tokens(prompt, completion, tuple(rejected), cached)
+
+
+def _cached(usage: dict[str, Any], prompt: int, rejected: list[str]) -> int | None:
+    """The `cached_tokens` of the usage's details object, if it has one: a whole number no
+    larger than the prompt, else set aside and named (None)."""
+    for holder in CACHED_DETAILS:
+        details = usage.get(holder)
+        if details is None:
+            continue
+        name = f"{holder}.cached_tokens"
+        if not isinstance(details, dict):
+            rejected.append(name)
+            return None
+        if details.get("cached_tokens") is None:
+            return None
+        bad: list[str] = []
+        cached = _count(details, ("cached_tokens",), bad)
+        if bad or cached > prompt:
+            rejected.append(name)
+            return None
+        return cached
+    return None
 
 
 def _count(usage: dict[str, Any], keys: tuple[str, ...], rejected: list[str]) -> int:

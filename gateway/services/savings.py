@@ -31,6 +31,8 @@ SUMMED = (
     "baseline_cost_usd",
     "cost_error_usd",
     "baseline_error_usd",
+    "cached_prompt_tokens",
+    "prefill_saved_by_cache_usd",
 )
 
 
@@ -68,11 +70,13 @@ def _record_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         "backend": backend,
     }
     served = backend != ""
+    saved = r.cached_prompt_tokens * r.prompt_usd_per_mtok / 1e6  # NULL unpriced: not summed
+    columns = {"prefill_saved_by_cache_usd": saved}
     return _sums(
         [dims[n] for n in names],
         func.sum(case((served, 1), else_=0)),
         func.sum(case((served, 0), else_=1)),
-        [getattr(r, name) for name in SUMMED],
+        [columns.get(name, getattr(r, name, None)) for name in SUMMED],
     ).where(r.created_at >= start, r.created_at < end)
 
 
@@ -86,7 +90,8 @@ def _sums(
 
 
 def _row(names: Sequence[str], group: tuple[Any, ...], sums: list[float]) -> SavingsRow:
-    requests, refused, prompt, completion, cost, baseline, cost_error, baseline_error = sums
+    requests, refused, prompt, completion, cost, baseline, cost_error, baseline_error = sums[:8]
+    cached, saved_by_cache = sums[8:]
     return SavingsRow(
         **dict(zip(names, group, strict=True)),
         requests=int(requests),
@@ -99,6 +104,8 @@ def _row(names: Sequence[str], group: tuple[Any, ...], sums: list[float]) -> Sav
         cost_usd_95=_interval(cost, cost_error),
         baseline_cost_usd_95=_interval(baseline, baseline_error),
         savings_usd_95=_interval(baseline - cost, cost_error + baseline_error),
+        cached_prompt_tokens=int(cached),
+        prefill_saved_by_cache_usd=saved_by_cache,
     )
 
 

@@ -74,7 +74,8 @@ def page(session: Session, where: UsageFilter, cursor: str | None, limit: int) -
 
 
 def row_of(r: UsageRecord) -> UsageRow:
-    tokens, prompt = r.completion_tokens, r.prompt_tokens * (r.prompt_usd_per_mtok or 0.0) / 1e6
+    uncached = r.prompt_tokens - (r.cached_prompt_tokens or 0)  # a cache hit pays no prefill
+    tokens, prompt = r.completion_tokens, uncached * (r.prompt_usd_per_mtok or 0.0) / 1e6
     output = None if r.cost_usd is None else r.cost_usd - prompt  # the output tokens' share
     output_base = None if r.baseline_cost_usd is None else r.baseline_cost_usd - prompt
     return UsageRow(
@@ -87,6 +88,7 @@ def row_of(r: UsageRecord) -> UsageRow:
         method=r.method,
         backend=r.backend_name,
         prompt_tokens=r.prompt_tokens,
+        cached_prompt_tokens=r.cached_prompt_tokens,
         completion_tokens=r.completion_tokens,
         status_code=r.status_code,
         outcome=r.outcome,

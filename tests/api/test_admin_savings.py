@@ -131,3 +131,40 @@ async def test_intervals_are_the_sums_of_each_records_half_widths(
     assert [r["cost_error_usd"] for r in usage] == pytest.approx(
         [0.0001 * (n + 1) for n in range(4)]
     )
+
+
+async def test_prefill_saved_by_cache_is_cached_tokens_at_each_records_prompt_price(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    # 10:06 and 12:10 from the records, 11:10 and 11:20 from the rollup of the hour 11:00.
+    # Only a priced prompt saves: a record without a prompt price (unpriced) or without a
+    # cached count (the backend did not say) saves nothing.
+    cases = [  # minute, prompt tokens, cached, $/1M prompt tokens
+        (6, 4000, 3984, 0.011),
+        (70, 4000, 2048, 0.022),
+        (80, 900, 0, 0.011),
+        (90, 4000, 3984, None),
+        (100, 4000, None, 0.011),
+        (130, 600, 512, 0.011),
+    ]
+    records = [
+        entry(n, minute=m, prompt_tokens=p, cached_prompt_tokens=c, prompt_usd_per_mtok=price)
+        for n, (m, p, c, price) in enumerate(cases)
+    ]
+    write_batch(app.state.services.sessions, records)
+    params = {
+        "from": (HOUR + dt.timedelta(minutes=5)).isoformat(),
+        "to": (HOUR + dt.timedelta(minutes=135)).isoformat(),
+        "group_by": "model",
+    }
+    [row] = (await client.get("/admin/v1/savings", params=params)).json()["data"]
+    assert row["cached_prompt_tokens"] == 3984 + 2048 + 3984 + 512
+    saved = (3984 * 0.011 + 2048 * 0.022 + 512 * 0.011) / 1e6
+    assert row["prefill_saved_by_cache_usd"] == pytest.approx(saved)
+    # Prefill is the same for every method: the cache moves no saving against plain.
+    assert row["savings_usd"] == pytest.approx(
+        sum((e.baseline_cost_usd or 0) - (e.cost_usd or 0) for e in records)
+    )
+
+    usage = (await client.get("/admin/v1/usage", params={"limit": 10})).json()["data"]
+    assert [r["cached_prompt_tokens"] for r in usage] == [c for _, _, c, _ in cases]

@@ -68,21 +68,34 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
         migrate.upgrade(engine)
         sessions = make_sessionmaker(engine)
         for n in range(5):
-            write_batch(
-                sessions, [entry(10 * n + i, method=("plain", "dflash")[i % 2]) for i in range(7)]
-            )
+            batch = [
+                entry(10 * n + i, method=("plain", "dflash")[i % 2],
+                      cached_prompt_tokens=(None, 8)[n % 2], prompt_usd_per_mtok=0.5)
+                for i in range(7)
+            ]  # fmt: skip
+            write_batch(sessions, batch)
 
         def rollups() -> list[tuple[object, ...]]:
             with sessions() as session:
                 rows = session.scalars(select(UsageHourly).order_by(UsageHourly.method)).all()
                 return [
-                    (r.method, r.requests, r.completion_tokens, round(r.cost_usd, 9)) for r in rows
-                ]
+                    (r.method, r.requests, r.completion_tokens, round(r.cost_usd, 9),
+                     r.cached_prompt_tokens, round(r.prefill_saved_by_cache_usd, 12))
+                    for r in rows
+                ]  # fmt: skip
 
         incremental = rollups()
         with transaction(sessions) as session:
             recompute_hour(session, HOUR)
-        assert rollups() == incremental == [("dflash", 15, 1500, 0.015), ("plain", 20, 2000, 0.02)]
+        # Batches 1 and 3 said 8 cached tokens a record: 6 dflash and 8 plain records.
+        assert (
+            rollups()
+            == incremental
+            == [
+                ("dflash", 15, 1500, 0.015, 48, 48 * 0.5e-6),
+                ("plain", 20, 2000, 0.02, 64, 64 * 0.5e-6),
+            ]
+        )
     finally:
         engine.dispose()
 
