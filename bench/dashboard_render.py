@@ -37,7 +37,7 @@ from gateway.app import prepare_database
 from gateway.cli import stack
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import UsageHourly, UsageRecord
-from gateway.schemas import KeyCreate
+from gateway.schemas.resources import KeyCreate
 from gateway.services.keys import create_key
 from gateway.settings import Settings
 

@@ -13,7 +13,7 @@ what the proxy adds to them, throughput relative to direct, the proxy's CPU ms p
 `--baseline DIR` adds the target `baseline`: the gateway of another checkout (its own
 `.venv`, e.g. an earlier commit), so a change is measured against what it changes in one run.
 `granian` is this gateway's app served by Granian (Rust HTTP) instead of uvicorn, for
-comparison (it lacks the request limits gateway/http_limits.py adds to uvicorn's protocol).
+comparison (it lacks the request limits gateway/server/http_limits.py adds to uvicorn's protocol).
 `draftgate-wN` is this gateway with N worker processes (`DRAFTGATE_WORKERS=N`); its CPU is
 that of the supervisor and every worker. `floor` (`floor-wN`) is bench/floor_relay.py, the
 least a Python relay does on the gateway's own stack, one (N) uvicorn process(es): the floor

@@ -21,7 +21,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
-from gateway.budget_alerts import BudgetWatch
 from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector, Gate
 from gateway.control.leader import Leader
@@ -31,20 +30,21 @@ from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Services, authorize_admin
 from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
-from gateway.inflight import INFLIGHT_FILE, SharedInFlight
+from gateway.events.budget_alerts import BudgetWatch
+from gateway.events.webhooks import WebhookSender
 from gateway.limits import Limiter, budgeted_spend
 from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
 from gateway.relay.upstream import UPSTREAM_KEEPALIVE_S, Upstream
-from gateway.replica import Changes, Replica
+from gateway.server.inflight import INFLIGHT_FILE, SharedInFlight
+from gateway.server.replica import Changes, Replica
+from gateway.server.shared_budget import BUDGETS_FILE, SharedBudgets
 from gateway.services.fleet import apply_fleet, load_fleet
 from gateway.settings import Settings
-from gateway.shared_budget import BUDGETS_FILE, SharedBudgets
-from gateway.webhooks import WebhookSender
 
 if TYPE_CHECKING:
-    from gateway.tracing import Tracing
+    from gateway.events.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -141,7 +141,7 @@ def create_app(
 
     `managed` holds the backend servers this process started (`draftgate up`) and how to
     start more; without it no backend can be switched here. `replica` places this process
-    among its replica's worker processes (gateway/replica.py); without it, it is the only one.
+    among its replica's worker processes (gateway/server/replica.py); without it, it is the only one.
     """
     if settings.admin_token is None:
         raise ValueError("settings.admin_token is required (DRAFTGATE_ADMIN_TOKEN)")
@@ -183,7 +183,7 @@ def start_tracing(settings: Settings) -> Tracing | None:
     if not settings.tracing:
         return None
     try:
-        from gateway import tracing
+        from gateway.events import tracing
     except ImportError as exc:
         message = "DRAFTGATE_TRACING=true needs the otel extra: pip install 'draftgate[otel]'"
         raise RuntimeError(f"{message} ({exc})") from exc

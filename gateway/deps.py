@@ -20,7 +20,7 @@ from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed, InsufficientScope
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
-from gateway.replica import Changes
+from gateway.server.replica import Changes
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)

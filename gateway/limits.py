@@ -14,7 +14,7 @@ within one sync interval of the other replicas' admissions.
 
 Budgets compare the key's spend in its period (from the registry's snapshot of the ledger),
 plus what was served that the snapshot does not include yet, plus the reservations in
-flight. A replica's worker processes share those figures (gateway/shared_budget.py), so a
+flight. A replica's worker processes share those figures (gateway/server/shared_budget.py), so a
 budget holds over all of one replica's workers as in one process. Other replicas'
 reservations are not shared: a replica sees another's spend only once that request has
 ended, its ledger has written it (`ledger_flush_interval_s`, 0.5 s by default) and this
@@ -23,7 +23,7 @@ may admit the whole budget that remained, so a budget can be overshot by at most
 times what remained: with 3 replicas and $10 left, up to $30 admitted, $20 over.
 
 A key's requests in flight are counted on each replica alone (from admission to settlement),
-over all of its worker processes (gateway/inflight.py): `max_concurrent_requests` bounds what
+over all of its worker processes (gateway/server/inflight.py): `max_concurrent_requests` bounds what
 one client holds of one replica (its upstream connections, its streams), as nginx's
 `limit_conn` does, not across the fleet.
 """
@@ -45,9 +45,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.session import transaction, upsert_insert
 from gateway.db.tables import RateWindow
 from gateway.errors import QuotaExceeded, RateLimited
-from gateway.inflight import SharedInFlight
 from gateway.registry import KeyView, Snapshot
-from gateway.shared_budget import SharedBudgets
+from gateway.server.inflight import SharedInFlight
+from gateway.server.shared_budget import SharedBudgets
 
 logger = logging.getLogger(__name__)
 WINDOW_S = 60
@@ -81,8 +81,10 @@ class Reservation:
     window: int  # the minute it was admitted in: its tokens count there
     tokens: int
     usd: float
-    shared: bool = False  # counted in flight over the replica's workers (gateway/inflight.py)
-    shared_budget: bool = False  # held over the replica's workers (gateway/shared_budget.py)
+    shared: bool = (
+        False  # counted in flight over the replica's workers (gateway/server/inflight.py)
+    )
+    shared_budget: bool = False  # held over the replica's workers (gateway/server/shared_budget.py)
 
 
 def budgeted_spend(snapshot: Snapshot) -> dict[int, float]:

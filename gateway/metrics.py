@@ -7,7 +7,7 @@ keys with a budget, set on each registry refresh); no per-request label.
 Gauges the alerting rules read (deploy/compose/alerts.yml) are set by control loops and the
 registry refresh, never per request.
 
-With worker processes (gateway/replica.py), every worker's counters and histograms, and the
+With worker processes (gateway/server/replica.py), every worker's counters and histograms, and the
 gauges each worker holds its own share of (`SUMMED_GAUGES`: in flight, ledger pending), go
 through prometheus-client's multiprocess files and are summed; a dead worker's counts stay
 in its files, so totals never go backwards. Every other gauge is the replica's, set by the

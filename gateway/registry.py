@@ -21,14 +21,14 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.affinity import stable_hash
-from gateway.classes import ClassView, compile_classes
 from gateway.curves import Aggregate, Band, CurveKey, Prefill, Rejections, Served, build_curves
 from gateway.db.measurements import pooled
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
-from gateway.moves import Move, stored_move
-from gateway.reports import FleetNow
-from gateway.rules import RuleView, compile_rules
+from gateway.policy.affinity import stable_hash
+from gateway.policy.classes import ClassView, compile_classes
+from gateway.policy.moves import Move, stored_move
+from gateway.policy.rules import RuleView, compile_rules
+from gateway.schemas.reports import FleetNow
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)

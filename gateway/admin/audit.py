@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from gateway.db import queries
 from gateway.deps import SessionDep
-from gateway.schemas import AuditPublic, ListOf
+from gateway.schemas.resources import AuditPublic, ListOf
 
 router = APIRouter(prefix="/audit", tags=["audit"])
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from gateway.db import queries
 from gateway.db.measurements import latest_acceptance
 from gateway.deps import ServicesDep, SessionDep
-from gateway.schemas import (
+from gateway.schemas.resources import (
     BackendCreate,
     BackendPublic,
     BackendUpdate,

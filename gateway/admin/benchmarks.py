@@ -15,7 +15,7 @@ from gateway.db.base import utcnow
 from gateway.db.tables import BenchmarkRun
 from gateway.deps import SessionDep
 from gateway.errors import Conflict, NotFound
-from gateway.schemas import ListOf, Public, Strict
+from gateway.schemas.resources import ListOf, Public, Strict
 
 router = APIRouter(prefix="/benchmarks", tags=["benchmarks"])
 Level = Annotated[int, Field(ge=1, le=1024)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.deps import ServicesDep
-from gateway.reports import CurvesReport
+from gateway.schemas.reports import CurvesReport
 from gateway.services.curves import curves_report
 
 router = APIRouter(prefix="/curves", tags=["plan"])

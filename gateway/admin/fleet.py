@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gateway.deps import ServicesDep, SessionDep
-from gateway.reports import FleetReport
+from gateway.schemas.reports import FleetReport
 from gateway.services.rightsizing import Sizing, fleet_report
 
 router = APIRouter(prefix="/fleet", tags=["savings"])

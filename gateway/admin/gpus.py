@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.schemas import GpuDefaultPrice, GpuPublic, ListOf
+from gateway.schemas.resources import GpuDefaultPrice, GpuPublic, ListOf
 from planner import catalog
 
 router = APIRouter(prefix="/gpus", tags=["gpus"])

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gateway.db import queries
 from gateway.deps import SessionDep
-from gateway.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate, ListOf
+from gateway.schemas.resources import KeyCreate, KeyCreated, KeyPublic, KeyUpdate, ListOf
 from gateway.services.keys import create_key, revoke_key, update_key
 
 router = APIRouter(prefix="/keys", tags=["keys"])

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from gateway.db import measurements
 from gateway.deps import SessionDep
-from gateway.schemas import ListOf, MeasurementPublic
+from gateway.schemas.resources import ListOf, MeasurementPublic
 
 router = APIRouter(prefix="/measurements", tags=["measurements"])
 

@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from backends.methods import MethodInfo
 from gateway.deps import READ_ONLY
-from gateway.method_schemas import ComposeService, MethodPublic, MethodRender, MethodRendering
-from gateway.schemas import ListOf
+from gateway.schemas.methods import ComposeService, MethodPublic, MethodRender, MethodRendering
+from gateway.schemas.resources import ListOf
 from gateway.services import methods
 
 router = APIRouter(prefix="/methods", tags=["methods"])

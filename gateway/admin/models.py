@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response
 
 from gateway.db import queries
 from gateway.deps import ServicesDep, SessionDep
-from gateway.schemas import ListOf, ModelCreate, ModelPublic, Policy, PolicySaved
+from gateway.schemas.resources import ListOf, ModelCreate, ModelPublic, Policy, PolicySaved
 from gateway.services.models import (
     create_model,
     delete_model,

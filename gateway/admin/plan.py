@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gateway.deps import SessionDep
-from gateway.reports import AccuracyReport, PlanReport
+from gateway.schemas.reports import AccuracyReport, PlanReport
 from gateway.services import plans
 
 router = APIRouter(prefix="/plan", tags=["plan"])

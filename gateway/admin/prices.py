@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from gateway.db import queries
 from gateway.deps import SessionDep
-from gateway.schemas import ListOf, PriceCreate, PricePublic, PriceUpdate
+from gateway.schemas.resources import ListOf, PriceCreate, PricePublic, PriceUpdate
 from gateway.services.prices import create_price, delete_price, update_price
 
 router = APIRouter(prefix="/prices", tags=["prices"])

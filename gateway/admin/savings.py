@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gateway.deps import SessionDep
-from gateway.reports import SavingsReport
+from gateway.schemas.reports import SavingsReport
 from gateway.services.savings import savings
 
 router = APIRouter(prefix="/savings", tags=["savings"])

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gateway.deps import SessionDep
-from gateway.reports import SpendReport
+from gateway.schemas.reports import SpendReport
 from gateway.services.spend import spend
 
 router = APIRouter(prefix="/spend", tags=["savings"])

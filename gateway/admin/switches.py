@@ -13,7 +13,7 @@ from gateway.db import queries
 from gateway.db.tables import Backend
 from gateway.deps import ServicesDep, SessionDep
 from gateway.errors import Conflict
-from gateway.schemas import BackendCreate, BackendSwitch, SwitchAccepted
+from gateway.schemas.resources import BackendCreate, BackendSwitch, SwitchAccepted
 from gateway.services.changes import merged
 
 router = APIRouter(prefix="/backends", tags=["backends"])

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from gateway.deps import ServicesDep, SessionDep
-from gateway.reports import UsagePage
+from gateway.schemas.reports import UsagePage
 from gateway.services.usage import UsageFilter, csv_lines, page
 
 router = APIRouter(prefix="/usage", tags=["savings"])

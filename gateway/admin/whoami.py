@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.deps import AdminScopeDep
-from gateway.schemas import TokenScope
+from gateway.schemas.resources import TokenScope
 
 router = APIRouter(prefix="/whoami", tags=["auth"])
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from backends.launcher import LocalServer
     from gateway.app import GatewayApp
     from gateway.control.managed import Launch, ManagedBackends
-    from gateway.replica import Replica
+    from gateway.server.replica import Replica
 
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
 db_app = typer.Typer(help="Database schema.")
@@ -76,7 +76,7 @@ def _serve(
     settings: Settings, managed: ManagedBackends | None = None, log_file: Path | None = None
 ) -> None:
     from gateway.app import create_app
-    from gateway.workers import run_workers
+    from gateway.server.workers import run_workers
 
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the previous
     # handler; without this one the process would die by the signal (exit 143) after a clean stop.
@@ -140,7 +140,7 @@ def _prepare_database_once(settings: Settings) -> None:
 
 def _server_config(settings: Settings, app: GatewayApp) -> uvicorn.Config:
     """uvicorn's settings for a gateway process."""
-    from gateway.http_limits import RequestLimits, protocol_with
+    from gateway.server.http_limits import RequestLimits, protocol_with
 
     limits = RequestLimits(
         settings.max_header_bytes,
@@ -383,7 +383,7 @@ def keys_create(
     budget_usd: Annotated[float | None, typer.Option(min=0)] = None,
 ) -> None:
     """Create an API key and print it once."""
-    from gateway.schemas import KeyCreate
+    from gateway.schemas.resources import KeyCreate
     from gateway.services.keys import create_key
 
     data = KeyCreate(
@@ -548,7 +548,7 @@ def dashboard_command(
 
     from dashboard.server import dashboard_app
     from dashboard.settings import DashboardSettings
-    from gateway.http_limits import RequestLimits, protocol_with
+    from gateway.server.http_limits import RequestLimits, protocol_with
 
     if admin:
         os.environ["DRAFTGATE_DASHBOARD_ADMIN"] = "true"  # the pages read their settings per run

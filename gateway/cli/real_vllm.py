@@ -19,7 +19,7 @@ from backends.launcher import LocalServer, vllm_argv, vllm_env
 from backends.tiny_models import TinyModels, build_tiny_models, tiny_model_paths
 from gateway.cli.stack import REAL_VLLM_MODEL
 from gateway.control.managed import Launch
-from gateway.schemas import BackendCreate
+from gateway.schemas.resources import BackendCreate
 from gateway.services.fleet import Fleet, apply_fleet
 
 MODEL = REAL_VLLM_MODEL

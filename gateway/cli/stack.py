@@ -15,7 +15,7 @@ from backends.launcher import LocalServer, sim_argv
 from backends.sim.config import DEFAULT_K
 from gateway.control.managed import Launch
 from gateway.db import queries
-from gateway.schemas import BackendCreate, KeyCreate, PriceCreate
+from gateway.schemas.resources import BackendCreate, KeyCreate, PriceCreate
 from gateway.services.fleet import Fleet, apply_fleet
 from gateway.services.keys import create_key, revoke_key
 from gateway.services.prices import create_price

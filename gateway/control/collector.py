@@ -35,9 +35,9 @@ from backends.vllm_metrics import Observation, VllmSnapshot, difference, parse_m
 from gateway.db.base import utcnow
 from gateway.db.session import transaction
 from gateway.db.tables import Measurement
+from gateway.events.webhooks import WebhookSender, backend_mismatch
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, InFlightClock, Registry
-from gateway.webhooks import WebhookSender, backend_mismatch
 from planner.ceiling import ceiling_exceeded
 
 logger = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """What runs once per gateway replica, in the worker process that leads it.
 
 With one process (the default) that process leads at once. With worker processes
-(gateway/workers.py) each follows the leader's choices until it holds the leader lock
-(gateway/replica.py), then runs these loops until the stop.
+(gateway/server/workers.py) each follows the leader's choices until it holds the leader lock
+(gateway/server/replica.py), then runs these loops until the stop.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from gateway.control.collector import Collector
 from gateway.control.readiness import publish_readiness
 from gateway.control.retention import prune_forever
 from gateway.control.selector import PriceGauges, Selector
+from gateway.events.webhooks import WebhookSender
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
-from gateway.replica import Leadership, Replica, follow_choices, publish_forever
+from gateway.server.replica import Leadership, Replica, follow_choices, publish_forever
 from gateway.services.rightsizing import Sizing
 from gateway.settings import Settings
-from gateway.webhooks import WebhookSender
 
 
 @dataclass
 class Leader:
-    """What runs once per replica, in the worker that leads it (gateway/replica.py): the
+    """What runs once per replica, in the worker that leads it (gateway/server/replica.py): the
     selector, retention, the readiness gauge, webhooks, measurement writes, benchmark runs
     and, with worker processes, publishing the selector's choices and the replica's gauges
     to the others."""

@@ -29,7 +29,7 @@ from gateway.db import queries
 from gateway.db.session import transaction
 from gateway.errors import Conflict
 from gateway.registry import Registry
-from gateway.schemas import BackendCreate
+from gateway.schemas.resources import BackendCreate
 from gateway.services.backends import (
     delete_backend,
     record_switch_failure,

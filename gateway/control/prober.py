@@ -10,9 +10,9 @@ import time
 import httpx
 
 from backends.probe import Probe, probe_health, probe_max_model_len
+from gateway.events.webhooks import WebhookSender, backend_health
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendState, Registry
-from gateway.webhooks import WebhookSender, backend_health
 
 logger = logging.getLogger(__name__)
 SLOW_PROBES_DOWN = 2  # a server too busy to answer /health once is not yet taken out

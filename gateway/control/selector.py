@@ -5,7 +5,7 @@ exponential moving average), prices every method with a healthy backend at that 
 from the measured throughput curves, and moves the model to the cheapest one — only when it
 is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on its method
 for `min_dwell_s`. Each move is written to the audit log with the numbers behind it, and
-goes in steps (gateway/moves.py: `move_step_share` of the traffic every `move_step_s`);
+goes in steps (gateway/policy/moves.py: `move_step_share` of the traffic every `move_step_s`);
 each step of every move under way, the selector's and an admin's, is audited as it is
 reached (within one interval).
 
@@ -36,15 +36,15 @@ from prometheus_client import Gauge
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.classes import ClassView, candidates
 from gateway.db.session import transaction
+from gateway.events.webhooks import WebhookSender, method_moved
 from gateway.metrics import set_exactly
-from gateway.moves import Move
+from gateway.policy.classes import ClassView, candidates
+from gateway.policy.moves import Move
 from gateway.registry import BackendView, Registry, Snapshot
-from gateway.reports import FleetNow
+from gateway.schemas.reports import FleetNow
 from gateway.services.models import record_method_switch, record_move_step
 from gateway.services.rightsizing import Sizing, pools
-from gateway.webhooks import WebhookSender, method_moved
 from planner.rightsize import replica_capacity, replicas_needed
 
 logger = logging.getLogger(__name__)
@@ -369,7 +369,7 @@ class Selector:
         now: float,
     ) -> tuple[dict[str, float], dict[str, float]]:
         """$/1M output tokens and ITL ms per method with a healthy backend, at this load
-        split over the method's replicas (gateway/classes.py chooses among them)."""
+        split over the method's replicas (gateway/policy/classes.py chooses among them)."""
         healthy = [b for b in backends if self.registry.states[b.name].available(now)]
         replicas = Counter(b.method for b in healthy)  # a method's load is split over these
         costs: dict[str, float] = {}

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
-from gateway.schemas import nested_deeper
+from gateway.schemas.resources import nested_deeper
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 GENERATION_PATHS = COMPLETION_PATHS | {"/v1/responses", "/v1/messages"}

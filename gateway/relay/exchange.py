@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import Ledger, UsageEntry
-from gateway.affinity import Affinity
 from gateway.errors import GatewayError
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
+from gateway.policy.affinity import Affinity
+from gateway.policy.rules import RuleView
 from gateway.registry import BackendState, BackendView, KeyView, Snapshot
 from gateway.relay.checks import (
     completion_worst_case,
@@ -27,7 +28,6 @@ from gateway.relay.checks import (
     worst_case_tokens,
 )
 from gateway.relay.usage import Tokens, tokens_of
-from gateway.rules import RuleView
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.accounting import Ledger
-from gateway.affinity import Affinity, session_key
 from gateway.apikeys import hash_key
 from gateway.errors import (
     BodyTooLarge,
@@ -38,10 +37,12 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.http_limits import LOST, ON_DISCONNECT, STALLED
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.moves import position_of
+from gateway.policy.affinity import Affinity, session_key
+from gateway.policy.moves import position_of
+from gateway.policy.rules import CLASS_HEADER, first_match
+from gateway.policy.rules import Request as RuleRequest
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry, Snapshot
 from gateway.relay.checks import (
     COMPLETION_PATHS,
@@ -63,12 +64,11 @@ from gateway.relay.upstream import (
     UpstreamUnreachable,
 )
 from gateway.relay.usage import tokens_of
-from gateway.rules import CLASS_HEADER, first_match
-from gateway.rules import Request as RuleRequest
+from gateway.server.http_limits import LOST, ON_DISCONNECT, STALLED
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from gateway.tracing import Tracing
+    from gateway.events.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
@@ -680,7 +680,7 @@ async def _send_error(send: Send, error: GatewayError, request_id: str) -> None:
 class Departure:
     """Cancels a request's task when its client disconnects while a backend serves it.
 
-    Under the gateway's own server protocol (gateway/http_limits.py) the lost connection
+    Under the gateway's own server protocol (gateway/server/http_limits.py) the lost connection
     calls `left` through the scope; under another ASGI server (a test's in-process
     transport) a task waits on `receive` for the disconnect instead. Between attempts it
     holds neither the task nor its hook, so a finished request leaves no reference cycle

@@ -3,7 +3,7 @@
 Every method is lossless, so when the chosen method has no healthy backend another method of
 the same model serves the request (a fallback, reported). Within a method, a request with a
 session key goes to the backend its key prefers unless that one is past its load bound
-(gateway/affinity.py: the backend most likely to hold its prefix in the KV cache); one
+(gateway/policy/affinity.py: the backend most likely to hold its prefix in the KV cache); one
 without, or on a fallback method, goes to the lighter of two random backends (power of two
 choices). When no backend of the model looks healthy, every one is tried anyway (a panic
 route, as Envoy's panic threshold does): probes and breakers judge from a distance, and an
@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from gateway.affinity import Affinity, by_affinity
+from gateway.policy.affinity import Affinity, by_affinity
+from gateway.policy.rules import RuleView
 from gateway.registry import BackendState, BackendView, PolicyView
-from gateway.rules import RuleView
 
 WAITING_WEIGHT = 2.0  # a queued request at the backend weighs more than one in flight
 KV_WEIGHT = 4.0  # a full KV cache weighs like four requests in flight

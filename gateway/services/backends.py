@@ -17,7 +17,7 @@ from gateway.db import queries
 from gateway.db.tables import Backend, Measurement
 from gateway.errors import ValidationFailed
 from gateway.registry import Registry, Snapshot
-from gateway.schemas import (
+from gateway.schemas.resources import (
     BackendCreate,
     BackendFields,
     BackendPublic,

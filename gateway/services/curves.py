@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.curves import Aggregate, Band, CurveKey, relative_95
 from gateway.registry import PRICE_KIND, Snapshot
-from gateway.reports import Curve, CurveLinePoint, CurvePoint, CurvesReport
+from gateway.schemas.reports import Curve, CurveLinePoint, CurvePoint, CurvesReport
 from planner.cost import usd_per_mtok
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from gateway.db import queries
-from gateway.schemas import (
+from gateway.schemas.resources import (
     BackendCreate,
     BackendUpdate,
     Name,

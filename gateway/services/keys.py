@@ -10,7 +10,7 @@ from gateway.apikeys import generate_key
 from gateway.db import queries
 from gateway.db.base import utcnow
 from gateway.db.tables import ApiKey
-from gateway.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate
+from gateway.schemas.resources import KeyCreate, KeyCreated, KeyPublic, KeyUpdate
 from gateway.services.changes import merged
 
 

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 from gateway.db import queries
 from gateway.db.tables import ModelPolicy
 from gateway.errors import Conflict, validation_failed
-from gateway.moves import move_record, stored_move
-from gateway.schemas import ModelCreate, ModelPublic, MovePublic, Policy
+from gateway.policy.moves import move_record, stored_move
+from gateway.schemas.resources import ModelCreate, ModelPublic, MovePublic, Policy
 
 
 def policy_of(row: ModelPolicy) -> Policy:

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from gateway.curves import CALIBRATED_ERROR, MEAN_ERROR_TO_95, OUT_OF_SAMPLE_ERROR
 from gateway.db import measurements, queries
 from gateway.errors import NotFound, ValidationFailed
-from gateway.reports import (
+from gateway.schemas.reports import (
     AccuracyPoint,
     AccuracyReport,
     CapacityPlan,

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from gateway.db import queries
 from gateway.db.tables import GpuPrice
-from gateway.schemas import PriceCreate, PricePublic, PriceUpdate
+from gateway.schemas.resources import PriceCreate, PricePublic, PriceUpdate
 from gateway.services.changes import merged
 
 

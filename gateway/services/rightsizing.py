@@ -23,7 +23,7 @@ from gateway.db import queries
 from gateway.db.tables import UsageHourly
 from gateway.errors import NotFound
 from gateway.registry import Snapshot
-from gateway.reports import (
+from gateway.schemas.reports import (
     FleetActual,
     FleetAuto,
     FleetLatency,

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from gateway.accounting import hour_of
 from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.errors import ValidationFailed
-from gateway.reports import SavingsReport, SavingsRow
+from gateway.schemas.reports import SavingsReport, SavingsRow
 
 GROUPS = ("model", "method", "key", "backend")
 DEFAULT_PERIOD = dt.timedelta(days=30)

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 from gateway.db import queries
 from gateway.db.tables import AuditEntry
 from gateway.errors import ValidationFailed
-from gateway.reports import SpendReport, SpendRow
-from gateway.schemas import PriceKind
+from gateway.schemas.reports import SpendReport, SpendRow
+from gateway.schemas.resources import PriceKind
 
 DEFAULT_PERIOD = dt.timedelta(days=30)
 # Audit entries of a backend that describe another one (the switched-in backend has a

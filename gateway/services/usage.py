@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.tables import UsageRecord
 from gateway.errors import ValidationFailed
-from gateway.reports import UsagePage, UsageRow
+from gateway.schemas.reports import UsagePage, UsageRow
 
 CSV_BATCH = 1000
 

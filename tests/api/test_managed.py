@@ -12,7 +12,7 @@ import pytest
 from backends.launcher import LocalServer
 from gateway.app import create_app
 from gateway.control.managed import ManagedBackends
-from gateway.schemas import BackendCreate
+from gateway.schemas.resources import BackendCreate
 from gateway.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 

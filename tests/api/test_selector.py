@@ -6,12 +6,12 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.classes import ClassView, candidates
 from gateway.control.selector import PriceGauges, Selector, decide
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
 from gateway.metrics import GatewayMetrics
+from gateway.policy.classes import ClassView, candidates
 from gateway.registry import BackendView, PolicyView, Registry, Snapshot
 from gateway.services.rightsizing import Sizing
 from planner.cost import ThroughputCurve

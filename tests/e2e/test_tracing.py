@@ -480,7 +480,7 @@ def test_with_tracing_off_no_trace_context_is_invented_and_no_sdk_is_loaded(
         gateway.close()
     imported = gateway.output()
     assert "gateway.relay.proxy" in imported  # the import log is there to read
-    assert "gateway.tracing" not in imported
+    assert "gateway.events.tracing" not in imported
     assert "opentelemetry.sdk" not in imported
     assert "opentelemetry.exporter" not in imported
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from gateway.events.webhooks import Retry, WebhookSender, backend_mismatch, webhook_client
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView
-from gateway.webhooks import Retry, WebhookSender, backend_mismatch, webhook_client
 from tests.e2e.conftest import closed_url
 from tests.webhook_receiver import Receiver, running_receiver
 

@@ -29,7 +29,7 @@ import openai
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from gateway.replica import GAUGES_FILE
+from gateway.server.replica import GAUGES_FILE
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     HEALTH_TIMEOUT_S,
@@ -409,7 +409,7 @@ def test_sigterm_stops_every_worker(
 
 CANNOT_START = """
 import logging, sys
-from gateway.workers import run_workers
+from gateway.server.workers import run_workers
 
 def serve(sock, replica):
     sys.exit(3)  # what uvicorn exits with when the app's start-up fails

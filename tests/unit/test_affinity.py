@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gateway.affinity import by_affinity, load_bound, session_key, stable_hash
+from gateway.policy.affinity import by_affinity, load_bound, session_key, stable_hash
 
 SYSTEM = {"role": "system", "content": "You are terse. " * 100}
 NAMES = ("a", "b", "c")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.http_limits import LOST, ON_DISCONNECT
 from gateway.relay.exchange import Exchange
 from gateway.relay.proxy import Departure
+from gateway.server.http_limits import LOST, ON_DISCONNECT
 
 
 async def _attempt(departure: Departure, started: asyncio.Event) -> str:

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 
 from gateway.errors import RateLimited
-from gateway.inflight import INFLIGHT_FILE, KEY_IDS, SharedInFlight
 from gateway.limits import Limiter
 from gateway.registry import KeyView
+from gateway.server.inflight import INFLIGHT_FILE, KEY_IDS, SharedInFlight
 
 MEMORY_FS = Path("/dev/shm")  # noqa: S108 (the tests make a private directory in it)
 TWO = KeyView(7, "k", None, None, None, "monthly", None, max_concurrent_requests=2)

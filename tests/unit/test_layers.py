@@ -19,10 +19,10 @@ WEB = ("fastapi", "starlette")
 # What every layer of the gateway stands on: the registry, the ledger and limits, the
 # database, and the shapes, settings, errors and metrics everyone shares.
 FOUNDATION = ("gateway.registry", "gateway.curves", "gateway.accounting", "gateway.limits",
-              "gateway.db", "gateway.reports", "gateway.schemas", "gateway.method_schemas",
+              "gateway.db", "gateway.schemas.reports", "gateway.schemas.resources", "gateway.schemas.methods",
               "gateway.errors", "gateway.settings", "gateway.metrics", "gateway.apikeys",
-              "gateway.http_limits", "gateway.urls", "gateway.rules",
-              "gateway.inflight")  # fmt: skip
+              "gateway.server.http_limits", "gateway.urls", "gateway.policy.rules",
+              "gateway.server.inflight")  # fmt: skip
 ABOVE_FOUNDATION = ("gateway.relay", "gateway.control", "gateway.services", "gateway.admin",
                     "gateway.deps", "gateway.app", "gateway.cli")  # fmt: skip
 

@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from gateway.affinity import stable_hash
-from gateway.moves import Move, move_record, position_of, stored_move
+from gateway.policy.affinity import stable_hash
+from gateway.policy.moves import Move, move_record, position_of, stored_move
 from gateway.registry import BackendState, BackendView, PolicyView
 from gateway.relay.routing import route
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.moves import Move
+from gateway.policy.moves import Move
 from gateway.registry import Registry
-from gateway.replica import (
+from gateway.schemas.reports import FleetNow
+from gateway.server.replica import (
     Leadership,
     Replica,
     adopt_choices,
@@ -19,7 +20,6 @@ from gateway.replica import (
     follow_choices,
     write_whole,
 )
-from gateway.reports import FleetNow
 
 MODEL = "openai/gpt-oss-20b"
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.rules import Request, compile_rules, feature_test, first_match
-from gateway.schemas import Policy
+from gateway.policy.rules import Request, compile_rules, feature_test, first_match
+from gateway.schemas.resources import Policy
 
 
 def has(feature: str, body: dict[str, Any], request_class: str = "interactive") -> bool:

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 
 from gateway.errors import QuotaExceeded
-from gateway.inflight import INFLIGHT_FILE, KEY_IDS, SharedInFlight
 from gateway.limits import Limiter
 from gateway.registry import KeyView, Snapshot
-from gateway.shared_budget import BUDGETS_FILE, SharedBudgets
+from gateway.server.inflight import INFLIGHT_FILE, KEY_IDS, SharedInFlight
+from gateway.server.shared_budget import BUDGETS_FILE, SharedBudgets
 
 DOLLAR = KeyView(7, "k", None, None, 1.0, "monthly", None)
 HUGE = KeyView(KEY_IDS, "huge", None, None, 1.0, "monthly", None)

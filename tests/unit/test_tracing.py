@@ -14,10 +14,10 @@ from pydantic import ValidationError
 import gateway
 from gateway.app import start_tracing
 from gateway.errors import UpstreamError
+from gateway.events.tracing import Tracing, export_headers, request_attributes
 from gateway.registry import BackendView
 from gateway.relay.exchange import Exchange
 from gateway.settings import Settings
-from gateway.tracing import Tracing, export_headers, request_attributes
 
 BACKEND = BackendView("b1", "http://b1", "m", "eagle3", 3, "B200", 1)
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -125,7 +125,7 @@ def test_tracing_is_off_by_default_and_its_endpoint_must_be_a_url() -> None:
 def test_tracing_on_without_the_extra_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "gateway.tracing", None)  # as if its imports failed
+    monkeypatch.setitem(sys.modules, "gateway.events.tracing", None)  # as if its imports failed
     monkeypatch.delattr(gateway, "tracing", raising=False)
     with pytest.raises(RuntimeError, match=r"draftgate\[otel\]"):
         start_tracing(settings(tracing=True))

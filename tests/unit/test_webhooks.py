@@ -16,11 +16,8 @@ import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from gateway.budget_alerts import BudgetWatch
-from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendView, KeyView, Snapshot
-from gateway.settings import Settings
-from gateway.webhooks import (
+from gateway.events.budget_alerts import BudgetWatch
+from gateway.events.webhooks import (
     BACKOFF_MAX_S,
     HANDOVER_S,
     Retry,
@@ -33,6 +30,9 @@ from gateway.webhooks import (
     safe_url,
     sign,
 )
+from gateway.metrics import GatewayMetrics
+from gateway.registry import BackendView, KeyView, Snapshot
+from gateway.settings import Settings
 from planner.cost import ThroughputCurve
 from tests.webhook_receiver import verify
 

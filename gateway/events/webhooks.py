@@ -303,7 +303,9 @@ class WebhookSender:
         self._secret = None if secret is None else secret.get_secret_value().encode()
         self.replica = socket.gethostname() if replica is None else replica
         self._destinations = [_Destination(url, queue_size) for url in urls]
-        self.leading = True  # off in a worker process that does not lead (gateway/replica.py)
+        self.leading = (
+            True  # off in a worker process that does not lead (gateway/server/replica.py)
+        )
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         metrics.webhook_queued.set_function(lambda: self.queued)

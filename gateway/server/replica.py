@@ -1,6 +1,6 @@
 """What the worker processes of one replica share: a directory, a leader, the leader's choices.
 
-`draftgate gateway --workers N` runs N processes on one listening socket (gateway/workers.py),
+`draftgate gateway --workers N` runs N processes on one listening socket (gateway/server/workers.py),
 each a full data plane. Work that must happen once per replica (the selector's choices and
 audits, measurement writes, webhooks, retention, the readiness gauge) runs in one of them,
 the *leader*: the worker holding an exclusive `flock` on `leader.lock` in the replica's
@@ -37,9 +37,9 @@ from typing import IO, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.moves import Move
+from gateway.policy.moves import Move
 from gateway.registry import Registry
-from gateway.reports import FleetNow
+from gateway.schemas.reports import FleetNow
 
 logger = logging.getLogger(__name__)
 LEADER_POLL_S = 0.5  # how soon a worker notices the leader is gone

@@ -16,8 +16,8 @@ from pydantic import (
 )
 
 from backends.methods import METHOD_IDS, MethodSpec, spec_from_options
-from gateway.classes import CLASS_PATTERN, MAX_CLASSES
-from gateway.rules import MAX_RULES, feature_test
+from gateway.policy.classes import CLASS_PATTERN, MAX_CLASSES
+from gateway.policy.rules import MAX_RULES, feature_test
 from gateway.urls import check_backend_url
 
 SPECULATIVE_OPTIONS_DEPTH = 8  # vLLM's speculative_config is flat but for a few small maps
@@ -200,7 +200,7 @@ class BackendPublic(Public):
 
 class PolicyRule(Strict):
     """Requests with every feature in `when` go to `method` (at `k`, if given); the
-    vocabulary is in gateway/rules.py and docs/fleet.md."""
+    vocabulary is in gateway/policy/rules.py and docs/fleet.md."""
 
     when: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
         min_length=1, max_length=8
@@ -223,7 +223,7 @@ class PolicyRule(Strict):
 
 
 class ClassObjective(Strict):
-    """What `auto` optimises for one request class (gateway/classes.py): the lowest $/1M
+    """What `auto` optimises for one request class (gateway/policy/classes.py): the lowest $/1M
     within an ITL ceiling (`cost`), or the lowest ITL within a cost ceiling (`latency`)."""
 
     objective: Literal["cost", "latency"] = "cost"

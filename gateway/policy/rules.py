@@ -18,7 +18,7 @@ The vocabulary, read from the request body (chat, completions and the Responses 
   `repetition_penalty` other than 1;
 - `n_gt_1`: `n` or `best_of` above 1;
 - `temperature_above:<x>`: `temperature` above x (absent, it is 1, the OpenAI default);
-- `class:<name>`: the request's class (gateway/classes.py): the `x-draftgate-class` header,
+- `class:<name>`: the request's class (gateway/policy/classes.py): the `x-draftgate-class` header,
   else its key's class, else the first of `DRAFTGATE_REQUEST_CLASSES` (`interactive`).
 """
 

@@ -7,7 +7,7 @@ from typing import Any, Self
 from pydantic import BaseModel, Field, model_validator
 
 from backends.methods import MethodSpec, spec_from_options
-from gateway.schemas import Method, Name, Strict
+from gateway.schemas.resources import Method, Name, Strict
 
 
 class MethodPublic(BaseModel):

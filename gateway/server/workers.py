@@ -1,7 +1,7 @@
 """Worker processes: N gateway processes serving one listening socket.
 
 The supervisor (this module, in the process `draftgate gateway --workers N` starts) binds the
-socket, then forks N workers that each run a whole gateway on it (gateway/replica.py says
+socket, then forks N workers that each run a whole gateway on it (gateway/server/replica.py says
 what they share and which of them leads). It does nothing else: no event loop, no database,
 no thread, so forking it is safe. A worker that dies is started again in its slot (after
 `RESTART_BACKOFF_S` if it died that soon after its start, so a crashing worker does not
@@ -35,9 +35,9 @@ from prometheus_client import values
 from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.config import STARTUP_FAILURE
 
-from gateway.inflight import INFLIGHT_FILE
-from gateway.replica import CHOICES_FILE, GAUGES_FILE, LOCK_FILE, METRICS_DIR, Replica
-from gateway.shared_budget import BUDGETS_FILE
+from gateway.server.inflight import INFLIGHT_FILE
+from gateway.server.replica import CHOICES_FILE, GAUGES_FILE, LOCK_FILE, METRICS_DIR, Replica
+from gateway.server.shared_budget import BUDGETS_FILE
 
 logger = logging.getLogger(__name__)
 LISTEN_BACKLOG = 2048  # uvicorn's default

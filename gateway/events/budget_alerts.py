@@ -15,8 +15,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from gateway.events.webhooks import WebhookEvent, WebhookSender, budget_threshold
 from gateway.registry import Snapshot, period_start
-from gateway.webhooks import WebhookEvent, WebhookSender, budget_threshold
 
 # What a key's passed thresholds belong to: its period's start and its budget.
 Marker = tuple[dt.datetime | None, float]

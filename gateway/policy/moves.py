@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.affinity import MASK, mix
+from gateway.policy.affinity import MASK, mix
 
 FULL = 1.0
 

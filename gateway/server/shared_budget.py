@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.inflight import KEY_IDS, clear_part
+from gateway.server.inflight import KEY_IDS, clear_part
 
 BUDGETS_FILE = "budgets"
 FIGURE_BYTES = 8

@@ -1,0 +1,1 @@
+"""What operators are told: webhooks, budget alerts, tracing."""

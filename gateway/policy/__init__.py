@@ -1,0 +1,1 @@
+"""Pure request routing: policy rules, request classes, session affinity, gradual moves."""

@@ -1,0 +1,1 @@
+"""The shapes of the admin API: resources, reports, methods."""

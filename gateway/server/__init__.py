@@ -1,0 +1,1 @@
+"""How one replica's processes serve: worker processes, the replica's shared state, requests in flight and budgets over workers, HTTP limits."""
