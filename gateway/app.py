@@ -141,7 +141,8 @@ def create_app(
 
     `managed` holds the backend servers this process started (`draftgate up`) and how to
     start more; without it no backend can be switched here. `replica` places this process
-    among its replica's worker processes (gateway/server/replica.py); without it, it is the only one.
+    among its replica's worker processes (gateway/server/replica.py); without it, it is the
+    only one.
     """
     if settings.admin_token is None:
         raise ValueError("settings.admin_token is required (DRAFTGATE_ADMIN_TOKEN)")

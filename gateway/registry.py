@@ -21,8 +21,18 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.curves import Aggregate, Band, CurveKey, Prefill, Rejections, Served, build_curves
-from gateway.db.measurements import pooled
+from gateway.curves import (
+    Aggregate,
+    Band,
+    CurveKey,
+    Prefill,
+    Rejections,
+    Sample,
+    Served,
+    build_curves,
+    pool,
+)
+from gateway.db.measurements import usable
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from gateway.policy.affinity import stable_hash
 from gateway.policy.classes import ClassView, compile_classes
@@ -313,7 +323,7 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
     since = None
     if scrape_max_age_s is not None:
         since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=scrape_max_age_s)
-    points, rejected = pooled(session, since)
+    points, rejected = pool(Sample((r[0], r[1], r[2]), *r[3:]) for r in usable(session, since))
     curves = build_curves(points, _served(backends))
     return Snapshot(
         backends={m: tuple(v) for m, v in backends.items()},

@@ -8,7 +8,6 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from gateway.control.managed import Switch, SwitchTimeouts
 from gateway.db import queries
 from gateway.db.tables import Backend
 from gateway.deps import ServicesDep, SessionDep
@@ -57,13 +56,9 @@ def post_switch(
     target = switch_target(row, data)
     if queries.find_backend(session, target.name) is not None:
         raise Conflict(f"backend {target.name!r} already exists", param="name")
-    settings = services.settings
-    timeouts = SwitchTimeouts(
-        start_s=settings.managed_start_timeout_s,
-        drain_s=settings.managed_drain_timeout_s,
-        replica_refresh_s=settings.registry_refresh_s,
+    begun = services.managed.begin_switch(
+        name, target, services.registry, services.sessions, services.settings
     )
-    switch = Switch(name, target, services.registry, services.sessions, timeouts)
-    started = asyncio.run_coroutine_threadsafe(services.managed.begin(switch), services.loop)
+    started = asyncio.run_coroutine_threadsafe(begun, services.loop)
     started.result(START_TIMEOUT_S)  # re-raises Conflict when `name` is not switchable
     return SwitchAccepted(old_name=name, new_name=target.name, method=target.method, k=target.k)

@@ -36,6 +36,7 @@ from gateway.services.backends import (
     release_stopped,
     shift_backend,
 )
+from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
 ACTOR = "control-plane"
@@ -78,6 +79,23 @@ class ManagedBackends:
             raise Conflict(f"backend {name!r} is not managed by this gateway process", param="name")
         if name in self._switching:
             raise Conflict(f"backend {name!r} is already being switched", param="name")
+
+    async def begin_switch(
+        self,
+        old_name: str,
+        target: BackendCreate,
+        registry: Registry,
+        sessions: sessionmaker[Session],
+        settings: Settings,
+    ) -> None:
+        """Move the managed backend `old_name` to `target` in the background, with the
+        settings' timeouts; Conflict when it cannot switch now."""
+        timeouts = SwitchTimeouts(
+            start_s=settings.managed_start_timeout_s,
+            drain_s=settings.managed_drain_timeout_s,
+            replica_refresh_s=settings.registry_refresh_s,
+        )
+        await self.begin(Switch(old_name, target, registry, sessions, timeouts))
 
     async def begin(self, switch: Switch) -> None:
         """Run `switch` in the background; Conflict when its backend cannot switch now."""

@@ -1,9 +1,9 @@
 """Stored measurements: every read of the measurements table, in one place.
 
-The planner fits and checks itself on points per GPU (`per_gpu_points`, `by_hardware`); the
-live curves that price requests take them pooled per K and concurrency bin (`pooled`); the
-backends view takes each backend's newest acceptance (`latest_acceptance`); the admin API
-lists them (`newest`).
+The planner fits and checks itself on a model's points on a GPU (`on_gpu`, `by_hardware`);
+the live curves that price requests pool every usable one (`usable`); the backends view
+takes each backend's newest acceptance (`latest_acceptance`); the admin API lists them
+(`newest`). Rows only: what they mean to the planner and the curves is theirs to say.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from gateway.curves import Aggregate, Rejections, Sample, pool
 from gateway.db.tables import Backend, Measurement
-from planner.fit_measurements import MeasuredPoint
 
 
 def newest(
@@ -33,19 +31,12 @@ def newest(
     return list(session.scalars(query))
 
 
-def per_gpu_points(session: Session, model: str, gpu: str) -> list[MeasuredPoint]:
-    """The measurements of `model` on `gpu`, per GPU (tokens/s divided by the GPU count)."""
+def on_gpu(session: Session, model: str, gpu: str) -> list[Measurement]:
+    """The measurements of `model` on `gpu`."""
     rows = session.scalars(
         select(Measurement).where(Measurement.model == model, Measurement.gpu_type == gpu)
     )
-    return [per_gpu(r) for r in rows]
-
-
-def per_gpu(r: Measurement) -> MeasuredPoint:
-    """A stored measurement as the planner fits it: output tokens/s per GPU."""
-    return MeasuredPoint(
-        r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count, r.mean_acceptance_length
-    )
+    return list(rows)
 
 
 def by_hardware(session: Session) -> dict[tuple[str, str], list[Measurement]]:
@@ -56,12 +47,16 @@ def by_hardware(session: Session) -> dict[tuple[str, str], list[Measurement]]:
     return groups
 
 
-def pooled(
-    session: Session, scrape_since: dt.datetime | None = None
-) -> tuple[list[Aggregate], Rejections]:
-    """Every usable measurement pooled per (model, method, GPU, K, concurrency bin), and
-    what the shape and outlier rules kept out; collector windows older than `scrape_since`
-    no longer count (sweeps and imports count until deleted)."""
+UsableRow = tuple[
+    str, str, str, int, float, float, float | None, int | None, float | None, str, float | None
+]
+
+
+def usable(session: Session, scrape_since: dt.datetime | None = None) -> list[UsableRow]:
+    """Every measurement the curves may use, as (model, method, GPU type, K, concurrency,
+    output tokens/s per GPU, mean acceptance length, requests, mean output tokens, source,
+    mean prompt tokens); collector windows older than `scrape_since` no longer count (sweeps
+    and imports count until deleted)."""
     m = Measurement
     query = select(
         m.model,
@@ -78,13 +73,7 @@ def pooled(
     ).where(m.concurrency > 0, m.output_tokens_per_s > 0)
     if scrape_since is not None:
         query = query.where(or_(m.source != "scrape", m.measured_at >= scrape_since))
-    samples = [
-        Sample((model, method, gpu), k, c, tps, al, requests, output, source, prompt)
-        for model, method, gpu, k, c, tps, al, requests, output, source, prompt in (
-            session.execute(query)
-        )
-    ]
-    return pool(samples)
+    return [tuple(row) for row in session.execute(query)]
 
 
 def latest_acceptance(session: Session, rows: Sequence[Backend]) -> dict[str, Measurement]:

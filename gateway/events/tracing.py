@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -32,13 +32,10 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.relay.usage import tokens_of
-
 if TYPE_CHECKING:
     from gateway.db.tables import AuditEntry
     from gateway.errors import GatewayError
     from gateway.registry import BackendView
-    from gateway.relay.exchange import Exchange
     from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -102,16 +99,22 @@ class Tracing:
         }
         span.add_event("draftgate.attempt_failed", attributes)
 
-    def end_request(self, x: Exchange) -> None:
-        """End a relayed request's span with what the ledger records of it."""
-        span = x.span
+    def end_request(
+        self,
+        span: Span | None,
+        attributes: Mapping[str, str | int | float | bool],
+        status: int,
+        outcome: str,
+    ) -> None:
+        """End a relayed request's span with what the ledger records of it (the relay says
+        what: gateway/relay/spans.py)."""
         if span is None:
             return
         if span.is_recording():
-            span.set_attributes(request_attributes(x))
-            if x.status >= 500:  # the client's disconnect (499) or error (4xx) is no failure
-                span.set_attribute("error.type", x.outcome)
-                span.set_status(Status(StatusCode.ERROR, x.outcome))
+            span.set_attributes(attributes)
+            if status >= 500:  # the client's disconnect (499) or error (4xx) is no failure
+                span.set_attribute("error.type", outcome)
+                span.set_status(Status(StatusCode.ERROR, outcome))
         span.end()
 
     def is_admin_change(self, scope: Scope) -> bool:
@@ -176,48 +179,6 @@ def _end_admin(span: Span, scope: Scope, method: str, status: int) -> None:
         span.set_attribute("http.response.status_code", status)
     if status >= 500 or not status:
         span.set_status(Status(StatusCode.ERROR, f"status {status or 'none'}"))
-
-
-def request_attributes(x: Exchange) -> dict[str, str | int | float | bool]:
-    """A relayed request's span attributes: GenAI names where they fit, draftgate's else."""
-    found: dict[str, str | int | float | bool] = {
-        "draftgate.request_id": x.request_id,
-        "draftgate.outcome": x.outcome,
-        "draftgate.request_class": x.request_class,
-        "draftgate.attempts": x.attempts,
-    }
-    if x.status:
-        found["http.response.status_code"] = x.status
-    if x.model is not None:
-        found["gen_ai.request.model"] = x.model[:200]
-    if x.backend is not None:
-        found["draftgate.backend"] = x.backend.name
-        found["draftgate.method"] = x.backend.method
-        if x.backend.k is not None:
-            found["draftgate.k"] = x.backend.k
-    if x.usage is not None:
-        tokens = tokens_of(x.usage)
-        found["gen_ai.usage.input_tokens"] = tokens.prompt
-        found["gen_ai.usage.output_tokens"] = tokens.completion
-        found["draftgate.tokens_estimated"] = x.tokens_estimated
-    return found | _routing_attributes(x)
-
-
-def _routing_attributes(x: Exchange) -> dict[str, str | int | float | bool]:
-    found: dict[str, str | int | float | bool] = {}
-    if x.first_byte is not None and x.chunks:  # a stream's first chunk, as the metric's TTFT
-        found["draftgate.ttft_ms"] = round((x.first_byte - x.started) * 1000, 3)
-    if x.fallback is not None:
-        found["draftgate.fallback"] = x.fallback
-    if x.rule is not None:
-        found["draftgate.rule"] = x.rule.index
-    if x.affinity_outcome is not None:
-        found["draftgate.affinity"] = x.affinity_outcome
-    if x.concurrency is not None:
-        found["draftgate.backend_load"] = x.concurrency
-    if x.costs is not None and x.costs.cost is not None:
-        found["draftgate.cost_usd"] = x.costs.cost
-    return found
 
 
 def start_tracing(settings: Settings, version: str) -> Tracing:

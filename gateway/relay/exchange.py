@@ -27,7 +27,7 @@ from gateway.relay.checks import (
     sequences,
     worst_case_tokens,
 )
-from gateway.relay.usage import Tokens, tokens_of
+from gateway.usage import Tokens, tokens_of
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

@@ -55,6 +55,7 @@ from gateway.relay.checks import (
 )
 from gateway.relay.exchange import Exchange, admit, estimate_abandoned, price, settle
 from gateway.relay.routing import route
+from gateway.relay.spans import request_attributes
 from gateway.relay.sse import DONE, UsageTap
 from gateway.relay.upstream import (
     Upstream,
@@ -63,9 +64,9 @@ from gateway.relay.upstream import (
     UpstreamTimedOut,
     UpstreamUnreachable,
 )
-from gateway.relay.usage import tokens_of
 from gateway.server.http_limits import LOST, ON_DISCONNECT, STALLED
 from gateway.settings import Settings
+from gateway.usage import tokens_of
 
 if TYPE_CHECKING:
     from gateway.events.tracing import Tracing
@@ -147,7 +148,8 @@ class Relay:
 
     def _end_span(self, exchange: Exchange, tracing: Tracing) -> None:
         try:
-            tracing.end_request(exchange)
+            attributes = request_attributes(exchange)
+            tracing.end_request(exchange.span, attributes, exchange.status, exchange.outcome)
         except Exception:  # the top of the relay: a span must not drop the connection
             logger.exception("ending the span of request %s failed", exchange.request_id)
 

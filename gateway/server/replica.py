@@ -1,11 +1,11 @@
 """What the worker processes of one replica share: a directory, a leader, the leader's choices.
 
-`draftgate gateway --workers N` runs N processes on one listening socket (gateway/server/workers.py),
-each a full data plane. Work that must happen once per replica (the selector's choices and
-audits, measurement writes, webhooks, retention, the readiness gauge) runs in one of them,
-the *leader*: the worker holding an exclusive `flock` on `leader.lock` in the replica's
-directory. The kernel releases the lock when its holder dies, however it dies, and the next
-worker to try (every `LEADER_POLL_S`) takes over.
+`draftgate gateway --workers N` runs N processes on one listening socket
+(gateway/server/workers.py), each a full data plane. Work that must happen once per replica
+(the selector's choices and audits, measurement writes, webhooks, retention, the readiness
+gauge) runs in one of them, the *leader*: the worker holding an exclusive `flock` on
+`leader.lock` in the replica's directory. The kernel releases the lock when its holder dies,
+however it dies, and the next worker to try (every `LEADER_POLL_S`) takes over.
 
 The leader publishes through files in the same directory, each replaced whole (written to a
 temporary name, then renamed), so a reader sees one version or the next, never half of one:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from gateway.curves import CALIBRATED_ERROR, MEAN_ERROR_TO_95, OUT_OF_SAMPLE_ERROR
 from gateway.db import measurements, queries
+from gateway.db.tables import Measurement
 from gateway.errors import NotFound, ValidationFailed
 from gateway.schemas.reports import (
     AccuracyPoint,
@@ -123,7 +124,7 @@ def measured_grid(
     engine: str = calibration.DEFAULT_ENGINE,
 ) -> tuple[list[Point], Measured, FittedModel]:
     """The planner's grid fitted to this (model, GPU)'s stored measurements, and those."""
-    observed = measurements.per_gpu_points(session, spec.name, hardware.name)
+    observed = [per_gpu(r) for r in measurements.on_gpu(session, spec.name, hardware.name)]
     fitted = fit_measurements(
         Hardware(spec, hardware, 1, calibration.workloads()[workload]),
         observed,
@@ -292,7 +293,7 @@ def accuracy(session: Session, workload: str) -> AccuracyReport:
             )
         except UnknownCatalogEntry:
             continue  # not a catalogued model or GPU: nothing to predict it from
-        measured = [measurements.per_gpu(r) for r in rows]
+        measured = [per_gpu(r) for r in rows]
         held_out = held_out_predictions(hw, measured)
         predicted: list[float | None] = list(held_out) if held_out else [None] * len(rows)
         for row, point, guess in zip(rows, measured, predicted, strict=True):
@@ -313,3 +314,10 @@ def accuracy(session: Session, workload: str) -> AccuracyReport:
     errors = [abs(p.error) for p in points if p.error is not None]
     mean = sum(errors) / len(errors) if errors else None
     return AccuracyReport(points=points, mean_absolute_error=mean, predicted=len(errors))
+
+
+def per_gpu(r: Measurement) -> MeasuredPoint:
+    """A stored measurement as the planner fits it: output tokens/s per GPU."""
+    return MeasuredPoint(
+        r.method, r.k, r.concurrency, r.output_tokens_per_s / r.gpu_count, r.mean_acceptance_length
+    )

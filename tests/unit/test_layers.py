@@ -16,15 +16,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "planner", "backends", "dashboard")
 WEB = ("fastapi", "starlette")
-# What every layer of the gateway stands on: the registry, the ledger and limits, the
-# database, and the shapes, settings, errors and metrics everyone shares.
-FOUNDATION = ("gateway.registry", "gateway.curves", "gateway.accounting", "gateway.limits",
-              "gateway.db", "gateway.schemas.reports", "gateway.schemas.resources", "gateway.schemas.methods",
-              "gateway.errors", "gateway.settings", "gateway.metrics", "gateway.apikeys",
-              "gateway.server.http_limits", "gateway.urls", "gateway.policy.rules",
-              "gateway.server.inflight")  # fmt: skip
-ABOVE_FOUNDATION = ("gateway.relay", "gateway.control", "gateway.services", "gateway.admin",
-                    "gateway.deps", "gateway.app", "gateway.cli")  # fmt: skip
+# Every module of the gateway stands in exactly one layer, from the ground floor up.
+LAYERS = {
+    # what everyone stands on: settings, errors, the registry and curves, the ledger and
+    # limits (and their state shared over a replica's workers), metrics, the database, the
+    # shapes, the OpenAI usage vocabulary and pure request policy
+    "ground floor": ("gateway.settings", "gateway.errors", "gateway.registry", "gateway.curves",
+                     "gateway.accounting", "gateway.limits", "gateway.metrics", "gateway.apikeys",
+                     "gateway.urls", "gateway.usage", "gateway.db", "gateway.schemas",
+                     "gateway.policy", "gateway.server.inflight", "gateway.server.shared_budget",
+                     "gateway.server.http_limits"),
+    "events": ("gateway.events",),
+    "hot path": ("gateway.relay",),
+    "services": ("gateway.services",),
+    "control loops": ("gateway.control",),
+    "worker processes": ("gateway.server.replica", "gateway.server.workers"),
+    "routes": ("gateway.admin", "gateway.deps", "gateway.health", "gateway.openai_routes"),
+    "app": ("gateway.app",),
+    "command": ("gateway.cli",),
+}  # fmt: skip
+FOUNDATION = LAYERS["ground floor"]
+ABOVE_FOUNDATION = tuple(p for name, ps in LAYERS.items() if name != "ground floor" for p in ps)
+PACKAGE_ROOTS = {"gateway", "gateway.server"}  # package `__init__`s holding no code
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,18 @@ WALLS = {
         ("gateway.services",),
         ("gateway.relay", "gateway.control"),
     ),
+    "the database knows no domain": (
+        ("gateway.db",),
+        ("gateway.curves", "gateway.registry", "gateway.policy", "planner"),
+    ),
+    "events never reach into the hot path": (
+        ("gateway.events",),
+        ("gateway.relay",),
+    ),
+    "admin routes never import the control loops": (
+        ("gateway.admin",),
+        ("gateway.control",),
+    ),
     "the planner is pure": (
         ("planner",),
         ("gateway", "backends", "dashboard", "sqlalchemy", "fastapi", "httpx"),
@@ -126,6 +151,21 @@ WALLS = {
 def test_wall(wall: str) -> None:
     importers, forbidden = WALLS[wall]
     assert crossings(importers, forbidden) == []
+
+
+def layers_of(module: str) -> list[str]:
+    return [name for name, places in LAYERS.items() if within(module, *places)]
+
+
+def test_every_gateway_module_stands_in_exactly_one_layer() -> None:
+    modules = [m for m in source_files() if within(m, "gateway") and m not in PACKAGE_ROOTS]
+    placed = {m: layers_of(m) for m in modules}
+    assert {m: names for m, names in placed.items() if len(names) != 1} == {}
+
+
+def test_a_module_in_no_layer_is_seen() -> None:
+    assert layers_of("gateway.somewhere_new") == []
+    assert layers_of("gateway.server.replica") == ["worker processes"]
 
 
 def test_the_simulator_takes_only_vllms_vocabulary_from_backends() -> None:

@@ -11,12 +11,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
-import gateway
+import gateway.events
 from gateway.app import start_tracing
 from gateway.errors import UpstreamError
-from gateway.events.tracing import Tracing, export_headers, request_attributes
+from gateway.events.tracing import Tracing, export_headers
 from gateway.registry import BackendView
 from gateway.relay.exchange import Exchange
+from gateway.relay.spans import request_attributes
 from gateway.settings import Settings
 
 BACKEND = BackendView("b1", "http://b1", "m", "eagle3", 3, "B200", 1)
@@ -52,7 +53,7 @@ def test_the_backend_gets_our_span_as_its_parent_and_the_clients_tracestate(
     upstream = {"traceparent": "00-from-the-client-01", "tracestate": "vendor=1", "x-a": "1"}
     tracing.inject(x.span, upstream)
     tracing.attempt_failed(x.span, BACKEND, UpstreamError("backend unreachable: ConnectError"))
-    tracing.end_request(x)
+    tracing.end_request(x.span, request_attributes(x), x.status, x.outcome)
     (server,) = spans.get_finished_spans()
     assert server.kind == SpanKind.SERVER
     assert server.context is not None
@@ -78,7 +79,7 @@ def test_an_unknown_path_names_no_span_after_itself(
 ) -> None:
     x = Exchange("rid-2")
     x.span = tracing.start_request("/v1/whatever-" + "x" * 50, {})
-    tracing.end_request(x)
+    tracing.end_request(x.span, request_attributes(x), x.status, x.outcome)
     (span,) = spans.get_finished_spans()
     assert span.name == "POST"
     assert span.parent is None
@@ -126,6 +127,6 @@ def test_tracing_on_without_the_extra_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "gateway.events.tracing", None)  # as if its imports failed
-    monkeypatch.delattr(gateway, "tracing", raising=False)
+    monkeypatch.delattr(gateway.events, "tracing", raising=False)
     with pytest.raises(RuntimeError, match=r"draftgate\[otel\]"):
         start_tracing(settings(tracing=True))

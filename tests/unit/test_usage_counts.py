@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.relay.usage import MAX_TOKENS, Tokens, tokens_of
+from gateway.usage import MAX_TOKENS, Tokens, tokens_of
 
 
 @pytest.mark.parametrize(
