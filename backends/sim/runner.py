@@ -38,6 +38,9 @@ async def merged(streams: Sequence[Stream]) -> AsyncIterator[tuple[int, str | No
             events.put_nowait((index, text, value))
             if text is None:
                 return
+            # let the other pumps take their turn: a stream whose events piled up while the
+            # client read slowly must not pass all of them ahead of the others' of each step
+            await asyncio.sleep(0)
 
     pumps = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
     try:
