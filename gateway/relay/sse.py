@@ -1,4 +1,4 @@
-"""Reading usage out of an OpenAI SSE stream, parsing JSON only where usage may be (pure).
+r"""Reading usage out of an OpenAI SSE stream, parsing JSON only where usage may be (pure).
 
 Chat and text completions: the gateway asks the backend for `include_usage` and
 `continuous_usage_stats`, so every chunk carries cumulative usage and the last one before
@@ -17,6 +17,12 @@ found and cut by their bytes, with no JSON parse per chunk. An event where any `
 `choices` key is written otherwise (`"usage": {`, pretty-printed over several `data:` lines)
 is parsed as JSON, and written again, compact on one `data:` line, only when its usage
 member is cut.
+
+Lines may end in `\r\n`, `\r` or `\n`, as the SSE standard allows: an event ends at
+`\n\n` (vLLM, SGLang), `\r\n\r\n` (sse-starlette's default) or `\r\r`, and is forwarded
+with its own separator as soon as it is whole. A read that ends where an event does (with
+what was held back before it) is not split at all; another is split on `\n\n` alone unless
+it holds a `\r` (JSON strings hold none unescaped, so vLLM's and SGLang's reads never do).
 
 The Responses API streams named events (`event: response.output_text.delta` then its
 `data:` line) and ends with `response.completed`, whose `response.usage` holds the counts
@@ -40,6 +46,13 @@ CHOICES = b'"choices"'
 CONTENT_CHOICES = b'"choices":[{'
 USAGE_ONLY = b'"choices":[]'
 EVENT_END = b"\n\n"
+CRLF_EVENT_END = b"\r\n\r\n"
+# `\r`, in a read only when its lines end in `\r\n` or `\r`; an int, as `int in bytes` is a
+# memchr where a bytes needle costs 0.15 us more (a TypeError raised and cleared first)
+CR = 0x0D
+# An event's end whatever its lines end in (`\n\r\n` and the like, mixed, are not looked for).
+EVENT_ENDS = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+LINE_ENDS = re.compile(rb"\r\n|\r|\n")
 DATA = b"data: "
 DATA_FIELD = b"data:"  # the space after it is optional
 NEXT_DATA = b"\ndata: "
@@ -66,15 +79,30 @@ class UsageTap:
 
     def feed(self, data: bytes) -> bytes:
         """Return the bytes to forward for this upstream chunk."""
-        if not self._carry and data.endswith(EVENT_END):
+        if self._carry:
+            data, self._carry = self._carry + data, b""
+        if data.endswith(EVENT_END):  # whole events, as vLLM writes them: no split needed
             return self._forward(data)
-        data = self._carry + data
+        if CR in data:  # lines ending in `\r\n` or `\r`
+            return self._forward_whole(data)
         events = data.split(EVENT_END)
         self._carry = events.pop()  # an incomplete event, or b"" after a final separator
         return self._forward(data[: len(data) - len(self._carry)], events)
 
-    def _forward(self, data: bytes, events: list[bytes] | None = None) -> bytes:
-        """The bytes to forward for whole events (`events`: `data` split, when it was)."""
+    def _forward_whole(self, data: bytes) -> bytes:
+        r"""The bytes to forward for the whole events of `data`, its lines ending in `\r\n` or
+        `\r`; what follows the last is held back."""
+        if data.endswith(CRLF_EVENT_END):  # whole events, as sse-starlette writes them
+            return self._forward(data)
+        events, ends = _split(data)
+        self._carry = events.pop()
+        return self._forward(data[: len(data) - len(self._carry)], events, ends)
+
+    def _forward(
+        self, data: bytes, events: list[bytes] | None = None, ends: list[bytes] | None = None
+    ) -> bytes:
+        r"""The bytes to forward for whole events (`events`: `data` split, when it was; `ends`:
+        their separators, None when all are `\n\n`)."""
         usages = data.count(USAGE_KEY)
         if not usages:  # nothing to read or cut
             self.chunks += data.count(DATA)  # counted whole, however the bytes were cut
@@ -85,48 +113,53 @@ class UsageTap:
             self._last_usage = data
             return without_usage(data) if self._strip_chunk_usage else data
         if events is None:
-            events = data.split(EVENT_END)
+            if CR in data:  # lines ending in `\r\n` or `\r`
+                events, ends = _split(data)
+            else:
+                events = data.split(EVENT_END)
             self._carry = events.pop()  # b"", or a newline after the last separator
         handle = self._compact_event if form == "compact" else self._event
-        return b"".join([handle(event) for event in events])
+        if ends is None:
+            return b"".join([handle(event) for event in events])
+        return b"".join([handle(event, end) for event, end in zip(events, ends, strict=True)])
 
-    def _event(self, event: bytes) -> bytes:
+    def _event(self, event: bytes, end: bytes = EVENT_END) -> bytes:
         """The bytes to forward for one whole event of a chunk not all compact."""
         usages = event.count(USAGE_KEY)
         if not usages:
             self.chunks += event.count(DATA)
-            return event + EVENT_END
+            return event + end
         if _form(event, usages) != "other":
-            return self._compact_event(event)
-        return self._parsed_event(event)
+            return self._compact_event(event, end)
+        return self._parsed_event(event, end)
 
-    def _compact_event(self, event: bytes) -> bytes:
+    def _compact_event(self, event: bytes, end: bytes = EVENT_END) -> bytes:
         """An event in vLLM's compact form, read and cut by its bytes (b"": cut out)."""
         if USAGE_ONLY in event and event.startswith(DATA) and USAGE_KEY in event:
             self.usage = _usage(event)
-            return b"" if self._strip else event + EVENT_END
+            return b"" if self._strip else event + end
         self.chunks += event.count(DATA)
         if USAGE in event:
             self._last_usage = event
         if self._strip_chunk_usage and CHUNK_USAGE in event:
             event = without_usage(event)
-        return event + EVENT_END
+        return event + end
 
-    def _parsed_event(self, event: bytes) -> bytes:
+    def _parsed_event(self, event: bytes, end: bytes = EVENT_END) -> bytes:
         """An event with usage in another form than vLLM's, read as JSON."""
         body = _body(event)
         if body is not None and body.get("choices") == []:  # the usage-only chunk
             self.usage = _usage_in(body)
-            return b"" if self._strip else event + EVENT_END
+            return b"" if self._strip else event + end
         self.chunks += event.count(DATA)
         if body is None:
-            return event + EVENT_END
+            return event + end
         if _usage_in(body) is not None:
             self._last_usage = event
         if self._strip_chunk_usage and isinstance(body.get("usage"), dict):
             del body["usage"]
             event = _with_data(event, orjson.dumps(body))
-        return event + EVENT_END
+        return event + end
 
     def finish(self) -> bytes:
         """Bytes still held back at the end of the stream; settles `usage`."""
@@ -149,6 +182,13 @@ def _form(data: bytes, usages: int) -> Form:
     if choices == content and usages == objects:
         return "content"
     return "compact" if choices == content + data.count(USAGE_ONLY) else "other"
+
+
+def _split(data: bytes) -> tuple[list[bytes], list[bytes]]:
+    r"""`data` with a `\r` in it cut into its events and what follows the last (all without
+    their separators), and the separator ending each event."""
+    parts = EVENT_ENDS.split(data)
+    return parts[::2], parts[1::2]
 
 
 def without_usage(data: bytes) -> bytes:
@@ -181,8 +221,22 @@ def _object_end(data: bytes, start: int) -> int | None:
 
 
 def _data_only(event: bytes) -> bool:
-    """Whether every line of `event` is a `data: ` line (no name, no id: nearly every event)."""
-    return event.startswith(DATA) and event.count(b"\n") == event.count(NEXT_DATA)
+    r"""Whether every line of `event` is a `data: ` line ending in `\n` (no name, no id: nearly
+    every event)."""
+    return (
+        event.startswith(DATA) and event.count(b"\n") == event.count(NEXT_DATA) and CR not in event
+    )
+
+
+def _lines(event: bytes) -> list[bytes]:
+    """The lines of one event, whatever they end in."""
+    return LINE_ENDS.split(event) if CR in event else event.split(b"\n")
+
+
+def _line_end(event: bytes) -> bytes:
+    """What the lines of one event end in (its first line's ending, if it has several)."""
+    ending = LINE_ENDS.search(event) if CR in event else None
+    return b"\n" if ending is None else ending.group()
 
 
 def _data(event: bytes) -> bytes | None:
@@ -190,8 +244,7 @@ def _data(event: bytes) -> bytes | None:
     them (after an `event:` line, if named); None without any."""
     if _data_only(event):
         return event[len(DATA) :].replace(NEXT_DATA, b"\n")
-    lines = event.split(b"\n")
-    values = [line[len(DATA_FIELD) :] for line in lines if line.startswith(DATA_FIELD)]
+    values = [line[len(DATA_FIELD) :] for line in _lines(event) if line.startswith(DATA_FIELD)]
     return b"\n".join(v.removeprefix(b" ") for v in values) if values else None
 
 
@@ -199,8 +252,8 @@ def _with_data(event: bytes, data: bytes) -> bytes:
     """`event` with its `data:` lines replaced by one holding `data`, after its other fields."""
     if _data_only(event):
         return DATA + data
-    fields = [line for line in event.split(b"\n") if not line.startswith(DATA_FIELD)]
-    return b"\n".join([*fields, DATA + data])
+    fields = [line for line in _lines(event) if not line.startswith(DATA_FIELD)]
+    return _line_end(event).join([*fields, DATA + data])
 
 
 def _body(event: bytes) -> dict[str, Any] | None:
@@ -237,7 +290,8 @@ def _usage(event: bytes) -> dict[str, Any] | None:
 def _usage_of_last(data: bytes) -> dict[str, Any] | None:
     """The usage of the last event in `data` that has a usage object (a chunk may hold
     several events)."""
-    for event in reversed(data.split(EVENT_END)):
+    events = _split(data)[0] if CR in data else data.split(EVENT_END)
+    for event in reversed(events):
         if USAGE_KEY in event and (usage := _usage(event)) is not None:
             return usage
     return None

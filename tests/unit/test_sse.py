@@ -293,3 +293,93 @@ def test_vllm_chunks_and_chunks_without_usage_are_not_parsed(
     assert len(parsed) == 1
     assert tap.usage is not None
     assert tap.usage["completion_tokens"] == 3
+
+
+# --- Lines ending in `\r\n` (sse-starlette's default) or `\r`, as the SSE standard allows ---
+
+
+def ending(data: bytes, line_end: bytes) -> bytes:
+    r"""`data` written with `line_end` for `\n` (JSON strings hold no raw newline)."""
+    return data.replace(b"\n", line_end)
+
+
+def vllm_events(every_chunk: bool) -> list[bytes]:
+    """vLLM's content chunks, with their usage or without."""
+    usages = VLLM_USAGE if every_chunk else ["" for _ in VLLM_USAGE]
+    return [event(VLLM_HEAD + c + u + "}") for c, u in zip(VLLM_CHOICES, usages, strict=True)]
+
+
+VLLM_FINAL = {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3}
+
+
+@pytest.mark.parametrize("line_end", [b"\r\n", b"\r"])
+@pytest.mark.parametrize("strip", [True, False])
+def test_crlf_stream_split_at_every_byte_gives_the_exact_usage(
+    line_end: bytes, strip: bool
+) -> None:
+    r"""Events ending in `\r\n\r\n` (or `\r\r`) give the exact usage however the reads cut
+    them, and what the client did not ask for is cut out, the rest kept byte for byte."""
+    whole = ending(b"".join([*vllm_events(True), event(VLLM_LAST), DONE]), line_end)
+    kept = [*vllm_events(not strip), b"" if strip else event(VLLM_LAST), DONE]
+    want = ending(b"".join(kept), line_end)
+    for cut in range(len(whole) + 1):
+        tap = UsageTap(strip_usage_chunk=strip, strip_chunk_usage=strip)
+        assert relay(tap, [whole[:cut], whole[cut:]]) == want, cut
+        assert tap.usage == VLLM_FINAL, cut
+    tap = UsageTap(strip_usage_chunk=strip, strip_chunk_usage=strip)
+    assert relay(tap, [whole[i : i + 1] for i in range(len(whole))]) == want
+    assert tap.usage == VLLM_FINAL
+
+
+@pytest.mark.parametrize("line_end", [b"\r\n", b"\r"])
+@pytest.mark.parametrize("strip", [True, False])
+def test_crlf_events_are_forwarded_as_soon_as_whole(line_end: bytes, strip: bool) -> None:
+    """Each event comes out of the read that completes it, not at the end of the stream."""
+    events = [ending(e, line_end) for e in [*vllm_events(True), event(VLLM_LAST), DONE]]
+    kept = [ending(e, line_end) for e in vllm_events(not strip)]
+    want = [*kept, b"" if strip else events[-2], events[-1]]
+    tap = UsageTap(strip_usage_chunk=strip, strip_chunk_usage=strip)
+    assert [tap.feed(e) for e in events] == want
+    assert tap.finish() == b""
+    assert tap.usage == VLLM_FINAL
+    halves = UsageTap(strip_usage_chunk=strip, strip_chunk_usage=strip)
+    for e, out in zip(events, want, strict=True):
+        middle = len(e) - 3  # inside the separator: the event is not whole yet
+        assert (halves.feed(e[:middle]), halves.feed(e[middle:])) == (b"", out)
+    assert halves.usage == VLLM_FINAL
+
+
+def with_id(number: int, line_end: bytes, body: bytes) -> bytes:
+    """One event as sse-starlette writes it with an id: `id:` then `data:` lines, then an
+    empty line, each ending in `line_end`."""
+    return ending(f"id: {number}\n".encode() + body, line_end)
+
+
+@pytest.mark.parametrize("write", [spaced, pretty])
+@pytest.mark.parametrize("line_end", [b"\r\n", b"\r"])
+def test_spaced_crlf_events_are_read_and_rewritten_with_their_line_ends(
+    write: Callable[[Any], bytes], line_end: bytes
+) -> None:
+    r"""Spaced JSON on `\r\n` lines is read as JSON; an event written again for its usage
+    keeps its `id:` line and its line ends, and comes out as its `\n` twin, line ends aside."""
+    bodies = [*BODIES, USAGE_ONLY]
+    lf = [*(with_id(n, b"\n", write(b)) for n, b in enumerate(bodies)), DONE]
+    cr = [*(with_id(n, line_end, write(b)) for n, b in enumerate(bodies)), ending(DONE, line_end)]
+    whole = b"".join(cr)
+    for strip in [True, False]:
+        lf_tap = UsageTap(strip, strip)
+        want = ending(relay(lf_tap, lf), line_end)
+        assert lf_tap.usage == FINAL
+        assert (b'"usage"' in want) is not strip
+        assert want.startswith(ending(b"id: 0\ndata: {", line_end))
+        for cut in range(len(whole) + 1):
+            tap = UsageTap(strip, strip)
+            assert relay(tap, [whole[:cut], whole[cut:]]) == want, cut
+            assert (tap.usage, tap.chunks) == (FINAL, lf_tap.chunks), cut
+    assert relay(UsageTap(False), [whole]) == whole
+
+
+def test_a_crlf_stream_cut_short_takes_usage_from_its_last_chunk() -> None:
+    tap = UsageTap(strip_usage_chunk=True, strip_chunk_usage=True)
+    relay(tap, [ending(e, b"\r\n") for e in vllm_events(True)])
+    assert tap.usage == VLLM_FINAL | {"prompt_tokens_details": {"cached_tokens": 0}}
