@@ -29,7 +29,8 @@ from gateway.control.prober import probe_forever
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Services, authorize_admin
-from gateway.errors import ServiceUnavailable, install_error_handlers, on_out_of_range
+from gateway.error_handlers import install_error_handlers, on_out_of_range
+from gateway.errors import ServiceUnavailable
 from gateway.events.budget_alerts import BudgetWatch
 from gateway.events.webhooks import WebhookSender
 from gateway.limits import Limiter, budgeted_spend

@@ -32,7 +32,7 @@ LAYERS = {
     "control loops": ("gateway.control",),
     "worker processes": ("gateway.server.replica", "gateway.server.workers"),
     "routes": ("gateway.admin", "gateway.deps", "gateway.health", "gateway.openai_routes"),
-    "app": ("gateway.app",),
+    "app": ("gateway.app", "gateway.error_handlers"),
     "command": ("gateway.cli",),
 }  # fmt: skip
 FOUNDATION = LAYERS["ground floor"]
