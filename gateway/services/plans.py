@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 from sqlalchemy.orm import Session
 
@@ -124,7 +124,27 @@ def measured_grid(
     engine: str = calibration.DEFAULT_ENGINE,
 ) -> tuple[list[Point], Measured, FittedModel]:
     """The planner's grid fitted to this (model, GPU)'s stored measurements, and those."""
-    observed = [per_gpu(r) for r in measurements.on_gpu(session, spec.name, hardware.name)]
+    observed = observed_per_gpu(session, spec, hardware)
+    return fitted_grid(observed, spec, hardware, gpu_count, workload, usd_per_gpu_hour, engine)
+
+
+def observed_per_gpu(
+    session: Session, spec: catalog.ModelSpec, hardware: catalog.GpuSpec
+) -> list[MeasuredPoint]:
+    """This (model, GPU)'s stored measurements, per GPU."""
+    return [per_gpu(r) for r in measurements.on_gpu(session, spec.name, hardware.name)]
+
+
+def fitted_grid(
+    observed: list[MeasuredPoint],
+    spec: catalog.ModelSpec,
+    hardware: catalog.GpuSpec,
+    gpu_count: int,
+    workload: str,
+    usd_per_gpu_hour: float,
+    engine: str = calibration.DEFAULT_ENGINE,
+) -> tuple[list[Point], Measured, FittedModel]:
+    """The planner's grid fitted to `observed` (per GPU), and those by configuration (pure)."""
     fitted = fit_measurements(
         Hardware(spec, hardware, 1, calibration.workloads()[workload]),
         observed,
@@ -162,6 +182,17 @@ def _honoured(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What a plan is asked for, beside the model and the GPU."""
+
+    gpu_count: int
+    workload: str
+    itl_objective_ms: float | None
+    output_tokens_per_s: float | None  # a traffic to size a fleet for, if any
+    engine: str
+
+
 def build_plan(
     session: Session,
     model: str,
@@ -181,28 +212,41 @@ def build_plan(
         price = plan_price(session, hardware.name, price_kind)
     except UnknownCatalogEntry as exc:
         raise NotFound(str(exc), param="model" if "model" in str(exc) else "gpu") from None
-    usd = price.usd_per_gpu_hour
+    observed = observed_per_gpu(session, spec, hardware)
+    request = PlanRequest(gpu_count, workload, itl_objective_ms, output_tokens_per_s, engine)
+    return plan_report(spec, hardware, price, observed, request)
+
+
+def plan_report(
+    spec: catalog.ModelSpec,
+    hardware: catalog.GpuSpec,
+    price: PlanPrice,
+    observed: list[MeasuredPoint],
+    request: PlanRequest,
+) -> PlanReport:
+    """The plan from the measurements (per GPU) and the price it assumes (pure)."""
+    usd, gpu_count, objective = price.usd_per_gpu_hour, request.gpu_count, request.itl_objective_ms
     try:
-        points, measured, fitted = measured_grid(
-            session, spec, hardware, gpu_count, workload, usd, engine
+        points, measured, fitted = fitted_grid(
+            observed, spec, hardware, gpu_count, request.workload, usd, request.engine
         )
     except DoesNotFit as exc:
         raise ValidationFailed(str(exc), param="gpu_count") from None
-    choices = best_per_concurrency(points, itl_objective_ms)
+    choices = best_per_concurrency(points, objective)
     methods = sorted({c.best.method for c in choices} - {"plain"})
     half = relative_95(fitted)
     capacity = None
-    if output_tokens_per_s is not None:
-        capacity = _capacity(points, output_tokens_per_s, itl_objective_ms, gpu_count, usd, half)
+    if request.output_tokens_per_s is not None:
+        capacity = _capacity(points, request.output_tokens_per_s, objective, gpu_count, usd, half)
     return PlanReport(
         fit=PlanFit(measurements=fitted.points, error_band=fitted.error_band, relative_95=half),
         capacity=capacity,
         model=spec.name,
         gpu=hardware.name,
         gpu_count=gpu_count,
-        workload=workload,
-        engine=engine,
-        itl_objective_ms=itl_objective_ms,
+        workload=request.workload,
+        engine=request.engine,
+        itl_objective_ms=objective,
         price=price,
         choices=[
             PlanChoice(
@@ -216,7 +260,7 @@ def build_plan(
         ],
         methods={
             m: [_point(p, measured, gpu_count, half) for p in curve]
-            for m, curve in best_per_method(points, itl_objective_ms).items()
+            for m, curve in best_per_method(points, objective).items()
         },
         schedules={m: [list(s) for s in k_schedule(points, m)] for m in methods},
     )
