@@ -15,9 +15,11 @@ import contextlib
 import datetime as dt
 import logging
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -150,6 +152,19 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
 def recompute_hour(session: Session, hour: dt.datetime) -> None:
     """Set the hourly rollup rows of `hour` from the usage records (idempotent). Never for
     an hour older than `usage_retention_days`: its records are pruned, its rollups are not."""
+    rows = [_rollup_row(hour, group) for group in session.execute(_sums_of_hour(hour))]
+    if rows:
+        statement = upsert_insert(session, UsageHourly)
+        statement = statement.on_conflict_do_update(
+            index_elements=ROLLUP_KEY,
+            set_={name: getattr(statement.excluded, name) for name in ROLLUP_VALUES},
+        )
+        session.execute(statement, rows)
+
+
+def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
+    """The usage records of `hour` summed per rollup row: its dimensions (method, backend,
+    key, model), then its values in `ROLLUP_VALUES`' order."""
     end = hour + dt.timedelta(hours=1)
     r = UsageRecord
     # The same expression objects in SELECT and GROUP BY, so PostgreSQL sees one expression.
@@ -159,7 +174,7 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
         func.coalesce(r.api_key_id, 0),
         r.model,
     )
-    groups = (
+    return (
         select(
             *dimensions,
             func.count(),
@@ -177,37 +192,32 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
         .where(r.created_at >= hour, r.created_at < end)
         .group_by(*dimensions)
     )
-    rows = [
-        {
-            "hour": hour,
-            "method": method,
-            "backend_name": backend,
-            "api_key_id": key,
-            "model": model,
-            "requests": n,
-            "errors": errors or 0,
-            "prompt_tokens": prompt or 0,
-            "completion_tokens": completion or 0,
-            "cost_usd": cost,
-            "baseline_cost_usd": baseline,
-            "busy_s": busy,
-            "cost_error_usd": cost_error,
-            "baseline_error_usd": baseline_error,
-            "cached_prompt_tokens": cached,
-            "prefill_saved_by_cache_usd": saved,
-        }
-        for (
-            method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy,
-            cost_error, baseline_error, cached, saved,
-        ) in session.execute(groups)
-    ]  # fmt: skip
-    if rows:
-        statement = upsert_insert(session, UsageHourly)
-        statement = statement.on_conflict_do_update(
-            index_elements=ROLLUP_KEY,
-            set_={name: getattr(statement.excluded, name) for name in ROLLUP_VALUES},
-        )
-        session.execute(statement, rows)
+
+
+def _rollup_row(hour: dt.datetime, group: Sequence[Any]) -> dict[str, Any]:
+    """One row of `_sums_of_hour` as the rollup row of `hour` it sets."""
+    (
+        method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy,
+        cost_error, baseline_error, cached, saved,
+    ) = group  # fmt: skip
+    return {
+        "hour": hour,
+        "method": method,
+        "backend_name": backend,
+        "api_key_id": key,
+        "model": model,
+        "requests": n,
+        "errors": errors or 0,
+        "prompt_tokens": prompt or 0,
+        "completion_tokens": completion or 0,
+        "cost_usd": cost,
+        "baseline_cost_usd": baseline,
+        "busy_s": busy,
+        "cost_error_usd": cost_error,
+        "baseline_error_usd": baseline_error,
+        "cached_prompt_tokens": cached,
+        "prefill_saved_by_cache_usd": saved,
+    }
 
 
 class Ledger:
