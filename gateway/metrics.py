@@ -15,6 +15,8 @@ leader: every worker exports the leader's values (`leader_gauges`), never the fi
 so a series the leader removes is gone from every worker's `/metrics`.
 """
 
+# Over 400 lines: every metric the gateway exposes, declared once, in one place.
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -57,6 +59,17 @@ class GatewayMetrics:
         self.leader_gauges_file: Path | None = None  # where another worker's leader puts them
         self.registry = r = CollectorRegistry(auto_describe=True)
         self._series: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
+        self._requests(r)
+        self._routing(r)
+        self._backends(r)
+        self._pricing(r)
+        self._replica(r)
+        self._ledger_queue(r)
+        self._webhooks(r)
+        self._records(r)
+
+    def _requests(self, r: CollectorRegistry) -> None:
+        """Requests on /v1: counts, latencies, tokens and their cost."""
         self.requests = Counter(
             "draftgate_requests",
             "Requests on /v1 by model, method and status class.",
@@ -104,6 +117,9 @@ class GatewayMetrics:
             ["model", "method"],
             registry=r,
         )
+
+    def _routing(self, r: CollectorRegistry) -> None:
+        """How requests were routed: fallbacks, panics, rules, affinity, retries, refusals."""
         self.fallbacks = Counter(
             "draftgate_fallbacks",
             "Requests served by another method than the policy's.",
@@ -155,6 +171,9 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+
+    def _backends(self, r: CollectorRegistry) -> None:
+        """Each backend: in flight, health, declared method, acceptance, its in-flight clock."""
         self.in_flight = Gauge(
             "draftgate_backend_in_flight",
             "Requests in flight per backend.",
@@ -206,6 +225,9 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+
+    def _pricing(self, r: CollectorRegistry) -> None:
+        """What the selector and planner see: replicas wanted, prices per method, fit error."""
         self.desired_replicas = Gauge(
             "draftgate_desired_replicas",
             "Replicas each method pool of a model needs at its current load (autoscaling).",
@@ -234,6 +256,9 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+
+    def _replica(self, r: CollectorRegistry) -> None:
+        """Key budgets and this replica's readiness."""
         self.budget_used = Gauge(
             "draftgate_key_budget_used_ratio",
             "Share of each budgeted API key's budget spent in its current period.",
@@ -246,6 +271,9 @@ class GatewayMetrics:
             "interval.",
             registry=r,
         )
+
+    def _ledger_queue(self, r: CollectorRegistry) -> None:
+        """The ledger's queue of usage records."""
         self.ledger_pending = Gauge(
             "draftgate_ledger_pending",
             "Usage records waiting to be written.",
@@ -257,6 +285,9 @@ class GatewayMetrics:
             "Usage records dropped because the pending queue was full.",
             registry=r,
         )
+
+    def _webhooks(self, r: CollectorRegistry) -> None:
+        """Webhook deliveries."""
         self.webhook_events = Counter(
             "draftgate_webhook_events",
             "Webhook events per URL by type and outcome: sent, failed (attempts used up or "
@@ -273,6 +304,9 @@ class GatewayMetrics:
         self.webhook_queued = Gauge(
             "draftgate_webhook_queued", "Webhook events waiting, over every URL.", registry=r
         )
+
+    def _records(self, r: CollectorRegistry) -> None:
+        """What becomes of usage: values refused, requests unpriced, records pruned and written."""
         self.usage_rejected = Counter(
             "draftgate_usage_values_rejected",
             "Token counts a backend reported that are not whole numbers in range (recorded as 0).",
