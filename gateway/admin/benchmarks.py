@@ -2,146 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
-
 from fastapi import APIRouter
-from pydantic import Field, model_validator
-from sqlalchemy import update
 
-from backends.bench import DEFAULT_REQUESTS_PER_CLIENT, DEFAULT_REQUESTS_PER_LEVEL
-from backends.workloads import WorkloadName, resolve_lengths
-from gateway.db import queries
-from gateway.db.base import utcnow
-from gateway.db.tables import BenchmarkRun
 from gateway.deps import SessionDep
-from gateway.errors import Conflict, NotFound
-from gateway.schemas.resources import ListOf, Public, Strict
+from gateway.schemas.benchmarks import BenchmarkCreate, BenchmarkPublic
+from gateway.schemas.resources import ListOf
+from gateway.services import benchmarks
 
 router = APIRouter(prefix="/benchmarks", tags=["benchmarks"])
-Level = Annotated[int, Field(ge=1, le=1024)]
-
-
-class InvalidBenchmark(ValueError):
-    """A combination of benchmark fields that makes no sense; names the field at fault."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class BenchmarkCreate(Strict):
-    """A sweep against one registered backend, closed-loop or at a request rate."""
-
-    backend: str
-    concurrency: list[Level] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
-    requests_per_level: int | None = Field(default=None, ge=1, le=100_000)
-    # At least this many requests per client at each level (with neither count nor duration
-    # given: 50 per level and 8 per client, so c=64 runs 512 requests at 64 in flight)
-    requests_per_client: int | None = Field(default=None, ge=1, le=10_000)
-    duration_s: float | None = Field(default=None, gt=0, le=3600)
-    rate_per_s: float | None = Field(default=None, gt=0, le=10_000)
-    poisson: bool = False
-    burstiness: float | None = Field(default=None, gt=0, le=1000)
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
-    workload: WorkloadName = "synthetic"
-    input_len: int | None = Field(default=None, ge=1, le=32_768)
-    output_len: int | None = Field(default=None, ge=1, le=32_768)
-    temperature: float | None = Field(default=None, ge=0, le=2)  # None: the server's default
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> BenchmarkCreate:
-        if self.requests_per_level is None and self.duration_s is None:
-            self.requests_per_level = DEFAULT_REQUESTS_PER_LEVEL
-            if self.requests_per_client is None:
-                self.requests_per_client = DEFAULT_REQUESTS_PER_CLIENT
-        if self.requests_per_client is not None and self.requests_per_level is None:
-            raise InvalidBenchmark(
-                "requests_per_client raises a request count: give requests_per_level",
-                "requests_per_client",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _arrivals(self) -> BenchmarkCreate:
-        if self.poisson and self.rate_per_s is None:
-            raise InvalidBenchmark("poisson shapes open-loop arrivals: give rate_per_s", "poisson")
-        if self.burstiness is not None and not self.poisson:
-            raise InvalidBenchmark(
-                "burstiness is the gamma shape of poisson arrivals: set poisson", "burstiness"
-            )
-        if self.poisson and self.burstiness is None:
-            self.burstiness = 1.0
-        return self
-
-    @model_validator(mode="after")
-    def _lengths(self) -> BenchmarkCreate:
-        """Store the mean lengths the run uses: the preset's unless given."""
-        self.input_len, self.output_len = resolve_lengths(
-            self.workload, self.input_len, self.output_len
-        )
-        return self
-
-
-class BenchmarkPublic(Public):
-    """A run as the API shows it."""
-
-    id: int
-    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
-    model: str
-    url: str
-    backend_name: str | None
-    params: dict[str, Any]
-    progress: float
-    error: str | None
-    result: dict[str, Any] | None
 
 
 @router.post("", status_code=202)
 def start_benchmark(data: BenchmarkCreate, session: SessionDep) -> BenchmarkPublic:
     """Queue a sweep; the replica's leader starts it within a second. Poll it at
     GET /admin/v1/benchmarks/{id}."""
-    backend = queries.get_backend(session, data.backend)
-    run = BenchmarkRun(
-        status="queued",
-        model=backend.model,
-        url=backend.url,
-        backend_name=backend.name,
-        params=data.model_dump(),
-    )
-    session.add(run)
-    session.flush()  # its id; committed before the answer goes out
-    return BenchmarkPublic.model_validate(run)
+    return BenchmarkPublic.model_validate(benchmarks.queue_benchmark(session, data))
 
 
 @router.get("")
 def list_benchmarks(session: SessionDep) -> ListOf[BenchmarkPublic]:
     """Runs, newest first (the last 100)."""
-    rows = session.query(BenchmarkRun).order_by(BenchmarkRun.id.desc()).limit(100).all()
+    rows = benchmarks.recent_benchmarks(session)
     return ListOf[BenchmarkPublic](data=[BenchmarkPublic.model_validate(r) for r in rows])
 
 
 @router.get("/{run_id}")
 def get_benchmark(run_id: int, session: SessionDep) -> BenchmarkPublic:
     """One run: status, progress, results."""
-    row = session.get(BenchmarkRun, run_id)
-    if row is None:
-        raise NotFound(f"benchmark run {run_id} not found", param="run_id")
-    return BenchmarkPublic.model_validate(row)
+    return BenchmarkPublic.model_validate(benchmarks.get_benchmark(session, run_id))
 
 
 @router.delete("/{run_id}")
 def cancel_benchmark(run_id: int, session: SessionDep) -> BenchmarkPublic:
     """Cancel a run that is queued or running, whichever worker or replica runs it (its
     leader stops it within a second, keeping the levels it completed)."""
-    row = session.get(BenchmarkRun, run_id)
-    if row is None:
-        raise NotFound(f"benchmark run {run_id} not found", param="run_id")
-    cancelled = session.execute(
-        update(BenchmarkRun)
-        .where(BenchmarkRun.id == run_id, BenchmarkRun.status.in_(("queued", "running")))
-        .values(status="cancelled", finished_at=utcnow())
-    )
-    session.refresh(row)
-    if not cancelled.rowcount:  # type: ignore[attr-defined]
-        raise Conflict(f"benchmark run {run_id} already {row.status}", code="not_running")
-    return BenchmarkPublic.model_validate(row)
+    return BenchmarkPublic.model_validate(benchmarks.cancel_benchmark(session, run_id))

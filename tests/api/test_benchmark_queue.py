@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.admin.benchmarks import BenchmarkCreate
 from gateway.control.benchmarks import ORPHAN_AFTER_S, ORPHANED, BenchmarkManager
 from gateway.db import migrate
 from gateway.db.base import utcnow
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import Backend, BenchmarkRun
+from gateway.schemas.benchmarks import BenchmarkCreate
 
 BACKEND = "silent"
 
