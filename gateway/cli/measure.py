@@ -12,39 +12,42 @@ from gateway.cli.common import fail, session
 
 import_app = typer.Typer(help="Benchmark results from other tools, as measurements.")
 
+# The options of `bench` whose help would not fit beside their name.
+Levels = Annotated[
+    str, typer.Option(help="Comma-separated levels (with --rate: caps on requests in flight).")
+]
+Requests = Annotated[
+    int | None,
+    typer.Option(min=1, help="Requests per level (default: 50, and at least 8 per client)."),
+]
+Rate = Annotated[float | None, typer.Option(min=0.001, help="Open loop: requests/s per level.")]
+Burstiness = Annotated[
+    float | None, typer.Option(min=0.001, help="With --poisson: gamma shape (vLLM's).")
+]
+Temperature = Annotated[
+    float | None, typer.Option(min=0, help="Sampling temperature (default: the server's).")
+]
+SaveResult = Annotated[Path | None, typer.Option(help="vllm-bench JSON (one per level).")]
+StoredMethod = Annotated[str | None, typer.Option(help="Store results as measurements: method.")]
+
 
 def bench(
     url: Annotated[str, typer.Option(help="Server base URL (without /v1).")],
     model: Annotated[str, typer.Option(help="Model name to request.")],
-    concurrency: Annotated[
-        str, typer.Option(help="Comma-separated levels (with --rate: caps on requests in flight).")
-    ] = "1,4,16,64",
-    requests: Annotated[
-        int | None,
-        typer.Option(min=1, help="Requests per level (default: 50, and at least 8 per client)."),
-    ] = None,
+    concurrency: Levels = "1,4,16,64",
+    requests: Requests = None,
     duration: Annotated[float | None, typer.Option(min=0.1, help="Seconds per level.")] = None,
-    rate: Annotated[
-        float | None, typer.Option(min=0.001, help="Open loop: requests/s per level.")
-    ] = None,
+    rate: Rate = None,
     poisson: Annotated[bool, typer.Option(help="With --rate: Poisson arrivals.")] = False,
-    burstiness: Annotated[
-        float | None, typer.Option(min=0.001, help="With --poisson: gamma shape (vLLM's).")
-    ] = None,
+    burstiness: Burstiness = None,
     seed: Annotated[int, typer.Option(min=0, help="Of arrivals and workload.")] = 0,
-    temperature: Annotated[
-        float | None, typer.Option(min=0, help="Sampling temperature (default: the server's).")
-    ] = None,
+    temperature: Temperature = None,
     workload: Annotated[str, typer.Option(help="synthetic, code, chat or math.")] = "synthetic",
     input_len: Annotated[int | None, typer.Option(min=1, help="Mean prompt tokens.")] = None,
     output_len: Annotated[int | None, typer.Option(min=1, help="Mean output tokens.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="DRAFTGATE_BENCH_API_KEY")] = None,
-    save_result: Annotated[
-        Path | None, typer.Option(help="vllm-bench JSON (one per level).")
-    ] = None,
-    method: Annotated[
-        str | None, typer.Option(help="Store results as measurements: method.")
-    ] = None,
+    save_result: SaveResult = None,
+    method: StoredMethod = None,
     k: Annotated[int, typer.Option(min=0)] = 0,
     gpu: Annotated[str | None, typer.Option(help="Store results: GPU type.")] = None,
     gpu_count: Annotated[int, typer.Option(min=1)] = 1,
@@ -53,27 +56,12 @@ def bench(
     acceptance."""
     import asyncio
 
-    from backends.bench import (
-        DEFAULT_REQUESTS_PER_CLIENT,
-        DEFAULT_REQUESTS_PER_LEVEL,
-        BenchConfig,
-        run_sweep,
-    )
-    from backends.workloads import WORKLOAD_NAMES, resolve_lengths
+    from backends.bench import BenchConfig, run_sweep
+    from backends.workloads import resolve_lengths
 
-    try:
-        levels = tuple(int(c) for c in concurrency.split(","))
-    except ValueError:
-        fail(f"--concurrency must be integers separated by commas, got {concurrency!r}")
-    if (method is None) != (gpu is None):
-        fail("--method and --gpu go together (they describe the measured server)")
-    if workload not in WORKLOAD_NAMES:
-        fail(f"unknown --workload {workload!r}; known: {', '.join(WORKLOAD_NAMES)}")
+    levels = _checked_levels(concurrency, method, gpu, workload)
     _check_arrivals(rate, poisson, burstiness)
-    per_client = None
-    if requests is None and duration is None:  # 50 per level, at least 8 per client
-        requests, per_client = DEFAULT_REQUESTS_PER_LEVEL, DEFAULT_REQUESTS_PER_CLIENT
-    seconds = duration if requests is None else None
+    requests, seconds, per_client = _level_length(requests, duration)
     prompt_len, answer_len = resolve_lengths(workload, input_len, output_len)
     config = BenchConfig(
         url.rstrip("/"),
@@ -98,6 +86,37 @@ def bench(
         _save_levels(save_result, config, results)
     if method is not None and gpu is not None:
         _store_levels(results, model, method, k, gpu, gpu_count)
+
+
+def _checked_levels(
+    concurrency: str, method: str | None, gpu: str | None, workload: str
+) -> tuple[int, ...]:
+    """The sweep's levels; exit 2 on options that do not go together."""
+    from backends.workloads import WORKLOAD_NAMES
+
+    try:
+        levels = tuple(int(c) for c in concurrency.split(","))
+    except ValueError:
+        fail(f"--concurrency must be integers separated by commas, got {concurrency!r}")
+    if (method is None) != (gpu is None):
+        fail("--method and --gpu go together (they describe the measured server)")
+    if workload not in WORKLOAD_NAMES:
+        fail(f"unknown --workload {workload!r}; known: {', '.join(WORKLOAD_NAMES)}")
+    return levels
+
+
+def _level_length(
+    requests: int | None, duration: float | None
+) -> tuple[int | None, float | None, int | None]:
+    """Each level's requests, else seconds, and requests per client at least (none given:
+    50 per level, at least 8 per client)."""
+    from backends.bench import DEFAULT_REQUESTS_PER_CLIENT, DEFAULT_REQUESTS_PER_LEVEL
+
+    per_client = None
+    if requests is None and duration is None:
+        requests, per_client = DEFAULT_REQUESTS_PER_LEVEL, DEFAULT_REQUESTS_PER_CLIENT
+    seconds = duration if requests is None else None
+    return requests, seconds, per_client
 
 
 def _check_arrivals(rate: float | None, poisson: bool, burstiness: float | None) -> None:

@@ -22,7 +22,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.app import create_app
-from gateway.cli.main import _Server, _server_config
+from gateway.cli.serve import Server, server_config
 from gateway.relay.exchange import Exchange
 from gateway.relay.proxy import Departure
 from gateway.settings import Settings
@@ -58,7 +58,7 @@ async def test_a_finished_request_leaves_no_reference_cycle(
         port=port,
         require_api_key=False,
     )
-    server = _Server(_server_config(settings, create_app(settings)))
+    server = Server(server_config(settings, create_app(settings)))
     serving = asyncio.ensure_future(server.serve())
     gc.disable()  # what is not freed by reference counting stays, for the test to find
     try:
