@@ -241,7 +241,6 @@ async def _running(
         registry,
         metrics,
         managed,
-        asyncio.get_running_loop(),
         changes,
     )
     tracing = start_tracing(settings)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from collections.abc import Iterator
@@ -42,7 +41,6 @@ class Services:
     registry: Registry
     metrics: GatewayMetrics
     managed: ManagedBackends
-    loop: asyncio.AbstractEventLoop  # for admin routes (threads) to start background work
     changes: Changes | None = None  # with worker processes: tells the others of a change
 
 

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
+import anyio.to_thread
 from fastapi import APIRouter
+from sqlalchemy.orm import Session
 
 from gateway.db import queries
 from gateway.db.tables import Backend
-from gateway.deps import ServicesDep, SessionDep
+from gateway.deps import Services, ServicesDep, SessionDep
 from gateway.errors import Conflict
 from gateway.schemas.resources import BackendCreate, BackendSwitch, SwitchAccepted
 from gateway.services.changes import merged
 
 router = APIRouter(prefix="/backends", tags=["backends"])
-START_TIMEOUT_S = 5.0  # for the event loop to accept the switch, not for the server
 
 
 def switch_target(row: Backend, data: BackendSwitch) -> BackendCreate:
@@ -41,8 +41,21 @@ def derived_name(old: str, old_method: str, method: str, k: int | None) -> str:
     return f"{base}-{method}" + (f"-k{k}" if k is not None else "")
 
 
+def checked_target(
+    session: Session, services: Services, name: str, data: BackendSwitch
+) -> BackendCreate:
+    """The backend that will replace `name`, once it is known to exist and be switchable
+    and the new name to be free (database reads: run in a worker thread)."""
+    row = queries.get_backend(session, name)
+    services.managed.check_switchable(name)
+    target = switch_target(row, data)
+    if queries.find_backend(session, target.name) is not None:
+        raise Conflict(f"backend {target.name!r} already exists", param="name")
+    return target
+
+
 @router.post("/{name}/switch", status_code=202)
-def post_switch(
+async def post_switch(
     name: str, data: BackendSwitch, session: SessionDep, services: ServicesDep
 ) -> SwitchAccepted:
     """Start a new server with the requested method and K, shift traffic, retire the old one.
@@ -51,14 +64,9 @@ def post_switch(
     traffic shift (`switch`), the old server's removal (`delete`) or a failed start
     (`switch-failed`, with the new server's last log lines).
     """
-    row = queries.get_backend(session, name)
-    services.managed.check_switchable(name)
-    target = switch_target(row, data)
-    if queries.find_backend(session, target.name) is not None:
-        raise Conflict(f"backend {target.name!r} already exists", param="name")
-    begun = services.managed.begin_switch(
+    target = await anyio.to_thread.run_sync(checked_target, session, services, name, data)
+    # on the event loop, which runs the switch: Conflict when `name` is not switchable now
+    await services.managed.begin_switch(
         name, target, services.registry, services.sessions, services.settings
     )
-    started = asyncio.run_coroutine_threadsafe(begun, services.loop)
-    started.result(START_TIMEOUT_S)  # re-raises Conflict when `name` is not switchable
     return SwitchAccepted(old_name=name, new_name=target.name, method=target.method, k=target.k)
