@@ -47,17 +47,6 @@ def throughput_vs_concurrency(
 ) -> alt.LayerChart:
     """Every method's planner curve (its best K per load), solid between measured points and
     dashed where estimated, its points filled where measured, and every measured point."""
-    points = [
-        {
-            "concurrency": p.concurrency,
-            "tokens_per_s": p.output_tokens_per_s,
-            "series": method,
-            "kind": p.source,
-            "K": p.k,
-        }
-        for method, points in curves.items()
-        for p in points
-    ]
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
     y = alt.Y("tokens_per_s:Q", title="output tokens/s")
     color = alt.Color("series:N", legend=_legend("method"))
@@ -75,7 +64,7 @@ def throughput_vs_concurrency(
         )
     )
     planner_points = (
-        _chart(points)
+        _chart(_planner_points(curves))
         .mark_point(size=40)
         .encode(
             x=x,
@@ -87,16 +76,8 @@ def throughput_vs_concurrency(
             tooltip=["series:N", "K:Q", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
         )
     )
-    dots = [
-        {
-            "concurrency": p.concurrency,
-            "series": f"measured: {p.method}",
-            "tokens_per_s": p.measured_output_tokens_per_s * gpu_count,
-        }
-        for p in measured
-    ]
     marks = (
-        _chart(dots)
+        _chart(_measured_dots(measured, gpu_count))
         .mark_point(size=90, filled=True, shape="diamond")
         .encode(
             x=x,
@@ -108,6 +89,33 @@ def throughput_vs_concurrency(
     layers = [lines, planner_points, marks] if measured else [lines, planner_points]
     layered: alt.LayerChart = alt.LayerChart(layer=layers)
     return layered
+
+
+def _planner_points(curves: dict[str, list[PlanPoint]]) -> Rows:
+    """Every point of every method's planner curve, with its K and whether it was measured."""
+    return [
+        {
+            "concurrency": p.concurrency,
+            "tokens_per_s": p.output_tokens_per_s,
+            "series": method,
+            "kind": p.source,
+            "K": p.k,
+        }
+        for method, points in curves.items()
+        for p in points
+    ]
+
+
+def _measured_dots(measured: list[AccuracyPoint], gpu_count: int) -> Rows:
+    """Every measured point, scaled to the plan's GPUs."""
+    return [
+        {
+            "concurrency": p.concurrency,
+            "series": f"measured: {p.method}",
+            "tokens_per_s": p.measured_output_tokens_per_s * gpu_count,
+        }
+        for p in measured
+    ]
 
 
 def live_curves(curves: list[Curve]) -> alt.LayerChart:

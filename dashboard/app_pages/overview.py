@@ -42,6 +42,15 @@ def _pays(objective: FleetObjective) -> str:
 
 def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
     """The three answers for one model."""
+    _headline(fleet, label)
+    st.caption(_sizing_note(fleet))
+    _methods(fleet)
+    _release(fleet, backends)
+    _latency(fleet)
+
+
+def _headline(fleet: Fleet, label: str) -> None:
+    """The bill, the best right-sized bill, achievable savings and over-provisioning."""
     by_method = {m.method: m for m in fleet.methods}
     best = by_method.get(fleet.best) if fleet.best else None
     cols = st.columns(4)
@@ -69,6 +78,10 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
         _interval(fleet.over_provisioning_usd_95),
         delta_arrow="off",
     )
+
+
+def _sizing_note(fleet: Fleet) -> str:
+    """How the fleets were sized, and what the figures mean."""
     objective = fleet.objective
     sized = (
         f"within {objective.itl_ms:g} ms per token"
@@ -77,13 +90,17 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
         "fewest GPUs; "
         f"speculative decoding pays under a latency objective{_pays(objective)})"
     )
-    st.caption(
+    return (
         f"Right-sized: whole replicas hour by hour {sized}, {fleet.headroom:.0%} headroom over "
         f"each hour's mean, at the {fleet.price_kind} price. Achievable savings are money only "
         "once the fleet is sized to its traffic; over-provisioning is the bill minus the "
         "right-sized bill of the methods as served. Intervals: each replica sized at both ends "
         "of its curve's 95% band (GET /admin/v1/curves); the bill itself is exact."
     )
+
+
+def _methods(fleet: Fleet) -> None:
+    """Each method's right-sized fleet, a row per method."""
     st.dataframe(
         [
             {
@@ -103,8 +120,6 @@ def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
         ],
         hide_index=True,
     )
-    _release(fleet, backends)
-    _latency(fleet)
 
 
 def _latency(fleet: Fleet) -> None:
