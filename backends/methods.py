@@ -1,5 +1,7 @@
 """Decoding-method catalog and rendering of vLLM `--speculative-config` / `vllm serve` argv."""
 
+# Over 400 lines: the method catalog beside the rules rendering it as vLLM flags.
+
 from __future__ import annotations
 
 import json

@@ -18,6 +18,8 @@ drafters). Anchoring each curve to measurements corrects the level; the planner 
 the shape. (`GET /admin/v1/plan` does fit, with its held-out error band.)
 """
 
+# Over 400 lines: pooling measurements and the curves drawn from the pools share their statistics.
+
 from __future__ import annotations
 
 import itertools

@@ -1,5 +1,7 @@
 """The gateway's settings: environment variables prefixed `DRAFTGATE_`."""
 
+# Over 400 lines: one Settings class: the whole contract of settings in one place.
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,7 @@
 """The simulator's HTTP server: a plain ASGI app with vLLM's routes, over the engine runner."""
 
+# Over 400 lines: one ASGI app: vLLM's routes over the engine runner, sharing its streams.
+
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +24,6 @@ from backends.sim.prefix_cache import block_hashes
 from backends.sim.protocol import (
     ApiError,
     Generation,
-    MessagesWriter,
-    ResponsesWriter,
-    ResponseWriter,
     parse_body,
     parse_messages,
     parse_responses,
@@ -32,6 +31,7 @@ from backends.sim.protocol import (
 from backends.sim.protocol import parse_generation as parse
 from backends.sim.runner import EngineRunner, Stream, merged
 from backends.sim.text import PseudoText, prompt_words, seed_of
+from backends.sim.writers import MessagesWriter, ResponsesWriter, ResponseWriter
 from planner import calibration
 
 logger = logging.getLogger(__name__)

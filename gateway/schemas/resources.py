@@ -1,5 +1,7 @@
 """Request and response shapes of the admin API (the same keys as `fleet.yaml`)."""
 
+# Over 400 lines: every admin API request and response shape (fleet.yaml's keys) in one place.
+
 from __future__ import annotations
 
 import datetime as dt

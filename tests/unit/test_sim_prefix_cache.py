@@ -11,8 +11,9 @@ import pytest
 from backends.sim.config import SimConfig, build_engine
 from backends.sim.engine import EngineCore, SimRequest
 from backends.sim.prefix_cache import PrefixCache, block_hashes
-from backends.sim.protocol import Generation, ResponseWriter, prompt_details
+from backends.sim.protocol import Generation, prompt_details
 from backends.sim.text import template_words
+from backends.sim.writers import ResponseWriter
 
 PLAIN = SimConfig(model="meta-llama/Llama-3.1-8B-Instruct", method="plain", block_size=16)
 
