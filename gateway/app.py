@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from httpx_aiohttp import AiohttpTransport
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import health, openai_routes
@@ -192,66 +194,83 @@ def start_tracing(settings: Settings) -> Tracing | None:
     return tracing.start_tracing(settings, VERSION)
 
 
-@asynccontextmanager
-async def _running(
-    settings: Settings,
-    engine: Engine,
-    app: GatewayApp,
-    managed: ManagedBackends,
-    replica: Replica | None,
-) -> AsyncIterator[None]:
-    """Start the registry, ledger, limiter, prober and relay, and what the replica's leader
-    runs once this worker leads; drain the ledger at the end."""
-    sessions = make_sessionmaker(engine)
+def _worker_metrics(replica: Replica | None) -> GatewayMetrics:
+    """This worker's metrics, shared over the replica's workers when it has any."""
     metrics = GatewayMetrics(None if replica is None else replica.metrics_dir)
     if replica is not None:  # the leader's file until this worker leads
         metrics.leader_gauges_file = replica.gauges_file
-    registry = Registry(sessions, settings.registry_refresh_s, settings.measurement_max_age_s)
-    await anyio.to_thread.run_sync(registry.load)
-    ledger = Ledger(
-        sessions,
-        metrics,
-        batch_size=settings.ledger_batch_size,
-        flush_interval_s=settings.ledger_flush_interval_s,
-        max_pending=settings.ledger_max_pending,
-    )
+    return metrics
+
+
+def _limiter(
+    settings: Settings, sessions: sessionmaker[Session], registry: Registry, replica: Replica | None
+) -> Limiter:
+    """The keys' limits; with a replica, a key's requests in flight and budget are counted
+    over every worker."""
     shared = budgets = None
-    if replica is not None:  # a key's requests in flight and budget, counted over every worker
+    if replica is not None:
         directory, slot, workers = replica.directory, replica.slot, settings.workers
         shared = SharedInFlight(directory / INFLIGHT_FILE, slot, workers)
         spend = budgeted_spend(registry.snapshot)  # the first read, made after any predecessor died
         budgets = SharedBudgets(directory / BUDGETS_FILE, slot, workers, spend)
-    limiter = Limiter(sessions, settings.limits_sync_s, shared, budgets)
+    return Limiter(sessions, settings.limits_sync_s, shared, budgets)
+
+
+def _follow_snapshots(
+    settings: Settings,
+    registry: Registry,
+    metrics: GatewayMetrics,
+    ledger: Ledger,
+    limiter: Limiter,
+    replica: Replica | None,
+) -> WebhookSender | None:
+    """Hook the registry's loads: the limiter, budget alerts and gauges follow each new
+    snapshot. The webhook sender, None without webhook URLs (then nothing runs)."""
     registry.on_load_start.append(lambda: limiter.snapshot_starting(ledger.unwritten_usd_by_key()))
     registry.on_load.append(lambda: limiter.snapshot_loaded(registry.snapshot))
-    webhooks = WebhookSender.of(settings, metrics)  # None without webhook URLs: nothing runs
+    webhooks = WebhookSender.of(settings, metrics)
     if webhooks is not None:
         webhooks.leading = replica is None  # events go out from the leader alone
         watch = BudgetWatch(settings.budget_thresholds, webhooks)
         registry.on_load_start.append(watch.load_starting)
         registry.on_load.append(lambda: watch.check(registry.snapshot))
     registry.on_load.append(lambda: _publish_snapshot_figures(metrics, registry, limiter))
-    client = Upstream(settings)
-    control = upstream_client(settings, CONTROL_CONNECTIONS)
-    changes = None if replica is None else Changes(replica, settings.workers)
-    app.state.services = Services(
-        settings,
-        engine,
-        sessions,
-        registry,
-        metrics,
-        managed,
-        changes,
-    )
-    tracing = start_tracing(settings)
-    if tracing is not None:
-        on_audit_commit(sessions, tracing.audited)
-    app.relay = Relay(settings, registry, ledger, limiter, metrics, client, tracing)
-    app.tracing = tracing
+    return webhooks
+
+
+@dataclass(frozen=True)
+class _Loops:
+    """A worker's background loops. Loops that touch the database stop at `stop` (never
+    mid-query, so no connection is left behind); the prober only talks HTTP and is
+    cancelled."""
+
+    stop: asyncio.Event
+    stoppable: list[asyncio.Task[None]]
+    prober: asyncio.Task[None]
+
+    async def halt(self, registry: Registry, ledger: Ledger) -> None:
+        """Stop every loop and wait for them all."""
+        self.stop.set()
+        registry.wake()
+        ledger.wake()
+        self.prober.cancel()
+        await asyncio.gather(self.prober, *self.stoppable, return_exceptions=True)
+
+
+def _start_loops(
+    services: Services,
+    ledger: Ledger,
+    limiter: Limiter,
+    control: httpx.AsyncClient,
+    webhooks: WebhookSender | None,
+    replica: Replica | None,
+) -> _Loops:
+    """Start the registry's, ledger's and limiter's loops, the collector, the leader's
+    work, the watch for other workers' changes and the prober. Every worker scrapes, for
+    its routing's view of the load; the leader alone stores measurements."""
+    settings, sessions = services.settings, services.sessions
+    registry, metrics = services.registry, services.metrics
     stop = asyncio.Event()
-    # Loops that touch the database stop at `stop` (never mid-query, so no connection is
-    # left behind); the prober only talks HTTP and is cancelled. Every worker scrapes, for
-    # its routing's view of the load; the leader alone stores measurements.
     collector = Collector(
         registry,
         control,
@@ -279,25 +298,68 @@ async def _running(
             leader.run(stop),
         )
     ]
-    if changes is not None:
-        stoppable.append(asyncio.create_task(changes.watch(registry, stop)))
+    if services.changes is not None:
+        stoppable.append(asyncio.create_task(services.changes.watch(registry, stop)))
     prober = asyncio.create_task(
         probe_forever(registry, control, settings.probe_interval_s, metrics, webhooks)
     )
+    return _Loops(stop, stoppable, prober)
+
+
+async def _close(
+    client: Upstream,
+    control: httpx.AsyncClient,
+    webhooks: WebhookSender | None,
+    tracing: Tracing | None,
+) -> None:
+    """Close the backends' connection pools, the webhook sender and the tracer, in turn."""
+    await client.aclose()
+    await control.aclose()
+    if webhooks is not None:
+        await webhooks.aclose()
+    if tracing is not None:
+        await anyio.to_thread.run_sync(tracing.shutdown)
+
+
+@asynccontextmanager
+async def _running(
+    settings: Settings,
+    engine: Engine,
+    app: GatewayApp,
+    managed: ManagedBackends,
+    replica: Replica | None,
+) -> AsyncIterator[None]:
+    """Start the registry, ledger, limiter, prober and relay, and what the replica's leader
+    runs once this worker leads; drain the ledger at the end."""
+    sessions = make_sessionmaker(engine)
+    metrics = _worker_metrics(replica)
+    registry = Registry(sessions, settings.registry_refresh_s, settings.measurement_max_age_s)
+    await anyio.to_thread.run_sync(registry.load)
+    ledger = Ledger(
+        sessions,
+        metrics,
+        batch_size=settings.ledger_batch_size,
+        flush_interval_s=settings.ledger_flush_interval_s,
+        max_pending=settings.ledger_max_pending,
+    )
+    limiter = _limiter(settings, sessions, registry, replica)
+    webhooks = _follow_snapshots(settings, registry, metrics, ledger, limiter, replica)
+    client = Upstream(settings)
+    control = upstream_client(settings, CONTROL_CONNECTIONS)
+    changes = None if replica is None else Changes(replica, settings.workers)
+    services = Services(settings, engine, sessions, registry, metrics, managed, changes)
+    app.state.services = services
+    tracing = start_tracing(settings)
+    if tracing is not None:
+        on_audit_commit(sessions, tracing.audited)
+    app.relay = Relay(settings, registry, ledger, limiter, metrics, client, tracing)
+    app.tracing = tracing
+    loops = _start_loops(services, ledger, limiter, control, webhooks, replica)
     try:
         yield
     finally:
         app.relay = app.tracing = None
-        stop.set()
-        registry.wake()
-        ledger.wake()
-        prober.cancel()
-        await asyncio.gather(prober, *stoppable, return_exceptions=True)
+        await loops.halt(registry, ledger)
         await managed.close(sessions)
         await ledger.drain()
-        await client.aclose()
-        await control.aclose()
-        if webhooks is not None:
-            await webhooks.aclose()
-        if tracing is not None:
-            await anyio.to_thread.run_sync(tracing.shutdown)
+        await _close(client, control, webhooks, tracing)
