@@ -30,7 +30,7 @@ from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
-from gateway.deps import Services, authorize_admin
+from gateway.deps import Components, authorize_admin
 from gateway.error_handlers import install_error_handlers, on_out_of_range
 from gateway.errors import ServiceUnavailable
 from gateway.events.budget_alerts import BudgetWatch
@@ -258,7 +258,7 @@ class _Loops:
 
 
 def _start_loops(
-    services: Services,
+    components: Components,
     ledger: Ledger,
     limiter: Limiter,
     control: httpx.AsyncClient,
@@ -268,8 +268,8 @@ def _start_loops(
     """Start the registry's, ledger's and limiter's loops, the collector, the leader's
     work, the watch for other workers' changes and the prober. Every worker scrapes, for
     its routing's view of the load; the leader alone stores measurements."""
-    settings, sessions = services.settings, services.sessions
-    registry, metrics = services.registry, services.metrics
+    settings, sessions = components.settings, components.sessions
+    registry, metrics = components.registry, components.metrics
     stop = asyncio.Event()
     collector = Collector(
         registry,
@@ -298,8 +298,8 @@ def _start_loops(
             leader.run(stop),
         )
     ]
-    if services.changes is not None:
-        stoppable.append(asyncio.create_task(services.changes.watch(registry, stop)))
+    if components.changes is not None:
+        stoppable.append(asyncio.create_task(components.changes.watch(registry, stop)))
     prober = asyncio.create_task(
         probe_forever(registry, control, settings.probe_interval_s, metrics, webhooks)
     )
@@ -347,14 +347,14 @@ async def _running(
     client = Upstream(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     changes = None if replica is None else Changes(replica, settings.workers)
-    services = Services(settings, engine, sessions, registry, metrics, managed, changes)
-    app.state.services = services
+    components = Components(settings, engine, sessions, registry, metrics, managed, changes)
+    app.state.components = components
     tracing = start_tracing(settings)
     if tracing is not None:
         on_audit_commit(sessions, tracing.audited)
     app.relay = Relay(settings, registry, ledger, limiter, metrics, client, tracing)
     app.tracing = tracing
-    loops = _start_loops(services, ledger, limiter, control, webhooks, replica)
+    loops = _start_loops(components, ledger, limiter, control, webhooks, replica)
     try:
         yield
     finally:

@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the app's services, a transaction per request, admin auth."""
+"""FastAPI dependencies: the app's components, a transaction per request, admin auth."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ READ_ONLY = {SCOPE_FIELD: "read"}
 
 
 @dataclass(frozen=True)
-class Services:
+class Components:
     """What the lifespan builds once and every request shares."""
 
     settings: Settings
@@ -44,18 +44,18 @@ class Services:
     changes: Changes | None = None  # with worker processes: tells the others of a change
 
 
-def get_services(request: Request) -> Services:
-    """The services the lifespan attached to the app."""
-    services: Services = request.app.state.services
-    return services
+def get_components(request: Request) -> Components:
+    """The components the lifespan attached to the app."""
+    components: Components = request.app.state.components
+    return components
 
 
-ServicesDep = Annotated[Services, Depends(get_services)]
+ComponentsDep = Annotated[Components, Depends(get_components)]
 
 
-def get_session(services: ServicesDep) -> Iterator[Session]:
+def get_session(components: ComponentsDep) -> Iterator[Session]:
     """One transaction per request, committed before the response is sent."""
-    with transaction(services.sessions) as session:
+    with transaction(components.sessions) as session:
         yield session
 
 
@@ -95,8 +95,8 @@ def required_scope(request: Request) -> Scope:
 
 def authorize_admin(request: Request) -> Scope:
     """Check the request's admin token against what its route needs; the token's scope."""
-    services = get_services(request)
-    scope = token_scope(services.settings, request.headers.get("authorization"))
+    components = get_components(request)
+    scope = token_scope(components.settings, request.headers.get("authorization"))
     if scope == "read" and required_scope(request) == "admin":
         raise InsufficientScope("this token may only read; changes need the admin token")
     return scope
@@ -105,7 +105,7 @@ def authorize_admin(request: Request) -> Scope:
 AdminScopeDep = Annotated[Scope, Depends(authorize_admin)]
 
 
-def refresh_registry_after_changes(request: Request, services: ServicesDep) -> Iterator[None]:
+def refresh_registry_after_changes(request: Request, components: ComponentsDep) -> Iterator[None]:
     """After an admin change is committed, reload the registry before answering.
 
     So the next request through this replica already follows the change, whichever of its
@@ -117,9 +117,9 @@ def refresh_registry_after_changes(request: Request, services: ServicesDep) -> I
     if request.method in ("GET", "HEAD"):
         return
     try:
-        services.registry.load()
+        components.registry.load()
     except SQLAlchemyError as exc:  # the change is committed; the refresh loop retries
         logger.warning("registry not reloaded after an admin change: %s", exc)
-        services.registry.request_refresh()
-    if services.changes is not None:
-        services.changes.announce_and_wait()
+        components.registry.request_refresh()
+    if components.changes is not None:
+        components.changes.announce_and_wait()

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from gateway.control.readiness import check_ready
-from gateway.deps import ServicesDep
+from gateway.deps import ComponentsDep
 from gateway.errors import ServiceUnavailable
 
 router = APIRouter(tags=["health"])
@@ -20,10 +20,10 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready")
-def ready(services: ServicesDep) -> dict[str, Any]:
+def ready(components: ComponentsDep) -> dict[str, Any]:
     """The database answers and at least one backend passes its health checks
     (gateway/control/readiness.py says why an open circuit breaker does not count)."""
-    readiness = check_ready(services.sessions, services.registry)
+    readiness = check_ready(components.sessions, components.registry)
     if readiness.problem is not None:
         raise ServiceUnavailable(readiness.problem)
     return {"status": "ready", "database": "ok", "backends_healthy": readiness.healthy_backends}

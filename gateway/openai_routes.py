@@ -8,20 +8,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Response
 
 from gateway.apikeys import hash_key
-from gateway.deps import Services, ServicesDep
+from gateway.deps import Components, ComponentsDep
 from gateway.errors import AuthenticationFailed, ModelNotFound
 
 router = APIRouter(tags=["openai"])
 STARTED = int(time.time())
 
 
-def _allowed(services: Services, authorization: str | None) -> frozenset[str] | None:
+def _allowed(components: Components, authorization: str | None) -> frozenset[str] | None:
     """The models the caller's key may use (None: every model); 401 when a key is required
     and none valid is given."""
-    snapshot = services.registry.snapshot  # one read: a refresh may replace it meanwhile
+    snapshot = components.registry.snapshot  # one read: a refresh may replace it meanwhile
     scheme, _, secret = (authorization or "").partition(" ")
     key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
-    if key is None and services.settings.require_api_key:
+    if key is None and components.settings.require_api_key:
         raise AuthenticationFailed("Incorrect API key provided")
     return None if key is None else key.allowed_models
 
@@ -32,25 +32,25 @@ def _card(model: str) -> dict[str, Any]:
 
 @router.get("/v1/models")
 def list_models(
-    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+    components: ComponentsDep, authorization: Annotated[str | None, Header()] = None
 ) -> dict[str, Any]:
     """Models with at least one enabled backend that the caller's key may use, in OpenAI's
     list shape."""
-    allowed = _allowed(services, authorization)
+    allowed = _allowed(components, authorization)
     models = [
-        m for m in sorted(services.registry.snapshot.backends) if allowed is None or m in allowed
+        m for m in sorted(components.registry.snapshot.backends) if allowed is None or m in allowed
     ]
     return {"object": "list", "data": [_card(m) for m in models]}
 
 
 @router.get("/v1/models/{model:path}")
 def retrieve_model(
-    model: str, services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+    model: str, components: ComponentsDep, authorization: Annotated[str | None, Header()] = None
 ) -> dict[str, Any]:
     """One model, as the OpenAI SDK's `models.retrieve()` reads it (404 when it has no
     enabled backend or the key may not use it)."""
-    allowed = _allowed(services, authorization)
-    if model not in services.registry.snapshot.backends or (
+    allowed = _allowed(components, authorization)
+    if model not in components.registry.snapshot.backends or (
         allowed is not None and model not in allowed
     ):
         raise ModelNotFound(f"The model `{model}` does not exist", param="model")
@@ -58,7 +58,7 @@ def retrieve_model(
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(services: ServicesDep) -> Response:
+def metrics(components: ComponentsDep) -> Response:
     """Prometheus exposition of the gateway's metrics."""
-    body = services.metrics.exposition()
+    body = components.metrics.exposition()
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from gateway.db import queries
 from gateway.db.measurements import latest_acceptance
-from gateway.deps import ServicesDep, SessionDep
+from gateway.deps import ComponentsDep, SessionDep
 from gateway.schemas.resources import (
     BackendCreate,
     BackendPublic,
@@ -27,36 +27,38 @@ ACTOR = "admin-api"
 
 @router.get("")
 def list_backends(
-    session: SessionDep, services: ServicesDep, model: str | None = None
+    session: SessionDep, components: ComponentsDep, model: str | None = None
 ) -> ListOf[BackendPublic]:
     """Every backend, optionally of one model, with this replica's view of each."""
     rows = queries.list_backends(session, model)
     measured = latest_acceptance(session, rows)
     return ListOf[BackendPublic](
-        data=[with_runtime(row, services.registry, measured) for row in rows]
+        data=[with_runtime(row, components.registry, measured) for row in rows]
     )
 
 
 @router.post("", status_code=201)
-def post_backend(data: BackendCreate, session: SessionDep, services: ServicesDep) -> BackendPublic:
+def post_backend(
+    data: BackendCreate, session: SessionDep, components: ComponentsDep
+) -> BackendPublic:
     """Add a backend."""
-    allow = services.settings.allow_link_local_backends
+    allow = components.settings.allow_link_local_backends
     return backend_public(create_backend(session, data, ACTOR, allow_link_local=allow))
 
 
 @router.get("/{name}")
-def get_backend(name: str, session: SessionDep, services: ServicesDep) -> BackendPublic:
+def get_backend(name: str, session: SessionDep, components: ComponentsDep) -> BackendPublic:
     """One backend, with this replica's view of it."""
     row = queries.get_backend(session, name)
-    return with_runtime(row, services.registry, latest_acceptance(session, [row]))
+    return with_runtime(row, components.registry, latest_acceptance(session, [row]))
 
 
 @router.patch("/{name}")
 def patch_backend(
-    name: str, patch: BackendUpdate, session: SessionDep, services: ServicesDep
+    name: str, patch: BackendUpdate, session: SessionDep, components: ComponentsDep
 ) -> BackendPublic:
     """Change some fields of a backend (enable, disable, move, re-tune)."""
-    allow = services.settings.allow_link_local_backends
+    allow = components.settings.allow_link_local_backends
     return backend_public(update_backend(session, name, patch, ACTOR, allow_link_local=allow))
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from gateway.deps import ServicesDep, SessionDep
+from gateway.deps import ComponentsDep, SessionDep
 from gateway.schemas.reports import FleetReport
 from gateway.services.rightsizing import Sizing, fleet_report
 
@@ -17,7 +17,7 @@ router = APIRouter(prefix="/fleet", tags=["savings"])
 @router.get("")
 def get_fleet(
     session: SessionDep,
-    services: ServicesDep,
+    components: ComponentsDep,
     model: str,
     start: Annotated[dt.datetime | None, Query(alias="from")] = None,
     end: Annotated[dt.datetime | None, Query(alias="to")] = None,
@@ -25,7 +25,7 @@ def get_fleet(
 ) -> FleetReport:
     """The model's bill over [from, to), what fleets sized for its traffic would cost per
     method, the achievable savings, the over-provisioning and the replicas wanted now."""
-    registry = services.registry
+    registry = components.registry
     return fleet_report(
         session,
         registry.snapshot,
@@ -34,5 +34,5 @@ def get_fleet(
         start,
         end,
         price_kind,
-        Sizing.of(services.settings),
+        Sizing.of(components.settings),
     )

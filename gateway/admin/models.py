@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from gateway.db import queries
-from gateway.deps import ServicesDep, SessionDep
+from gateway.deps import ComponentsDep, SessionDep
 from gateway.schemas.resources import ListOf, ModelCreate, ModelPublic, Policy, PolicySaved
 from gateway.services.models import (
     create_model,
@@ -45,7 +45,7 @@ def put_policy(
     name: str,
     policy: Policy,
     session: SessionDep,
-    services: ServicesDep,
+    components: ComponentsDep,
     immediate: Annotated[
         bool, Query(description="Move all traffic to a newly pinned method at once.")
     ] = False,
@@ -55,7 +55,7 @@ def put_policy(
     traffic every `DRAFTGATE_MOVE_STEP_S`), shown as `move` until it ends. `warnings` names
     a pinned or rule's method or K that no enabled backend of the model runs (saved all the
     same: requests fall back until one does)."""
-    registry, settings = services.registry, services.settings
+    registry, settings = components.registry, components.settings
     steps = None if immediate else (settings.move_step_share, settings.move_step_s)
     auto = registry.auto_method(name, registry.snapshot)
     row = set_policy(session, name, policy, ACTOR, auto_method=auto, steps=steps)

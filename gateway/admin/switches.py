@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from gateway.db import queries
 from gateway.db.tables import Backend
-from gateway.deps import Services, ServicesDep, SessionDep
+from gateway.deps import Components, ComponentsDep, SessionDep
 from gateway.errors import Conflict
 from gateway.schemas.resources import BackendCreate, BackendSwitch, SwitchAccepted
 from gateway.services.changes import merged
@@ -42,12 +42,12 @@ def derived_name(old: str, old_method: str, method: str, k: int | None) -> str:
 
 
 def checked_target(
-    session: Session, services: Services, name: str, data: BackendSwitch
+    session: Session, components: Components, name: str, data: BackendSwitch
 ) -> BackendCreate:
     """The backend that will replace `name`, once it is known to exist and be switchable
     and the new name to be free (database reads: run in a worker thread)."""
     row = queries.get_backend(session, name)
-    services.managed.check_switchable(name)
+    components.managed.check_switchable(name)
     target = switch_target(row, data)
     if queries.find_backend(session, target.name) is not None:
         raise Conflict(f"backend {target.name!r} already exists", param="name")
@@ -56,7 +56,7 @@ def checked_target(
 
 @router.post("/{name}/switch", status_code=202)
 async def post_switch(
-    name: str, data: BackendSwitch, session: SessionDep, services: ServicesDep
+    name: str, data: BackendSwitch, session: SessionDep, components: ComponentsDep
 ) -> SwitchAccepted:
     """Start a new server with the requested method and K, shift traffic, retire the old one.
 
@@ -64,9 +64,9 @@ async def post_switch(
     traffic shift (`switch`), the old server's removal (`delete`) or a failed start
     (`switch-failed`, with the new server's last log lines).
     """
-    target = await anyio.to_thread.run_sync(checked_target, session, services, name, data)
+    target = await anyio.to_thread.run_sync(checked_target, session, components, name, data)
     # on the event loop, which runs the switch: Conflict when `name` is not switchable now
-    await services.managed.begin_switch(
-        name, target, services.registry, services.sessions, services.settings
+    await components.managed.begin_switch(
+        name, target, components.registry, components.sessions, components.settings
     )
     return SwitchAccepted(old_name=name, new_name=target.name, method=target.method, k=target.k)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from gateway.deps import ServicesDep, SessionDep
+from gateway.deps import ComponentsDep, SessionDep
 from gateway.schemas.reports import UsagePage
 from gateway.services.usage import UsageFilter, csv_lines, page
 
@@ -22,7 +22,7 @@ router = APIRouter(prefix="/usage", tags=["savings"])
 )
 def get_usage(
     session: SessionDep,
-    services: ServicesDep,
+    components: ComponentsDep,
     start: Annotated[dt.datetime | None, Query(alias="from")] = None,
     end: Annotated[dt.datetime | None, Query(alias="to")] = None,
     model: str | None = None,
@@ -39,6 +39,6 @@ def get_usage(
     where = UsageFilter(start, end, model, method, backend, key, status)
     if format == "csv":
         headers = {"content-disposition": 'attachment; filename="usage.csv"'}
-        lines = csv_lines(services.sessions, where)
+        lines = csv_lines(components.sessions, where)
         return StreamingResponse(lines, media_type="text/csv", headers=headers)
     return page(session, where, cursor, limit)

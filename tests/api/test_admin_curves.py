@@ -31,14 +31,14 @@ async def test_the_curves_are_the_ones_that_price_requests(
     assert (await client.post("/admin/v1/backends", json=BACKEND)).status_code == 201
     price = {"gpu_type": GPU, "usd_per_gpu_hour": 6.0, "source": "t", "date": "2026-11-01"}
     assert (await client.post("/admin/v1/prices", json=price)).status_code == 201
-    services = app.state.services
-    with transaction(services.sessions) as session:
+    components = app.state.components
+    with transaction(components.sessions) as session:
         session.add_all([_window(4.0, 1000.0 + i, 40) for i in range(4)])  # four steady windows
         session.add(_window(4.0, 400.0, 10, out=4))  # ten max_tokens=4 requests: another shape
         session.add(_window(4.0, 9000.0, 40))  # an outlier
         session.add(_window(4.0, 700.0, 40, k=1))  # the backend's earlier K
         session.add(_window(16.0, 3000.0, None))  # an old row: no sample recorded
-    services.registry.load()
+    components.registry.load()
 
     response = await client.get("/admin/v1/curves", params={"model": CATALOG_MODEL})
     assert response.status_code == 200, response.text
@@ -63,7 +63,7 @@ async def test_the_curves_are_the_ones_that_price_requests(
     assert line[4.0]["output_tokens_per_s"] == pytest.approx(1001.5)
     assert {p["source"] for c, p in line.items() if c not in (4.0, 16.0)} == {"estimated"}
     view = BackendView("g-eagle3", "", CATALOG_MODEL, "eagle3", 3, GPU, 1)
-    snapshot = services.registry.snapshot
+    snapshot = components.registry.snapshot
     for c, point in line.items():
         assert point["usd_per_mtok"] == pytest.approx(
             snapshot.usd_per_mtok(CATALOG_MODEL, "eagle3", view, c)
@@ -108,12 +108,12 @@ async def test_the_interval_narrows_as_points_accumulate(
     client: httpx.AsyncClient, app: FastAPI
 ) -> None:
     assert (await client.post("/admin/v1/backends", json=BACKEND)).status_code == 201
-    services = app.state.services
+    components = app.state.components
 
     async def interval_after(windows: int) -> float:
-        with transaction(services.sessions) as session:
+        with transaction(components.sessions) as session:
             session.add_all([_window(4.0, 1000.0 + 10 * (i % 2), 40) for i in range(windows)])
-        services.registry.load()
+        components.registry.load()
         body = (await client.get("/admin/v1/curves", params={"model": CATALOG_MODEL})).json()
         [eagle3] = [c for c in body["curves"] if c["method"] == "eagle3"]
         [point] = eagle3["measured"]

@@ -50,8 +50,8 @@ async def _fleet(client: httpx.AsyncClient, app: FastAPI, spread: float = 0.0) -
     assert (await client.post("/admin/v1/prices", json=price)).status_code == 201
     policy = {"mode": "pinned", "method": "eagle3", "itl_objective_ms": 25}
     assert (await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)).status_code == 200
-    services = app.state.services
-    with transaction(services.sessions) as session:
+    components = app.state.components
+    with transaction(components.sessions) as session:
         for method, curve in (("plain", PLAIN), ("eagle3", SPEC)):
             for c, tps in zip(curve.concurrency, curve.output_tokens_per_s, strict=True):
                 if spread:
@@ -75,8 +75,8 @@ async def _fleet(client: httpx.AsyncClient, app: FastAPI, spread: float = 0.0) -
         entry(1, minute=65, completion_tokens=3_600_000, method="plain", latency_ms=1.8e7),
         entry(2, minute=70, completion_tokens=7_200_000, method="eagle3", latency_ms=1.8e7),
     ]
-    write_batch(services.sessions, [e for e in records])
-    services.registry.load()  # the curves from the measurements just stored
+    write_batch(components.sessions, [e for e in records])
+    components.registry.load()  # the curves from the measurements just stored
 
 
 async def test_right_sized_bills_savings_and_over_provisioning_by_hand(

@@ -35,7 +35,7 @@ async def test_gpus_need_the_admin_token(client: httpx.AsyncClient) -> None:
 def _measure(
     app: FastAPI, k: int, acceptance: float | None, per_position: list[float] | None
 ) -> None:
-    with transaction(app.state.services.sessions) as session:
+    with transaction(app.state.components.sessions) as session:
         session.add(
             Measurement(
                 model=EAGLE3["model"],
@@ -64,7 +64,7 @@ async def test_runtime_acceptance_from_the_last_scrape_else_the_latest_measureme
     client: httpx.AsyncClient, app: FastAPI
 ) -> None:
     assert (await client.post("/admin/v1/backends", json=EAGLE3)).status_code == 201
-    state = app.state.services.registry.states[EAGLE3["name"]]  # seen by this replica
+    state = app.state.components.registry.states[EAGLE3["name"]]  # seen by this replica
     runtime = await _runtime(client)
     assert runtime["acceptance_length"] is None  # no data yet: nothing made up
     assert runtime["acceptance_source"] is None
@@ -90,7 +90,7 @@ async def test_runtime_acceptance_from_the_last_scrape_else_the_latest_measureme
 async def test_plain_backends_carry_no_acceptance(client: httpx.AsyncClient, app: FastAPI) -> None:
     plain = {**EAGLE3, "method": "plain", "k": None, "drafter": None}
     assert (await client.post("/admin/v1/backends", json=plain)).status_code == 201
-    state = app.state.services.registry.states[EAGLE3["name"]]  # seen by this replica
+    state = app.state.components.registry.states[EAGLE3["name"]]  # seen by this replica
     assert state.acceptance_length is None
     _measure(app, 0, 2.0, [0.5])  # a stale row under another method never shows
     runtime = await _runtime(client)

@@ -11,7 +11,7 @@ from tests.api.test_admin_backends import assert_envelope
 
 
 def _store(app: FastAPI, *rows: Measurement) -> None:
-    with transaction(app.state.services.sessions) as session:
+    with transaction(app.state.components.sessions) as session:
         session.add_all(rows)
 
 

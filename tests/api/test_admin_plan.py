@@ -58,7 +58,7 @@ async def test_plan_uses_database_prices_and_marks_measured_points(
     before = (await client.get(PLAN, params={"model": "openai/gpt-oss-20b"})).json()["choices"][0]
     assert before["source"] == "estimated"
     faster = float(round(before["output_tokens_per_s"] * 1.1))  # stays the best at c=1
-    with transaction(app.state.services.sessions) as session:
+    with transaction(app.state.components.sessions) as session:
         session.add(
             Measurement(
                 model="openai/gpt-oss-20b",
@@ -134,7 +134,7 @@ async def test_accuracy_predicts_each_measurement_from_the_others(
 
     hw = Hardware(catalog.model("Qwen/Qwen3-8B"), catalog.gpu("H100"), 1, cal.workloads()["chat"])
     configs = [("plain", 0, 1), ("plain", 0, 16), ("dflash", 7, 1), ("dflash", 7, 8)]
-    with transaction(app.state.services.sessions) as session:
+    with transaction(app.state.components.sessions) as session:
         for method, k, c in configs:
             tps = predict_point(hw, cal.engine_calibration(), MeasuredPoint(method, k, c, 1.0))
             session.add(measurement("Qwen/Qwen3-8B", method, k, c, tps))

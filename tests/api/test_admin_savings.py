@@ -32,7 +32,7 @@ async def test_savings_equal_the_records_sum(client: httpx.AsyncClient, app: Fas
             ]
         )
     ]
-    write_batch(app.state.services.sessions, records)
+    write_batch(app.state.components.sessions, records)
     params = {
         "from": (HOUR - dt.timedelta(hours=1)).isoformat(),
         "to": (HOUR + dt.timedelta(hours=2)).isoformat(),
@@ -66,7 +66,7 @@ async def test_any_period_is_answered_exactly(client: httpx.AsyncClient, app: Fa
         entry(n, minute=m, completion_tokens=10 * (n + 1), api_key_id=None)
         for n, m in enumerate(minutes)
     ]
-    write_batch(app.state.services.sessions, records)
+    write_batch(app.state.components.sessions, records)
 
     async def tokens(start: int, end: int) -> int:
         params = {
@@ -92,7 +92,7 @@ async def test_refused_requests_are_counted_apart(client: httpx.AsyncClient, app
               outcome="rejected", completion_tokens=0, cost_usd=None, baseline_cost_usd=None)
         for n in range(2)
     ]  # fmt: skip
-    write_batch(app.state.services.sessions, served + refused)
+    write_batch(app.state.components.sessions, served + refused)
     params = {"from": HOUR.isoformat(), "to": (HOUR + dt.timedelta(hours=1)).isoformat()}
     body = (await client.get("/admin/v1/savings", params=params | {"group_by": "model"})).json()
     assert [(r["model"], r["requests"], r["refused"]) for r in body["data"]] == [("m", 3, 2)]
@@ -112,7 +112,7 @@ async def test_intervals_are_the_sums_of_each_records_half_widths(
               cost_error_usd=0.0001 * (n + 1), baseline_error_usd=0.0002)
         for n, m in enumerate(minutes)
     ]  # fmt: skip
-    write_batch(app.state.services.sessions, records)
+    write_batch(app.state.components.sessions, records)
     params = {
         "from": (HOUR + dt.timedelta(minutes=5)).isoformat(),
         "to": (HOUR + dt.timedelta(minutes=135)).isoformat(),
@@ -151,7 +151,7 @@ async def test_prefill_saved_by_cache_is_cached_tokens_at_each_records_prompt_pr
         entry(n, minute=m, prompt_tokens=p, cached_prompt_tokens=c, prompt_usd_per_mtok=price)
         for n, (m, p, c, price) in enumerate(cases)
     ]
-    write_batch(app.state.services.sessions, records)
+    write_batch(app.state.components.sessions, records)
     params = {
         "from": (HOUR + dt.timedelta(minutes=5)).isoformat(),
         "to": (HOUR + dt.timedelta(minutes=135)).isoformat(),

@@ -31,7 +31,7 @@ def _records() -> list:  # type: ignore[type-arg]
 async def test_pages_follow_the_cursor_and_show_the_price_applied(
     client: httpx.AsyncClient, app: FastAPI
 ) -> None:
-    write_batch(app.state.services.sessions, _records())
+    write_batch(app.state.components.sessions, _records())
     seen, cursor = [], None
     while True:
         params = {"limit": 3} | ({"cursor": cursor} if cursor else {})
@@ -58,7 +58,7 @@ async def test_pages_follow_the_cursor_and_show_the_price_applied(
 
 
 async def test_filters_and_csv_agree_with_json(client: httpx.AsyncClient, app: FastAPI) -> None:
-    write_batch(app.state.services.sessions, _records())
+    write_batch(app.state.components.sessions, _records())
     hour = {"from": HOUR.isoformat(), "to": (HOUR + dt.timedelta(hours=1)).isoformat()}
     cases = [
         (hour, ["r0", "r1", "r2"]),
