@@ -6,6 +6,9 @@ replica's admin API. Per-backend runtime state (in-flight requests, health, circ
 scraped load) lives beside it and survives refreshes.
 """
 
+# Over 400 lines: the views a request reads, the snapshot holding them and its loader change
+# together (a field added to a view is read from the database here).
+
 from __future__ import annotations
 
 import asyncio
@@ -35,10 +38,10 @@ from gateway.curves import (
 from gateway.db.measurements import usable
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
 from gateway.policy.affinity import stable_hash
+from gateway.policy.choices import Choices
 from gateway.policy.classes import ClassView, compile_classes
 from gateway.policy.moves import Move, stored_move
 from gateway.policy.rules import RuleView, compile_rules
-from gateway.schemas.reports import FleetNow
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
@@ -340,6 +343,14 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
     )
 
 
+def auto_method(
+    snapshot: Snapshot, choices: Choices, model: str, request_class: str | None = None
+) -> str | None:
+    """The method an `auto` model uses now for `request_class`: the selector's choice for
+    that class, else for the model, else the snapshot's."""
+    return choices.method(model, request_class) or snapshot.auto_method(model)
+
+
 def _served(backends: Mapping[str, list[BackendView]]) -> list[Served]:
     """What the backends run, and plain on each (model, GPU type): the baseline every
     saving and right-sized fleet is measured against, predicted where it is not measured."""
@@ -394,27 +405,8 @@ class Registry:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_load_start: list[Callable[[], None]] = []  # told before each read
         self.on_load: list[Callable[[], None]] = []  # told when a fresh snapshot is in place
-        self.auto_choice: dict[str, str] = {}  # the selector's current method per auto model
-        self.auto_moves: dict[str, Move] = {}  # the selector's gradual moves, per auto model
-        # the selector's choice per (auto model, request class with an objective of its own)
-        self.class_choice: dict[tuple[str, str], str] = {}
-        self.fleet_now: dict[str, FleetNow] = {}  # the selector's sizing per model, this round
-
-    def auto_method(
-        self, model: str, snapshot: Snapshot, request_class: str | None = None
-    ) -> str | None:
-        """The method an `auto` model uses now for `request_class`: the selector's choice for
-        that class, else for the model, else the snapshot's."""
-        if request_class is not None:
-            chosen = self.class_choice.get((model, request_class))
-            if chosen is not None:
-                return chosen
-        return self.auto_choice.get(model) or snapshot.auto_method(model)
-
-    def move_of(self, model: str, policy: PolicyView, now: float) -> Move | None:
-        """The gradual move under way for `model` at `now` (epoch seconds), if any."""
-        move = policy.move if policy.mode == "pinned" else self.auto_moves.get(model)
-        return move if move is not None and not move.done(now) else None
+        # The selector's choices, published whole (gateway/policy/choices.py)
+        self.choices = Choices()
 
     def load(self) -> None:
         """Replace the snapshot with a fresh read (blocking; call from a thread).

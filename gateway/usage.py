@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 MAX_TOKENS = 10**9  # far above any context window; the ledger's columns hold it
 PROMPT_KEYS = ("prompt_tokens", "input_tokens")
 COMPLETION_KEYS = ("completion_tokens", "output_tokens")
@@ -93,3 +95,13 @@ def _count(usage: dict[str, Any], keys: tuple[str, ...], rejected: list[str]) ->
             return 0
         return int(value)
     return 0
+
+
+def usage_of(content: bytes) -> dict[str, Any] | None:
+    """The `usage` object of a whole response's JSON body, if it has one."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    return usage if isinstance(usage, dict) else None

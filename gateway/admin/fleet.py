@@ -29,7 +29,7 @@ def get_fleet(
     return fleet_report(
         session,
         registry.snapshot,
-        registry.fleet_now.get(model),
+        registry.choices.fleet_now.get(model),
         model,
         start,
         end,

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Response
 
 from gateway.db import queries
 from gateway.deps import ComponentsDep, SessionDep
+from gateway.registry import auto_method
 from gateway.schemas.resources import ListOf, ModelCreate, ModelPublic, Policy, PolicySaved
 from gateway.services.models import (
     create_model,
@@ -57,7 +58,7 @@ def put_policy(
     same: requests fall back until one does)."""
     registry, settings = components.registry, components.settings
     steps = None if immediate else (settings.move_step_share, settings.move_step_s)
-    auto = registry.auto_method(name, registry.snapshot)
+    auto = auto_method(registry.snapshot, registry.choices, name)
     row = set_policy(session, name, policy, ACTOR, auto_method=auto, steps=steps)
     public = model_public(row)
     warnings = policy_warnings(session, name, policy)

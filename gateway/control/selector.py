@@ -22,6 +22,9 @@ model's current load beside plain decoding's on the same GPUs at the same load
 on a method costing more than plain reads.
 """
 
+# Over 400 lines: one control round from load average to published choices, prices and
+# desired replicas, whose state (averages, dwell, moves) only it keeps; `decide` is pure.
+
 from __future__ import annotations
 
 import asyncio
@@ -39,9 +42,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.session import transaction
 from gateway.events.webhooks import WebhookSender, method_moved
 from gateway.metrics import set_exactly
+from gateway.policy.choices import Choices
 from gateway.policy.classes import ClassView, candidates
 from gateway.policy.moves import Move
-from gateway.registry import BackendView, Registry, Snapshot
+from gateway.registry import BackendView, PolicyView, Registry, Snapshot
 from gateway.schemas.reports import FleetNow
 from gateway.services.models import record_method_switch, record_move_step
 from gateway.services.rightsizing import Sizing, pools
@@ -65,6 +69,15 @@ class Decision:
     itl_ms: Mapping[str, float] = field(default_factory=dict)
     request_class: str | None = None  # a class with an objective of its own, or the model's
     objective: str = "cost"
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """A round's working copy of the choices, published whole when the round ends."""
+
+    auto: dict[str, str]
+    classes: dict[tuple[str, str], str]
+    moves: dict[str, Move]
 
 
 @dataclass(frozen=True)
@@ -155,62 +168,83 @@ class Selector:
                 await self.step()
 
     async def step(self) -> list[Decision]:
-        """One round over every auto model."""
-        decisions: list[Decision] = []
-        starts: list[Decision] = []
+        """One round over every auto model; its choices are published whole at the end."""
         snapshot, now = self.registry.snapshot, time.monotonic()
+        was = self.registry.choices
+        chosen = _Chosen(dict(was.auto), dict(was.classes), dict(was.moves))
         in_flight = self.in_flight()
         if in_flight is None:
             in_flight = {name: state.in_flight for name, state in self.registry.states.items()}
+        starts: list[Decision] = []
+        decisions: list[Decision] = []
         for model, backends in snapshot.backends.items():
             policy = snapshot.policies.get(model)
             model_in_flight = sum(in_flight.get(b.name, 0) for b in backends)
             load = self._smooth(self._load, model, float(model_in_flight))
             delivering = self._delivering(snapshot, model, backends, in_flight)
             self._smooth(self._throughput, model, delivering)
-            if policy is not None and policy.mode != "auto":
-                continue
-            costs, itls = self._prices(snapshot, model, backends, load, now)
-            own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
-            current = self.registry.auto_method(model, snapshot)
-            scores = candidates(own, costs, itls)
-            if model not in self._started and current is not None and scores:
-                self._started.add(model)  # what this replica starts serving, and why
-                start = Decision(model, None, current, load, scores, {m: itls[m] for m in scores})
-                starts.append(start)
-            decision = self._decide(model, None, current, scores, load, now)
-            if decision is not None:
-                self.registry.auto_choice[model] = decision.after
-                self._start_move(decision)
-                decisions.append(
-                    replace(decision, itl_ms={m: itls[m] for m in decision.usd_per_mtok})
-                )
-            for name, objective in (policy.classes if policy is not None else {}).items():
-                current = self.registry.class_choice.get((model, name))  # None: first choice
-                scores = candidates(objective, costs, itls)
-                decision = self._decide(model, name, current, scores, load, now)
-                if decision is not None:  # a class's own choice moves at once
-                    self.registry.class_choice[(model, name)] = decision.after
-                    priced = {m: costs[m] for m in scores}  # the candidates, both ways
-                    decision = replace(
-                        decision, usd_per_mtok=priced, itl_ms={m: itls[m] for m in scores}
-                    )
-                    decisions.append(replace(decision, objective=objective.objective))
-        self._publish_desired(snapshot)
+            if policy is None or policy.mode == "auto":
+                self._choose(snapshot, model, policy, load, now, chosen, starts, decisions)
+        fleet_now = {**was.fleet_now, **self._publish_desired(snapshot, chosen.auto)}
+        steps = self._steps_reached(snapshot, time.time(), chosen.moves)
+        self.registry.choices = Choices(chosen.auto, chosen.classes, chosen.moves, fleet_now)
         self._publish_prices(snapshot, now)
-        steps = self._steps_reached(snapshot, time.time())
-        if decisions or steps or starts or self._unaudited:
-            audits = [*self._unaudited, _Audit(starts, decisions, steps)]
-            try:
-                await asyncio.to_thread(self._audit, audits)
-                self._unaudited = []
-            except SQLAlchemyError as exc:  # kept for the next round, so none is lost
-                self._unaudited = audits[-MAX_UNAUDITED_ROUNDS:]
-                logger.warning("automatic switches not audited yet (retried): %s", exc)
+        await self._audit_round(_Audit(starts, decisions, steps))
         if self.webhooks is not None:  # moves only: a replica's first choice is no move
             for decision in decisions:
                 self.webhooks.emit(method_moved(decision, snapshot))
         return decisions
+
+    def _choose(
+        self,
+        snapshot: Snapshot,
+        model: str,
+        policy: PolicyView | None,
+        load: float,
+        now: float,
+        chosen: _Chosen,
+        starts: list[Decision],
+        decisions: list[Decision],
+    ) -> None:
+        """Choose an auto model's method, and each of its classes' with an objective of its
+        own, at `load`: into `chosen`, and the moves made (and a first choice) into the lists."""
+        costs, itls = self._prices(snapshot, model, snapshot.backends[model], load, now)
+        own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
+        current = chosen.auto.get(model) or snapshot.auto_method(model)
+        scores = candidates(own, costs, itls)
+        if model not in self._started and current is not None and scores:
+            self._started.add(model)  # what this replica starts serving, and why
+            starts.append(
+                Decision(model, None, current, load, scores, {m: itls[m] for m in scores})
+            )
+        decision = self._decide(model, None, current, scores, load, now)
+        if decision is not None:
+            chosen.auto[model] = decision.after
+            self._start_move(decision, chosen.moves)
+            decisions.append(replace(decision, itl_ms={m: itls[m] for m in decision.usd_per_mtok}))
+        for name, objective in (policy.classes if policy is not None else {}).items():
+            current = chosen.classes.get((model, name))  # None: first choice
+            scores = candidates(objective, costs, itls)
+            decision = self._decide(model, name, current, scores, load, now)
+            if decision is not None:  # a class's own choice moves at once
+                chosen.classes[(model, name)] = decision.after
+                priced = {m: costs[m] for m in scores}  # the candidates, both ways
+                decision = replace(
+                    decision, usd_per_mtok=priced, itl_ms={m: itls[m] for m in scores}
+                )
+                decisions.append(replace(decision, objective=objective.objective))
+
+    async def _audit_round(self, audit: _Audit) -> None:
+        """Write this round's entries, with any a database error kept back, or keep them."""
+        if not (audit.starts or audit.decisions or audit.steps or self._unaudited):
+            return
+        audits = [*self._unaudited, audit]
+        try:
+            await asyncio.to_thread(self._audit, audits)
+            self._unaudited = []
+        except SQLAlchemyError as exc:  # kept for the next round, so none is lost
+            self._unaudited = audits[-MAX_UNAUDITED_ROUNDS:]
+            logger.warning("automatic switches not audited yet (retried): %s", exc)
 
     def _decide(
         self,
@@ -237,22 +271,24 @@ class Selector:
             decision = replace(decision, request_class=request_class)
         return decision
 
-    def _start_move(self, decision: Decision) -> None:
+    def _start_move(self, decision: Decision, moves: dict[str, Move]) -> None:
         """Move an auto model's traffic to its new method in steps (at once without a
         method before, or with a step of everything)."""
         share, step_s = self.move_steps
         if decision.before is None or share >= 1:
-            self.registry.auto_moves.pop(decision.model, None)
+            moves.pop(decision.model, None)
             return
-        move = Move(decision.before, decision.after, time.time(), share, step_s)
-        self.registry.auto_moves[decision.model] = move
+        moves[decision.model] = Move(decision.before, decision.after, time.time(), share, step_s)
 
-    def _steps_reached(self, snapshot: Snapshot, wall: float) -> list[tuple[str, Move, int]]:
+    def _steps_reached(
+        self, snapshot: Snapshot, wall: float, moves: dict[str, Move]
+    ) -> list[tuple[str, Move, int]]:
         """Steps of moves under way reached since the last round: (model, move, step). A move
-        first seen already over (a restart, an old row) is not audited again."""
+        first seen already over (a restart, an old row) is not audited again; an auto move
+        over leaves `moves`."""
         reached = []
         for model, policy in snapshot.policies.items():
-            move = policy.move if policy.mode == "pinned" else self.registry.auto_moves.get(model)
+            move = policy.move if policy.mode == "pinned" else moves.get(model)
             if move is None:
                 self._steps_seen.pop(model, None)
                 continue
@@ -263,8 +299,8 @@ class Selector:
             elif seen is None or seen[0] != move or seen[1] < step:
                 self._steps_seen[model] = (move, step)
                 reached.append((model, move, step))
-            if move.done(wall) and self.registry.auto_moves.get(model) == move:
-                del self.registry.auto_moves[model]  # over: the auto choice serves alone
+            if move.done(wall) and moves.get(model) == move:
+                del moves[model]  # over: the auto choice serves alone
         return reached
 
     @staticmethod
@@ -290,19 +326,20 @@ class Selector:
                 total += curve.at(c) * b.gpu_count
         return total
 
-    def _routed(self, snapshot: Snapshot, model: str) -> str | None:
-        policy = snapshot.policies.get(model)
-        if policy is not None and policy.mode == "pinned":
-            return policy.method
-        return self.registry.auto_method(model, snapshot)
-
-    def _publish_desired(self, snapshot: Snapshot) -> None:
-        """Size every model's pools for its smoothed throughput; set the gauge and the view."""
+    def _publish_desired(self, snapshot: Snapshot, auto: Mapping[str, str]) -> dict[str, FleetNow]:
+        """Size every model's pools for its smoothed throughput: set the gauge, and return
+        the view per model."""
         self.desired_replicas.clear()  # no await before every label is set again
+        fleet_now = {}
         for model in snapshot.backends:
             policy = snapshot.policies.get(model)
             objective = policy.itl_objective_ms if policy is not None else None
-            routed, demand = self._routed(snapshot, model), self._throughput.get(model, 0.0)
+            routed = (
+                policy.method
+                if policy is not None and policy.mode == "pinned"
+                else auto.get(model) or snapshot.auto_method(model)
+            )
+            demand = self._throughput.get(model, 0.0)
             served = {b.method for b in snapshot.backends[model]}
             desired = {}
             for pool in pools(snapshot, model):
@@ -317,12 +354,13 @@ class Selector:
                     n = self.sizing.idle_pool_replicas
                 desired[pool.method] = n
                 self.desired_replicas.labels(model=model, method=pool.method).set(n)
-            self.registry.fleet_now[model] = FleetNow(
+            fleet_now[model] = FleetNow(
                 concurrency=self._load.get(model, 0.0),
                 output_tokens_per_s=demand,
                 routed_method=routed,
                 desired_replicas=desired,
             )
+        return fleet_now
 
     def _publish_prices(self, snapshot: Snapshot, now: float) -> None:
         """Set every model's price per method, and plain's beside each, at its load."""

@@ -1,4 +1,5 @@
-"""What the relay refuses in a request body before routing, and the usage options it adds."""
+"""What the relay refuses in a request before routing (its host, type, size, body and class),
+and the usage options it adds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import InvalidRequest
+from gateway.apikeys import hash_key
+from gateway.errors import (
+    BodyTooLarge,
+    HostNotAllowed,
+    InvalidApiKey,
+    InvalidRequest,
+    ModelNotAllowed,
+    UnsupportedMediaType,
+)
+from gateway.registry import KeyView, Snapshot
+from gateway.relay.asgi import ClientGone, Receive
 from gateway.schemas.resources import nested_deeper
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -24,6 +35,81 @@ SAMPLING_RANGES = {
     "presence_penalty": (-2.0, 2.0),
     "frequency_penalty": (-2.0, 2.0),
 }
+
+
+def keyless_door(headers: dict[bytes, bytes], hosts: frozenset[bytes]) -> None:
+    """Without API keys: the request must name a listed host and declare a JSON body (a page
+    on another site can send neither: a form posts no JSON type, a rebound name its own host)."""
+    if host_name(headers.get(b"host", b"")) not in hosts:
+        raise HostNotAllowed(
+            "Host not allowed: without API keys the gateway answers only the hosts in "
+            "DRAFTGATE_KEYLESS_ALLOWED_HOSTS"
+        )
+    if b"content-type" not in headers:
+        raise UnsupportedMediaType(
+            "Content-Type must be application/json (required when API keys are not)"
+        )
+
+
+def host_name(host: bytes) -> bytes:
+    """The name in a Host header, lower-case, without its port: `[::1]:8080` is `::1`."""
+    if host.startswith(b"["):
+        return host[1 : host.find(b"]")].lower()
+    return host.partition(b":")[0].lower()
+
+
+async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
+    """The whole body of a JSON request, refused past `limit` bytes."""
+    content_type = headers.get(b"content-type", b"application/json")  # as vLLM reads it
+    if not content_type.split(b";")[0].strip().lower().endswith(b"json"):
+        raise UnsupportedMediaType("Content-Type must be application/json")
+    chunks: list[bytes] = []
+    size = 0
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"Request body larger than {limit} bytes")
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"Request body larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def request_class(header: bytes | None, key: KeyView | None, classes: tuple[str, ...]) -> str:
+    """The header's class, else the key's, else the default; an unknown one is a 400."""
+    if header is None:
+        return key.request_class if key is not None and key.request_class else classes[0]
+    name = header.decode("latin-1").strip().lower()
+    if name not in classes:
+        known = ", ".join(classes)
+        raise InvalidRequest(
+            f"Unknown request class {name[:40]!r} in x-draftgate-class; known: {known}",
+            param="x-draftgate-class",
+            code="unknown_request_class",
+        )
+    return name
+
+
+def authorize(
+    headers: dict[bytes, bytes], model: str, snapshot: Snapshot, required: bool
+) -> KeyView | None:
+    """The caller's key (None when keys are not `required`), refused unless it may use `model`."""
+    authorization = headers.get(b"authorization", b"")
+    scheme, _, secret = authorization.decode("latin-1").partition(" ")
+    key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
+    if key is None:
+        if not required:
+            return None
+        raise InvalidApiKey("Incorrect API key provided")
+    if key.allowed_models is not None and model not in key.allowed_models:
+        raise ModelNotAllowed(f"This key may not use model `{model}`")
+    return key
 
 
 def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from gateway.errors import GatewayError
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
 from gateway.policy.affinity import Affinity
+from gateway.policy.choices import Choices
 from gateway.policy.rules import RuleView
 from gateway.registry import BackendState, BackendView, KeyView, Snapshot
 from gateway.relay.checks import (
@@ -40,6 +41,7 @@ UNKNOWN_MODEL = "unknown"
 # (20 tokens/s: slower than any interactive serving, so a reservation rarely falls short).
 UNPRICED_RESERVE_S_PER_TOKEN = 0.05
 GPU_TIME = "gpu_time"  # the curve source of a request charged by GPU time
+NO_CHOICES = Choices()
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Exchange:
     # The registry as this request sees it, read once (with `model`): auth, spend, routing
     # and pricing all agree even when a refresh replaces the registry's snapshot meanwhile.
     snapshot: Snapshot | None = None
+    choices: Choices = NO_CHOICES  # the selector's, read with the snapshot: routing agrees too
     key: KeyView | None = None
     backend: BackendView | None = None
     method: str | None = None

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from gateway.policy.affinity import Affinity, by_affinity
+from gateway.policy.moves import position_of
 from gateway.policy.rules import RuleView
-from gateway.registry import BackendState, BackendView, PolicyView
+from gateway.registry import BackendState, BackendView, PolicyView, auto_method
+from gateway.relay.exchange import Exchange
 
 WAITING_WEIGHT = 2.0  # a queued request at the backend weighs more than one in flight
 KV_WEIGHT = 4.0  # a full KV cache weighs like four requests in flight
@@ -112,3 +114,25 @@ def route(
     else:
         ordered = [x for group in (exact, near, others) for x in order_by_load(group, states, rng)]
     return Route(tuple(ordered), method, fallback, explored, panic, home)
+
+
+def route_request(
+    x: Exchange, states: Mapping[str, BackendState], rng: random.Random, now: float, wall: float
+) -> Route:
+    """Route one request by what it captured (its snapshot and the selector's choices), its
+    model, class, rule and session key, at `now` (monotonic) and `wall` (epoch seconds)."""
+    snapshot, model = x.snapshot, x.model
+    assert snapshot is not None
+    assert model is not None
+    policy = snapshot.policies.get(model) or PolicyView()
+    own = x.request_class if x.request_class in policy.classes else None
+    chosen = auto_method(snapshot, x.choices, model, own)
+    held_back = None
+    move = policy.move if policy.mode == "pinned" else x.choices.moves.get(model)
+    if x.rule is None and move is not None and not move.done(wall):
+        # a gradual move: this request's place says which side serves it
+        key = x.affinity.key if x.affinity is not None else None
+        if not move.goes_to_target(wall, position_of(key, rng.random())):
+            held_back = (move.target, move.source)
+    backends = snapshot.backends[model]
+    return route(backends, policy, chosen, states, now, rng, x.rule, x.affinity, held_back)

@@ -1,10 +1,27 @@
 """What a relayed request's span says of it when it ends: GenAI attribute names where they
-fit (`gen_ai.*`), draftgate's else (pure)."""
+fit (`gen_ai.*`), draftgate's else."""
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 from gateway.relay.exchange import Exchange
 from gateway.usage import tokens_of
+
+if TYPE_CHECKING:
+    from gateway.events.tracing import Tracing
+
+logger = logging.getLogger(__name__)
+
+
+def end_span(x: Exchange, tracing: Tracing) -> None:
+    """End a request's span with what it did; a failure here never reaches the client."""
+    try:
+        attributes = request_attributes(x)
+        tracing.end_request(x.span, attributes, x.status, x.outcome)
+    except Exception:  # the top of the relay: a span must not drop the connection
+        logger.exception("ending the span of request %s failed", x.request_id)
 
 
 def request_attributes(x: Exchange) -> dict[str, str | int | float | bool]:

@@ -295,3 +295,14 @@ def _usage_of_last(data: bytes) -> dict[str, Any] | None:
         if USAGE_KEY in event and (usage := _usage(event)) is not None:
             return usage
     return None
+
+
+def hold_done(data: bytes, held: bytes) -> tuple[bytes, bytes]:
+    """`data` to forward now, and what is held back: from a closing `data: [DONE]` event on
+    (whole events only reach here, so it starts a line)."""
+    if held:
+        return b"", held + data
+    at = data.rfind(DONE)
+    if at < 0 or data[at:].strip() != DONE or (at and data[at - 1 : at] != b"\n"):
+        return data, held
+    return data[:at], data[at:]

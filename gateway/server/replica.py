@@ -31,15 +31,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.policy.moves import Move
+from gateway.policy.choices import Choices
 from gateway.registry import Registry
-from gateway.schemas.reports import FleetNow
 
 logger = logging.getLogger(__name__)
 LEADER_POLL_S = 0.5  # how soon a worker notices the leader is gone
@@ -121,26 +120,6 @@ def write_whole(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
-def choices_json(registry: Registry) -> bytes:
-    """The selector's state in `registry`, as the leader publishes it."""
-    state: dict[str, Any] = {
-        "auto": registry.auto_choice,
-        "classes": [[m, c, method] for (m, c), method in registry.class_choice.items()],
-        "moves": {m: asdict(move) for m, move in registry.auto_moves.items()},
-        "fleet_now": {m: now.model_dump() for m, now in registry.fleet_now.items()},
-    }
-    return json.dumps(state).encode()
-
-
-def adopt_choices(registry: Registry, data: bytes) -> None:
-    """Route by the leader's choices: replace the selector's state in `registry`."""
-    state = json.loads(data)
-    registry.auto_choice = dict(state["auto"])
-    registry.class_choice = {(m, c): method for m, c, method in state["classes"]}
-    registry.auto_moves = {m: Move(**move) for m, move in state["moves"].items()}
-    registry.fleet_now = {m: FleetNow.model_validate(v) for m, v in state["fleet_now"].items()}
-
-
 async def follow_choices(path: Path, registry: Registry, stop: asyncio.Event) -> None:
     """Adopt the leader's choices whenever `path` changes, until `stop` (or this worker
     leads: the caller cancels this then)."""
@@ -149,7 +128,7 @@ async def follow_choices(path: Path, registry: Registry, stop: asyncio.Event) ->
         with contextlib.suppress(FileNotFoundError):
             data = await asyncio.to_thread(path.read_bytes)  # small: compared whole
             if data != seen:
-                adopt_choices(registry, data)
+                registry.choices = Choices.from_json(data)
                 seen = data
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), FOLLOW_POLL_S)
@@ -160,11 +139,11 @@ async def publish_forever(
 ) -> None:
     """The leader's loop: publish the selector's choices when they change, and the replica's
     gauges, every `FOLLOW_POLL_S` until `stop`."""
-    published = b""
+    published = None
     while not stop.is_set():
-        choices = choices_json(registry)
+        choices = registry.choices  # one value, replaced whole by the selector
         if choices != published:
-            await asyncio.to_thread(write_whole, replica.choices_file, choices)
+            await asyncio.to_thread(write_whole, replica.choices_file, choices.to_json())
             published = choices
         await asyncio.to_thread(write_whole, replica.gauges_file, gauges())
         with contextlib.suppress(TimeoutError):

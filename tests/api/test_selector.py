@@ -12,7 +12,7 @@ from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.classes import ClassView, candidates
-from gateway.registry import BackendView, PolicyView, Registry, Snapshot
+from gateway.registry import BackendView, PolicyView, Registry, Snapshot, auto_method
 from gateway.services.rightsizing import Sizing
 from planner.cost import ThroughputCurve
 
@@ -85,11 +85,11 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
     try:
         registry, selector = crossover(sessions)
         assert await selector.step() == []  # idle (c=1): already on the cheapest, p-eagle
-        assert registry.auto_method("m", registry.snapshot) == "p-eagle"
+        assert auto_method(registry.snapshot, registry.choices, "m") == "p-eagle"
         registry.states["a"].in_flight = registry.states["b"].in_flight = 32
         for _ in range(10):  # the moving average climbs towards 64
             await selector.step()
-        assert registry.auto_method("m", registry.snapshot) == "plain"
+        assert auto_method(registry.snapshot, registry.choices, "m") == "plain"
         with sessions() as session:
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
         [start, entry] = entries  # the first round's choice, then the move
@@ -177,7 +177,7 @@ async def test_desired_replicas_follow_the_smoothed_load_of_the_routed_pool(
         for _ in range(30):  # the moving average climbs to 15000 tokens/s
             await selector.step()
         assert (desired("p-eagle"), desired("plain")) == (2, 0)
-        now = registry.fleet_now["m"]
+        now = registry.choices.fleet_now["m"]
         assert now.routed_method == "p-eagle"
         assert now.output_tokens_per_s == pytest.approx(15000, rel=1e-3)
         assert now.desired_replicas == {"p-eagle": 2, "plain": 0}
@@ -223,10 +223,12 @@ async def test_each_request_class_gets_its_objectives_choice(database_url: str) 
             desired_replicas=GatewayMetrics().desired_replicas,
         )
         decisions = await selector.step()
-        assert registry.auto_method("m", registry.snapshot, "interactive") == "p-eagle"
-        assert registry.auto_method("m", registry.snapshot, "batch") == "plain"
-        assert registry.auto_method("m", registry.snapshot, "thrifty") == "plain"
-        assert registry.auto_method("m", registry.snapshot) == "plain"  # the policy's: cost
+        assert auto_method(registry.snapshot, registry.choices, "m", "interactive") == "p-eagle"
+        assert auto_method(registry.snapshot, registry.choices, "m", "batch") == "plain"
+        assert auto_method(registry.snapshot, registry.choices, "m", "thrifty") == "plain"
+        assert (
+            auto_method(registry.snapshot, registry.choices, "m") == "plain"
+        )  # the policy's: cost
         assert {d.request_class for d in decisions} == {"interactive", "batch", "thrifty"}
         with sessions() as session:
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()

@@ -23,8 +23,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.app import create_app
 from gateway.cli.serve import Server, server_config
+from gateway.relay.departure import Departure
 from gateway.relay.exchange import Exchange
-from gateway.relay.proxy import Departure
 from gateway.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.e2e.conftest import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gateway.relay.departure import Departure
 from gateway.relay.exchange import Exchange
-from gateway.relay.proxy import Departure
 from gateway.server.http_limits import LOST, ON_DISCONNECT
 
 
