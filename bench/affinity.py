@@ -218,6 +218,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def print_results(results: dict[tuple[str, str], list[tuple[Run, float]]]) -> None:
+    """One row per workload and routing: turns, failures, TTFT and the prefix-cache hit rate."""
+    print(f"\n{'workload':<14} {'routing':<10} {'turns':>6} {'fail':>5} {'TTFT p50 ms':>12} "
+          f"{'TTFT p99 ms':>12} {'hit rate':>9}   p50 vs the first row")  # fmt: skip
+    for workload, modes in (
+        ("multi-turn", ("load only", "affinity")),
+        ("shared-system", ("load only", "affinity")),
+        ("move", ("immediate", "gradual")),
+    ):
+        base = None
+        for mode in modes:
+            runs = results[(workload, mode)]
+            ttft = [t for run, _ in runs for t in run.ttft_s]
+            fails = sum(run.failures for run, _ in runs)
+            rate = statistics.mean(rate for _, rate in runs)
+            p50, p99 = percentile(ttft, 0.5) * 1e3, percentile(ttft, 0.99) * 1e3
+            base = base or p50
+            print(f"{workload:<14} {mode:<10} {len(ttft):>6} {fails:>5} {p50:>12.1f} "
+                  f"{p99:>12.1f} {rate:>9.1%}   {p50 / base:.2f}x")  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=48)
@@ -307,23 +328,7 @@ def main(argv: list[str]) -> int:
                 after = cache_counters(pool)
                 rate = (after[1] - before[1]) / max(after[0] - before[0], 1.0)
                 results.setdefault(("move", kind), []).append((run, rate))
-    print(f"\n{'workload':<14} {'routing':<10} {'turns':>6} {'fail':>5} {'TTFT p50 ms':>12} "
-          f"{'TTFT p99 ms':>12} {'hit rate':>9}   p50 vs the first row")  # fmt: skip
-    for workload, modes in (
-        ("multi-turn", ("load only", "affinity")),
-        ("shared-system", ("load only", "affinity")),
-        ("move", ("immediate", "gradual")),
-    ):
-        base = None
-        for mode in modes:
-            runs = results[(workload, mode)]
-            ttft = [t for run, _ in runs for t in run.ttft_s]
-            fails = sum(run.failures for run, _ in runs)
-            rate = statistics.mean(rate for _, rate in runs)
-            p50, p99 = percentile(ttft, 0.5) * 1e3, percentile(ttft, 0.99) * 1e3
-            base = base or p50
-            print(f"{workload:<14} {mode:<10} {len(ttft):>6} {fails:>5} {p50:>12.1f} "
-                  f"{p99:>12.1f} {rate:>9.1%}   {p50 / base:.2f}x")  # fmt: skip
+    print_results(results)
     return 0
 
 

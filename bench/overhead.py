@@ -667,32 +667,37 @@ class Plan:
     baseline: Path | None  # another checkout whose gateway is the target `baseline`
 
 
+def start_target(
+    name: str, plan: Plan, procs: Processes, upstream: Target, work: Path, tools: Tools
+) -> Target | str:
+    """Start one target (or say why it cannot run)."""
+    if name == "direct":
+        return upstream
+    if name == "draftgate":
+        return start_draftgate(procs, upstream, work, plan.draftgate_env)
+    if workers := WORKERS_TARGET.fullmatch(name):
+        env = plan.draftgate_env | {"DRAFTGATE_WORKERS": workers[1]}
+        return start_draftgate(procs, upstream, work, env, name)
+    if floor := FLOOR_TARGET.fullmatch(name):
+        return start_floor(procs, upstream, work, name, int(floor[1] or 1))
+    if name == "traced":
+        return start_traced(procs, upstream, work, plan.draftgate_env)
+    if name == "baseline" and plan.baseline is not None:
+        exe = plan.baseline / ".venv" / "bin" / "draftgate"
+        return start_draftgate(procs, upstream, work, plan.draftgate_env, name, exe)
+    if isinstance(tool := tools.get(name), Path):
+        starters = {"vllm-router": start_vllm_router, "granian": start_granian}
+        return starters.get(name, start_litellm)(procs, tool, upstream, work)
+    return tools.get(name) or "not installed"
+
+
 def start_proxies(
     plan: Plan, procs: Processes, upstream: Target, work: Path, tools: Tools
 ) -> dict[str, Target]:
     """The targets of one phase that started and answered a preflight request."""
     targets: dict[str, Target] = {}
     for name in plan.targets:
-        started: Target | str
-        if name == "direct":
-            started = upstream
-        elif name == "draftgate":
-            started = start_draftgate(procs, upstream, work, plan.draftgate_env)
-        elif workers := WORKERS_TARGET.fullmatch(name):
-            env = plan.draftgate_env | {"DRAFTGATE_WORKERS": workers[1]}
-            started = start_draftgate(procs, upstream, work, env, name)
-        elif floor := FLOOR_TARGET.fullmatch(name):
-            started = start_floor(procs, upstream, work, name, int(floor[1] or 1))
-        elif name == "traced":
-            started = start_traced(procs, upstream, work, plan.draftgate_env)
-        elif name == "baseline" and plan.baseline is not None:
-            exe = plan.baseline / ".venv" / "bin" / "draftgate"
-            started = start_draftgate(procs, upstream, work, plan.draftgate_env, name, exe)
-        elif isinstance(tool := tools.get(name), Path):
-            starters = {"vllm-router": start_vllm_router, "granian": start_granian}
-            started = starters.get(name, start_litellm)(procs, tool, upstream, work)
-        else:
-            started = tools.get(name) or "not installed"
+        started = start_target(name, plan, procs, upstream, work, tools)
         if isinstance(started, Target):
             why = preflight(started, timeout_s=20)
             started = why if why else started
