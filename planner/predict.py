@@ -317,7 +317,9 @@ def _anchored(
 
 def predict(s: Scenario, base: EngineCalibration | None = None) -> Forecast:
     """Predictions at each of the scenario's concurrencies: at a measured concurrency the
-    measurement, elsewhere the fitted model anchored to the nearest measurement."""
+    measurement, elsewhere the fitted model anchored to the nearest measurement; a method
+    measured nowhere keeps the fitted model's speedup over plain's prediction (a plain
+    measurement the model cannot reach moves both alike)."""
     cal, residuals = fit(s, base or calibration.engine_calibration(s.engine))
     plain_model, model = step_model(s, cal, "plain", 0), step_model(s, cal, s.method, s.k)
 
@@ -343,10 +345,15 @@ def predict(s: Scenario, base: EngineCalibration | None = None) -> Forecast:
         # Past `fits` sequences vLLM preempts and the rest wait: throughput stays.
         return lambda n: output_tokens_per_s(step, min(n, fits), al, s.workload)
 
+    plain_at = modelled(plain_model, 1.0, room["plain"])
+    mine_at = modelled(model, s.acceptance_length, room[s.method])
     out = []
     for c in s.concurrency:
-        plain, _ = _anchored(modelled(plain_model, 1.0, room["plain"]), plain_seen, c)
-        tps, seen = _anchored(modelled(model, s.acceptance_length, room[s.method]), mine_seen, c)
+        plain, _ = _anchored(plain_at, plain_seen, c)
+        if mine_seen:
+            tps, seen = _anchored(mine_at, mine_seen, c)
+        else:  # measured nowhere: the model's speedup over plain as plain was measured
+            tps, seen = plain * mine_at(c) / plain_at(c), False
         out.append(
             Prediction(
                 concurrency=c,
