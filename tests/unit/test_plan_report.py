@@ -43,3 +43,30 @@ def test_a_traffic_gets_a_capacity_plan_and_too_few_gpus_are_refused() -> None:
     with pytest.raises(ValidationFailed) as refused:
         plan_report(too_big, B200, PRICE, [], REQUEST)
     assert refused.value.param == "gpu_count"
+
+
+@pytest.mark.parametrize("gpu_count", [1, 2])
+def test_every_point_labelled_measured_is_priced_at_its_measurement(gpu_count: int) -> None:
+    """Choices and every method's curve alike: a point says "measured" exactly where a
+    measurement of its (method, K, concurrency) exists, and then its throughput and $/1M
+    are the measurement's (per GPU times the GPUs), never the fit's value there."""
+    seen = [
+        MeasuredPoint("eagle3", 3, 8, 900.0),
+        MeasuredPoint("plain", 0, 8, 700.0),
+        MeasuredPoint("dflash", 7, 8, 1500.0),
+        MeasuredPoint("dflash", 15, 64, 4000.0),
+    ]
+    by_config = {(p.method, p.k, p.concurrency): p.output_tokens_per_s for p in seen}
+    request = PlanRequest(gpu_count, "chat", None, None, "vllm")
+    plan = plan_report(SPEC, B200, PRICE, seen, request)
+    points = [*plan.choices, *(p for curve in plan.methods.values() for p in curve)]
+    labelled = 0
+    for p in points:
+        measured = by_config.get((p.method, p.k, p.concurrency))
+        assert p.source == ("estimated" if measured is None else "measured"), p
+        if measured is not None:
+            labelled += 1
+            assert p.output_tokens_per_s == pytest.approx(measured * gpu_count)
+            usd = PRICE.usd_per_gpu_hour * gpu_count / (measured * gpu_count * 3600) * 1e6
+            assert p.usd_per_mtok == pytest.approx(usd)
+    assert labelled >= 1  # plain at c=8 at least: its curve has one K
