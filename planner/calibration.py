@@ -37,6 +37,16 @@ class EngineCalibration:
     # Share of plain decoding's host overhead hidden behind the GPU's step by an overlap
     # scheduler (SGLang's; it is off for its speculative decoding, which pays both).
     plain_overlap: Fraction = 0.0
+    # GPU seconds each token a step scores adds per layer of an MoE model, beyond the
+    # roofline: routing, dispatch and combine, and expert GEMMs of a few rows each, which
+    # run far below peak. It makes a long verification block cost what it does under load.
+    moe_per_token_layer_s: NonNegative = 0.0
+    # GPU seconds per layer of an MoE model per step, whatever its tokens: the routing and
+    # dispatch kernels every MoE layer launches (what makes a small MoE slow at one sequence).
+    moe_per_layer_s: NonNegative = 0.0
+    # Seconds per layer per step of a model spread over GPUs: its collectives' latency (a
+    # tensor-parallel all-reduce, an expert-parallel dispatch and combine).
+    collective_per_layer_s: NonNegative = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +106,27 @@ class RatioPoint:
     source: str
 
 
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """A published output throughput of one configuration at one concurrency of a load
+    sweep; `acceptance_length` None where the source publishes none (then the one its
+    lowest concurrency implies is used)."""
+
+    section: str
+    model: str
+    gpu: str
+    gpu_count: int
+    engine: str
+    method: str
+    k: int | None  # None for plain decoding
+    dataset: str
+    workload: str
+    concurrency: int
+    output_tokens_per_s: float
+    acceptance_length: float | None
+    source: str
+
+
 def _file() -> Traversable:
     return resources.files("planner").joinpath("data", "calibration.yaml")
 
@@ -144,6 +175,12 @@ def acceptance_points() -> tuple[AcceptancePoint, ...]:
 def throughput_points() -> tuple[ThroughputPoint, ...]:
     """Every published throughput figure."""
     return load_entries(_file(), "throughput", ThroughputPoint)
+
+
+@functools.cache
+def sweep_points() -> tuple[SweepPoint, ...]:
+    """Every point of the published load sweeps."""
+    return load_entries(_file(), "sweeps", SweepPoint)
 
 
 @functools.cache

@@ -70,9 +70,22 @@ class StepTimeModel:
             + cal.per_seq_overhead_s * shape.decode_seqs
             + cal.per_token_overhead_s * tokens
         )
-        gpu_s = max(memory_s, compute_s)
+        gpu_s = max(memory_s, compute_s) + self._moe_s(tokens) + self._collectives_s()
         hidden = cal.plain_overlap if not self.k else 0.0
         return (1 - hidden) * (overhead_s + gpu_s) + hidden * max(overhead_s, gpu_s)
+
+    def _moe_s(self, tokens: int) -> float:
+        """What MoE layers cost beyond the roofline: a fixed part and one per token."""
+        if not self.model.is_moe:
+            return 0.0
+        cal = self.calibration
+        return self.model.layers * (cal.moe_per_layer_s + cal.moe_per_token_layer_s * tokens)
+
+    def _collectives_s(self) -> float:
+        """The latency of each layer's collectives when the model spans GPUs."""
+        if self.gpu_count <= 1:
+            return 0.0
+        return self.model.layers * self.calibration.collective_per_layer_s
 
     def prefill_s_per_token(self, prompt_tokens: int) -> float:
         """Engine seconds each prompt token adds to the steps that prefill it: its matmul

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from backends.sim.config import SimConfig, acceptance_profile, build_engine
 from backends.sim.engine import SimRequest, natural_length
-from planner import calibration
+from planner import calibration, catalog
 
 K_CHOICES = (3, 5, 7)
 MAX_TOKENS = 2048  # the published runs' max output
@@ -112,7 +112,8 @@ class Calibrator:
         for a in calibration.acceptance_points():
             if a.model == "*":
                 continue
-            config = SimConfig(model=a.model, method=a.method, k=a.k, workload=a.workload)
+            config = SimConfig(model=a.model, method=a.method, k=a.k, workload=a.workload,
+                               gpu_count=_gpus_holding(a.model))  # fmt: skip
             simulated = self.run(config, 1).acceptance_length or 1.0
             label = f"AL {a.model} {a.method} K={a.k} {a.workload}"
             yield Row(label, a.acceptance_length, simulated, ACCEPTANCE_BAR)
@@ -132,6 +133,13 @@ class Calibrator:
         """The K in K_CHOICES with the highest simulated throughput."""
         base = SimConfig(model="openai/gpt-oss-20b", method=method, workload=workload)
         return max(K_CHOICES, key=lambda k: self.run(replace(base, k=k), c).output_tokens_per_s)
+
+
+def _gpus_holding(model: str, gpu: str = "B200") -> int:
+    """The fewest of 1, 2, 4 or 8 GPUs whose memory holds the model's weights with a fifth
+    to spare (acceptance does not depend on the hardware, only on it fitting)."""
+    weights, memory = catalog.model(model).weight_bytes(), catalog.gpu(gpu).memory_bytes
+    return next((n for n in (1, 2, 4) if weights <= 0.8 * n * memory), 8)
 
 
 BEST_K_NOTE = (
