@@ -127,7 +127,19 @@ def sweep_objective(cal: EngineCalibration, points: Sequence[SweepPoint]) -> flo
 
 # Seeds for coefficients a data file leaves at 0, so the search (in log space) can reach
 # them: about what one layer's MoE kernels and collectives take.
-SEEDS = {"moe_per_layer_s": 2e-5, "moe_per_token_layer_s": 1e-7, "collective_per_layer_s": 2e-5}
+SEEDS = {
+    "moe_per_layer_s": 2e-5,
+    "moe_per_token_layer_s": 1e-7,
+    "collective_per_layer_s": 2e-5,
+    "collective_per_token_layer_s": 1e-7,
+}
+
+
+def shown(names: Sequence[str], sweep_points: Sequence[SweepPoint]) -> list[str]:
+    """The coefficients of `names` that the data can show: collectives need a sweep on more
+    than one GPU."""
+    multi_gpu = any(p.gpu_count > 1 for p in sweep_points)
+    return [n for n in names if not n.startswith("collective_") or multi_gpu]
 
 
 def fit_engine(
@@ -137,22 +149,20 @@ def fit_engine(
     restarts: int = 4,
     sweep_points: Sequence[SweepPoint] = (),
     free: Sequence[str] = NAMES,
-    sweep_weight: float = 1.0,
 ) -> tuple[EngineCalibration, float]:
     """Engine coefficients fitted to published figures (all, or the ones given) and to
     load sweeps; with `throughput` and `ratios` both empty, to the sweeps alone. A
     coefficient the data cannot show stays as it is: collectives without a sweep on more
     than one GPU. Only the `free` coefficients move."""
     figures = not (throughput == [] and ratios == [])
-    multi_gpu = any(p.gpu_count > 1 for p in sweep_points)
-    names = [n for n in free if n != "collective_per_layer_s" or multi_gpu]
+    names = shown(free, sweep_points)
     seeds: dict[str, Any] = {n: v for n, v in SEEDS.items() if n in names and not getattr(base, n)}
     seeded = replace(base, **seeds)
 
     def total(v: Sequence[float]) -> float:
         cal = decode(v, seeded, names)
         return (objective(cal, throughput, ratios) if figures else 0.0) + (
-            sweep_weight * sweep_objective(cal, sweep_points) if sweep_points else 0.0
+            sweep_objective(cal, sweep_points) if sweep_points else 0.0
         )
 
     x, best = encode(seeded, names), float("inf")
@@ -168,25 +178,31 @@ def fit_engine(
 # SGLang had no figures of its own: 5.6 and 5.7 fit its coefficients, all but how alike a
 # sequence's tokens route, which is the model's traffic and not the engine (vLLM's value).
 SWEEP_SECTIONS = {"vllm": ("5.8",), "sglang": ("5.6", "5.7")}
-# The GPT-OSS figures keep their 9% bar (the simulator is held to 10%): 5.8's points weigh
-# a quarter each beside them, which moves its speedup error from 7.2% to 7.4% only.
-SWEEP_WEIGHT = {"vllm": 0.25, "sglang": 1.0}
 SWEEP_TERMS = {
-    "vllm": ("moe_per_layer_s", "moe_per_token_layer_s", "collective_per_layer_s"),
+    "vllm": (
+        "moe_per_layer_s",
+        "moe_per_token_layer_s",
+        "collective_per_layer_s",
+        "collective_per_token_layer_s",
+    ),
     "sglang": tuple(n for n in NAMES if n != "routing_correlation"),
 }
 
 
 def fit_engine_to_sweeps(engine: str, restarts: int = 8) -> tuple[EngineCalibration, float]:
-    """`engine`'s coefficients fitted to its load sweeps (and vLLM's to its figures too)."""
+    """`engine`'s coefficients fitted to its load sweeps (and vLLM's to its figures too),
+    from the same start whatever the data file holds now: the seeds, and vLLM's values
+    for the rest of what moves."""
     points = [p for p in calibration.sweep_points() if p.section in SWEEP_SECTIONS[engine]]
     figures: list[Any] | None = None if engine == "vllm" else []
+    vllm = calibration.engine_calibration("vllm")
+    free = shown(SWEEP_TERMS[engine], points)
+    start: dict[str, Any] = {n: SEEDS[n] if n in SEEDS else getattr(vllm, n) for n in free}
     return fit_engine(
-        calibration.engine_calibration(engine),
+        replace(calibration.engine_calibration(engine), **start),
         figures,
         figures,
         restarts=restarts,
         sweep_points=points,
-        free=SWEEP_TERMS[engine],
-        sweep_weight=SWEEP_WEIGHT[engine],
+        free=free,
     )

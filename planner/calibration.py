@@ -47,6 +47,9 @@ class EngineCalibration:
     # Seconds per layer per step of a model spread over GPUs: its collectives' latency (a
     # tensor-parallel all-reduce, an expert-parallel dispatch and combine).
     collective_per_layer_s: NonNegative = 0.0
+    # And per token each step scores, per layer: what the collectives move grows with the
+    # tokens (an expert-parallel dispatch sends each token's hidden state to its experts).
+    collective_per_token_layer_s: NonNegative = 0.0
 
 
 @dataclass(frozen=True, slots=True)

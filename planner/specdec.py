@@ -70,7 +70,7 @@ class StepTimeModel:
             + cal.per_seq_overhead_s * shape.decode_seqs
             + cal.per_token_overhead_s * tokens
         )
-        gpu_s = max(memory_s, compute_s) + self._moe_s(tokens) + self._collectives_s()
+        gpu_s = max(memory_s, compute_s) + self._moe_s(tokens) + self._collectives_s(tokens)
         hidden = cal.plain_overlap if not self.k else 0.0
         return (1 - hidden) * (overhead_s + gpu_s) + hidden * max(overhead_s, gpu_s)
 
@@ -81,11 +81,14 @@ class StepTimeModel:
         cal = self.calibration
         return self.model.layers * (cal.moe_per_layer_s + cal.moe_per_token_layer_s * tokens)
 
-    def _collectives_s(self) -> float:
-        """The latency of each layer's collectives when the model spans GPUs."""
+    def _collectives_s(self, tokens: int) -> float:
+        """Each layer's collectives when the model spans GPUs: a latency, and a part that
+        grows with the tokens they move."""
         if self.gpu_count <= 1:
             return 0.0
-        return self.model.layers * self.calibration.collective_per_layer_s
+        cal = self.calibration
+        per_layer = cal.collective_per_layer_s + cal.collective_per_token_layer_s * tokens
+        return self.model.layers * per_layer
 
     def prefill_s_per_token(self, prompt_tokens: int) -> float:
         """Engine seconds each prompt token adds to the steps that prefill it: its matmul
