@@ -8,6 +8,7 @@ from operator import mul
 
 MAX_POSITIONS = 16
 MAX_CONDITIONAL = 0.995  # a drafter is never certain
+BISECTIONS = 45  # halvings of an interval under 1: to 3e-14, far below any published digit
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ def fit_geometric(points: dict[int, float], decay: float | None = None) -> tuple
             decay += 0.005  # too steep a decay cannot reach a high acceptance length
         return _solve_first(points, decay), decay
     lo, hi = 0.5, 1.2
-    for _ in range(60):  # bisect on decay; `first` is solved exactly for each
+    for _ in range(BISECTIONS):  # bisect on decay; `first` is solved exactly for each
         mid = (lo + hi) / 2
         if _error_at(points, mid, max(points)) > 0:
             hi = mid
@@ -66,9 +67,9 @@ def _solve_first(points: dict[int, float], decay: float) -> float:
     """The `first` that matches the smallest-K point, for a fixed decay."""
     k, target = min(points.items())
     lo, hi = 0.0, 1.0
-    for _ in range(60):
+    for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
-        if AcceptanceProfile.geometric(mid, decay).mean_acceptance_length(k) > target:
+        if AcceptanceProfile.geometric(mid, decay, k).mean_acceptance_length(k) > target:
             hi = mid
         else:
             lo = mid

@@ -10,7 +10,8 @@ the hardware only changes step times, so a what-if on another GPU keeps the acce
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import cached_property
 
 from planner.calibration import DrafterShape, EngineCalibration, Workload
 from planner.catalog import GpuSpec, ModelSpec
@@ -41,11 +42,11 @@ class StepTimeModel:
     drafter: DrafterShape | None = None
     k: int = 0
 
-    @property
+    @cached_property
     def _hbm_bytes_per_s(self) -> float:
         return self.gpu.hbm_bytes_per_s * self.gpu_count * self.calibration.bandwidth_efficiency
 
-    @property
+    @cached_property
     def _flops_per_s(self) -> float:
         return self.gpu.bf16_flops_per_s * self.gpu_count * self.calibration.compute_efficiency
 
@@ -119,7 +120,15 @@ class StepTimeModel:
             return 0.0
         mean_context = shape.context_tokens // shape.decode_seqs
         writes = shape.verify_tokens * self.model.recurrent_bytes()
-        return shape.decode_seqs * self.model.kv_bytes_for_context(mean_context) + writes
+        kv = self._kv_by_context.get(mean_context)
+        if kv is None:  # a step and the same step with a prefill read the same contexts
+            kv = self._kv_by_context[mean_context] = self.model.kv_bytes_for_context(mean_context)
+        return shape.decode_seqs * kv + writes
+
+    @cached_property
+    def _kv_by_context(self) -> dict[int, float]:
+        """One sequence's KV bytes by context length, as computed so far."""
+        return {}
 
     def _attention_flops(self, shape: StepShape) -> float:
         """QK^T and AV over the context for decode tokens; causal self-attention for prefill."""
@@ -181,7 +190,13 @@ def mean_step_s(
 ) -> float:
     """Average step time: decode steps, plus a prompt's prefill each time a request ends."""
     decode = steady_state_shape(concurrency, model.k, workload)
-    with_prefill = replace(decode, prefill_tokens=workload.prompt_tokens)
+    with_prefill = StepShape(
+        decode.decode_seqs,
+        decode.verify_tokens,
+        decode.drafted_tokens,
+        workload.prompt_tokens,
+        decode.context_tokens,
+    )
     prefills_per_step = concurrency * acceptance_length / workload.output_tokens
     decode_s = model.step_s(decode)
     return decode_s + prefills_per_step * (model.step_s(with_prefill) - decode_s)
