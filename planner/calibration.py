@@ -198,14 +198,30 @@ def acceptance_profile(model: str, method: str, workload: str) -> AcceptanceProf
 
     None for methods without published acceptance (plain, ngram, ...).
     """
+    chosen = _acceptance_evidence(model, method, workload)
+    if not chosen:
+        return None
+    points = {p.k: p.acceptance_length for p in chosen if p.workload == chosen[0].workload}
+    first, decay = fit_geometric(points, None if len(points) > 1 else DEFAULT_DECAY)
+    return AcceptanceProfile.geometric(first, decay)
+
+
+def acceptance_borrowed_from(model: str, method: str, workload: str) -> str | None:
+    """The other model whose published acceptance `acceptance_profile` uses for `model`
+    when none is published for `model` with `method` (on any workload), else None: a
+    borrowed profile prices a drafter nobody may have trained for this model."""
+    if any(p.method == method and p.model in (model, "*") for p in acceptance_points()):
+        return None
+    chosen = _acceptance_evidence(model, method, workload)
+    return chosen[0].model if chosen else None
+
+
+def _acceptance_evidence(model: str, method: str, workload: str) -> list[AcceptancePoint]:
     candidates = [p for p in acceptance_points() if p.method == method and p.workload == workload]
     if not candidates:
         candidates = [p for p in acceptance_points() if p.method == method]
         candidates = [p for p in candidates if p.workload == DEFAULT_WORKLOAD] or candidates
     if not candidates:
-        return None
+        return []
     same_model = [p for p in candidates if p.model == model]
-    chosen = same_model or [p for p in candidates if p.model == candidates[0].model]
-    points = {p.k: p.acceptance_length for p in chosen if p.workload == chosen[0].workload}
-    first, decay = fit_geometric(points, None if len(points) > 1 else DEFAULT_DECAY)
-    return AcceptanceProfile.geometric(first, decay)
+    return same_model or [p for p in candidates if p.model == candidates[0].model]

@@ -25,6 +25,12 @@ K_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)
 PARALLEL_K_CHOICES = (*K_CHOICES, 10, 12, 15)
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CLIFF_RATIO = 0.85  # a K change that loses more than 15% of throughput at the boundary
+# More speculation (a longer block, or any over plain) must predict at least 2% more
+# throughput to be chosen. The planner's speedup error on the sweeps is 7-12%
+# (ACCURACY.md), so a smaller gap does not rank two configurations; and every published
+# sweep (reference 5.6-5.8) loses long blocks first as load grows, where the model's
+# error on them is largest (5.8 at c=256: K=3 +7%, K=6 +13%).
+MORE_SPECULATION_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,9 @@ class Point:
     output_tokens_per_s: float
     itl_ms: float
     usd_per_mtok: float
+    # The model whose published acceptance priced this point, when none is published for
+    # this one with this method: a drafter that may not exist for it.
+    borrowed_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ def grid(
         profile = calibration.acceptance_profile(spec.name, method, workload)
         if method != "plain" and profile is None:
             continue
+        borrowed = calibration.acceptance_borrowed_from(spec.name, method, workload)
         shape = calibration.drafters().get(method)
         choices = PARALLEL_K_CHOICES if shape is not None and shape.parallel else K_CHOICES
         for k in (0,) if method == "plain" else choices:
@@ -79,7 +89,9 @@ def grid(
                     raise DoesNotFit(spec.name, hardware.name, gpu_count)
                 continue  # its drafter leaves no room for a sequence
             al = profile.mean_acceptance_length(k) if profile else 1.0
-            points += [_point(step, method, k, c, al, load, price, fits) for c in concurrency]
+            points += [
+                _point(step, method, k, c, al, load, price, fits, borrowed) for c in concurrency
+            ]
     return points
 
 
@@ -102,24 +114,62 @@ def _point(
     load: Workload,
     price: float,
     fits: int,
+    borrowed_from: str | None,
 ) -> Point:
     """Past `fits` sequences the engine runs `fits` and the rest wait: throughput stays,
     a client's time per token (the ITL the objective judges) grows with the queue."""
     running = min(c, fits)
     tps = running * al / mean_step_s(step, running, al, load)
-    return Point(method, k, c, tps, c / tps * 1000, usd_per_mtok(price, step.gpu_count, tps))
+    usd = usd_per_mtok(price, step.gpu_count, tps)
+    return Point(method, k, c, tps, c / tps * 1000, usd, borrowed_from)
 
 
 def best_per_concurrency(points: Sequence[Point], itl_objective_ms: float | None) -> list[Choice]:
-    """The highest-throughput point within the ITL objective, at each concurrency."""
+    """The highest-throughput point within the ITL objective, at each concurrency.
+
+    Methods priced with another model's acceptance compete only when no speculative method
+    has this model's own; more speculation must pay by MORE_SPECULATION_MARGIN.
+    """
+    points = evidenced(points)
     choices = []
     for c in sorted({p.concurrency for p in points}):
         here = [p for p in points if p.concurrency == c]
         plain = next(p for p in here if p.method == "plain")
         ok = [p for p in here if itl_objective_ms is None or p.itl_ms <= itl_objective_ms]
-        best = max(ok or [plain], key=lambda p: p.output_tokens_per_s)
-        choices.append(Choice(c, best, plain))
+        choices.append(Choice(c, leanest(ok or [plain]), plain))
     return choices
+
+
+def evidenced(points: Sequence[Point]) -> list[Point]:
+    """`points` without those priced with another model's acceptance, unless every
+    speculative point is: a drafter published for this model beats a borrowed guess."""
+    own = [p for p in points if p.borrowed_from is None]
+    return own if any(p.method != "plain" for p in own) else list(points)
+
+
+def borrowed_notes(points: Sequence[Point]) -> list[str]:
+    """One line per method priced with another model's acceptance, saying whether it
+    competed (see `evidenced`)."""
+    borrowed = sorted({(p.method, p.borrowed_from) for p in points if p.borrowed_from})
+    competes = len(evidenced(points)) == len(points)
+    return [
+        f"{method}: no acceptance published for this model; priced with {source}'s"
+        + ("" if competes else ", so not ranked")
+        for method, source in borrowed
+    ]
+
+
+def leanest(candidates: Sequence[Point]) -> Point:
+    """The fastest candidate, or the one with the least speculation within
+    MORE_SPECULATION_MARGIN of it: plain, else the same method at a smaller K."""
+    best = max(candidates, key=lambda p: p.output_tokens_per_s)
+    floor = best.output_tokens_per_s / (1 + MORE_SPECULATION_MARGIN)
+    leaner = [
+        p
+        for p in candidates
+        if p.output_tokens_per_s >= floor and (p.method == "plain" or p.method == best.method)
+    ]
+    return min(leaner, key=lambda p: p.k)
 
 
 def best_per_method(
@@ -127,7 +177,8 @@ def best_per_method(
 ) -> dict[str, list[Point]]:
     """Each method's best K at each concurrency: its curve, for comparing methods.
 
-    Best is the highest throughput within the ITL objective, else the highest at all.
+    Best is the highest throughput within the ITL objective, else the highest at all;
+    a longer block must pay by MORE_SPECULATION_MARGIN.
     """
     groups: dict[tuple[str, int], list[Point]] = {}
     for p in points:
@@ -135,7 +186,7 @@ def best_per_method(
     curves: dict[str, list[Point]] = {}
     for (method, _), here in sorted(groups.items()):
         ok = [p for p in here if itl_objective_ms is None or p.itl_ms <= itl_objective_ms]
-        curves.setdefault(method, []).append(max(ok or here, key=lambda p: p.output_tokens_per_s))
+        curves.setdefault(method, []).append(leanest(ok or here))
     return curves
 
 
@@ -151,15 +202,15 @@ def crossovers(choices: Sequence[Choice]) -> list[tuple[int, str, str]]:
 def k_schedule(points: Sequence[Point], method: str) -> list[tuple[int, int, int]]:
     """vLLM's `num_speculative_tokens_per_batch_size` for a backend running `method`.
 
-    Each batch range gets the method's best K there, or 0 where plain decoding is faster.
+    Each batch range gets the method's best K there, or 0 where plain decoding is faster
+    (or the method does not pay by MORE_SPECULATION_MARGIN).
     """
     concurrencies = sorted({p.concurrency for p in points})
     schedule: list[tuple[int, int, int]] = []
     for i, c in enumerate(concurrencies):
         own = [p for p in points if p.method == method and p.concurrency == c]
         plain = next(p for p in points if p.method == "plain" and p.concurrency == c)
-        best = max(own, key=lambda p: p.output_tokens_per_s)
-        k = best.k if best.output_tokens_per_s > plain.output_tokens_per_s else 0
+        k = leanest([*own, plain]).k
         lo = concurrencies[i - 1] + 1 if i else 1
         if schedule and schedule[-1][2] == k:
             schedule[-1] = (schedule[-1][0], c, k)

@@ -24,6 +24,8 @@ def plan_table(
 ) -> None:
     """Methods x concurrency: tok/s, ITL and $/1M at each method's best K (* = measured).
 
+    A longer block is shown only where it pays by 2%, as `plan recommend` chooses.
+
     Predictions are fitted to the measurements stored in DRAFTGATE_DATABASE_URL, if any.
     """
     from gateway.services.plans import measured_grid
@@ -43,11 +45,10 @@ def plan_table(
             )
         except DoesNotFit as exc:
             fail(str(exc))
-    best: dict[tuple[str, int], Any] = {}
-    for p in points:
-        key = (p.method, p.concurrency)
-        if key not in best or p.output_tokens_per_s > best[key].output_tokens_per_s:
-            best[key] = p
+    from planner.recommend import best_per_method
+
+    curves = best_per_method(points, None)
+    best = {(method, p.concurrency): p for method, curve in curves.items() for p in curve}
     band = "" if fitted.error_band is None else f", fit error +-{fitted.error_band:.0%}"
     typer.echo(
         f"{spec.name} on {gpu_count}x {hardware.name} at ${usd:.2f}/GPU-hour, {workload} "
@@ -58,6 +59,10 @@ def plan_table(
         seen = measured.get((p.method, p.k, float(c)))
         tps = f"{seen * gpu_count:.0f}*" if seen is not None else f"{p.output_tokens_per_s:.0f} "
         typer.echo(f"{method:<8} {c:>4} {p.k:>2} {tps:>10} {p.itl_ms:>8.2f} {p.usd_per_mtok:>8.3f}")
+    from planner.recommend import borrowed_notes
+
+    for line in borrowed_notes(points):
+        typer.echo(line)
 
 
 @plan_app.command("recommend")
@@ -71,10 +76,19 @@ def plan_recommend(
     engine: Annotated[str, typer.Option(help="vllm or sglang.")] = "vllm",
 ) -> None:
     """The best method and K per concurrency, crossovers, and vLLM's K schedule."""
-    from planner.recommend import best_per_concurrency, cliffs, crossovers, grid, k_schedule
+    from planner.recommend import (
+        best_per_concurrency,
+        borrowed_notes,
+        cliffs,
+        crossovers,
+        grid,
+        k_schedule,
+    )
 
     points = _plan_grid(grid, model, gpu, gpu_count, workload, price, _engine(engine))
     choices = best_per_concurrency(points, itl_objective_ms)
+    for line in borrowed_notes(points):
+        typer.echo(line)
     typer.echo(f"{'c':>4} {'best':<8} {'K':>2} {'tok/s':>9} {'vs plain':>8} {'$/1M':>8}")
     for ch in choices:
         gain = ch.best.output_tokens_per_s / ch.plain.output_tokens_per_s

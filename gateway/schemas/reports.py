@@ -38,6 +38,9 @@ class PlanPoint(Report):
     usd_per_mtok_95: tuple[float, float]  # usd_per_mtok x (1 -+ the fit's relative_95)
     measured_output_tokens_per_s: float | None  # all GPUs of the plan, when measured
     source: Literal["measured", "estimated"]
+    # The model whose published acceptance priced this point, when none is published or
+    # measured for this one with this method; such a method is ranked only when no other is.
+    acceptance_borrowed_from: str | None = None
 
 
 class PlanChoice(PlanPoint):

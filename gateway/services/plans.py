@@ -111,6 +111,7 @@ def _point(p: Point, measured: Measured, gpu_count: int, half: float) -> PlanPoi
         usd_per_mtok_95=(p.usd_per_mtok * max(1 - half, 0.0), p.usd_per_mtok * (1 + half)),
         measured_output_tokens_per_s=None if seen is None else seen * gpu_count,
         source="measured" if seen is not None else "estimated",
+        acceptance_borrowed_from=p.borrowed_from,
     )
 
 
@@ -166,9 +167,13 @@ def _honoured(
     points: list[Point], measured: Measured, gpu_count: int, usd_per_gpu_hour: float
 ) -> list[Point]:
     """The grid with each measured (method, K, concurrency) at its measurement: what is
-    chosen, sized and labelled "measured" is the measurement, not the fit's value there."""
+    chosen, sized and labelled "measured" is the measurement, not the fit's value there.
+    A method measured on this model is no longer priced with another's acceptance."""
+    seen_methods = {method for method, _, _ in measured}
     out = []
     for p in points:
+        if p.method in seen_methods:
+            p = replace(p, borrowed_from=None)
         seen = measured.get((p.method, p.k, float(p.concurrency)))
         if seen is not None and seen > 0:
             tps = seen * gpu_count

@@ -65,3 +65,44 @@ def test_best_per_method_takes_each_methods_fastest_k_within_the_objective() -> 
     assert [(p.concurrency, p.k) for p in curves["eagle3"]] == [(4, 2)]
     assert [p.concurrency for p in curves["plain"]] == [1, 4]  # sorted by concurrency
     assert best_per_method(points, None)["eagle3"][0].k == 3
+
+
+def test_more_speculation_must_pay_by_the_margin() -> None:
+    from planner.recommend import MORE_SPECULATION_MARGIN
+
+    assert MORE_SPECULATION_MARGIN == 0.02
+    close = [p("plain", 0, 8, 1000), p("eagle3", 3, 8, 1300), p("eagle3", 4, 8, 1310)]
+    assert best_per_concurrency(close, None)[0].best.k == 3  # K=4 is 0.8% faster: a tie
+    clear = [p("plain", 0, 8, 1000), p("eagle3", 3, 8, 1300), p("eagle3", 4, 8, 1330)]
+    assert best_per_concurrency(clear, None)[0].best.k == 4  # 2.3% faster: it pays
+    marginal = [p("plain", 0, 8, 1000), p("eagle3", 2, 8, 1015)]
+    assert best_per_concurrency(marginal, None)[0].best.method == "plain"
+    assert k_schedule(marginal, "eagle3") == [(1, 8, 0)]
+    # another method is no "more speculation": the fastest method wins by any amount
+    methods = [p("plain", 0, 8, 1000), p("eagle3", 3, 8, 1300), p("dflash", 7, 8, 1301)]
+    assert best_per_concurrency(methods, None)[0].best.method == "dflash"
+
+
+def test_a_method_priced_with_another_models_acceptance_is_not_ranked_beside_one_with_its_own() -> (
+    None
+):
+    from dataclasses import replace
+
+    borrowed = replace(p("p-eagle", 4, 8, 2000), borrowed_from="openai/gpt-oss-20b")
+    points = [p("plain", 0, 8, 1000), p("dspark", 3, 8, 1500), borrowed]
+    assert best_per_concurrency(points, None)[0].best.method == "dspark"
+    # with no speculative method of its own, the borrowed guess is all there is
+    alone = [p("plain", 0, 8, 1000), borrowed]
+    assert best_per_concurrency(alone, None)[0].best.method == "p-eagle"
+
+
+def test_deepseek_v4_pro_on_eight_b300_gets_dspark_at_k3_or_less_from_128_streams() -> None:
+    """Reference 5.8: from c=128 K=3 beats K=5-7; DSpark is the only drafter published for
+    the model, so P-EAGLE and DFlash, priced with other models' acceptance, are not ranked."""
+    points = grid("deepseek-ai/DeepSeek-V4-Pro", "B300", gpu_count=8, workload="mixed")
+    choices = best_per_concurrency(points, None)
+    assert {c.best.method for c in choices} == {"dspark"}
+    assert [c.best.k for c in choices if c.concurrency >= 128] == [3, 3]
+    assert all(k <= 3 for lo, _, k in k_schedule(points, "dspark") if lo > 64)
+    borrowed = {x.method: x.borrowed_from for x in points if x.borrowed_from}
+    assert set(borrowed) == {"dflash", "eagle3", "p-eagle"}
