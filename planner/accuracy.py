@@ -103,7 +103,7 @@ TERMS = {  # fitted terms beyond GPT-OSS-20B's, and the sections that show them
     "drafter_pass_overhead_s": "5.6, 5.7 (SGLang)",
     "drafter_per_seq_overhead_s": "5.6, 5.7 (SGLang)",
     "moe_per_layer_s": "5.7 (SGLang: the small MoE slow at one sequence)",
-    "collective_per_layer_s": "5.8 (vLLM, eight GPUs: a latency per layer)",
+    "collective_per_layer_s": "5.8 (vLLM, eight GPUs: a latency per layer; SGLang takes it)",
     "collective_per_token_layer_s": "5.8 (vLLM, expert parallel: 2 to 2,048 tokens per step)",
 }
 
@@ -116,7 +116,9 @@ def sweeps_report() -> list[str]:
         "`sweeps` in `planner/data/calibration.yaml` (reference sections 5.6-5.8), fitted by",
         "`bench/fit_calibration.py`: SGLang's coefficients to 5.6 and 5.7, vLLM's MoE and",
         "collective terms to 5.8 with the GPT-OSS-20B figures above kept in view (its MoE",
-        "terms come out at 0: on one GPU the model is as it was). Every point",
+        "terms come out at 0: on one GPU the model is as it was). SGLang's sweeps are on one",
+        "GPU and cannot show collectives: those two terms are vLLM's (the GPUs' and their",
+        "interconnect's cost, not the scheduler's). Every point",
         "is modelled at its sweep's acceptance: the source's (5.6, 5.7: averaged over its",
         "concurrencies), or the one its c=1 point implies (5.8 publishes none). Speedup: over",
         "the plain point of the same dataset and concurrency. Traffic: 150 prompt and 3000",

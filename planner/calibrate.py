@@ -192,12 +192,16 @@ SWEEP_TERMS = {
 def fit_engine_to_sweeps(engine: str, restarts: int = 8) -> tuple[EngineCalibration, float]:
     """`engine`'s coefficients fitted to its load sweeps (and vLLM's to its figures too),
     from the same start whatever the data file holds now: the seeds, and vLLM's values
-    for the rest of what moves."""
+    for the rest of what moves. A term its sweeps cannot show is vLLM's: SGLang's sweeps
+    are on one GPU, and collectives are the GPUs' and their interconnect's, not the
+    scheduler's (5.8 is the only sweep across GPUs)."""
     points = [p for p in calibration.sweep_points() if p.section in SWEEP_SECTIONS[engine]]
     figures: list[Any] | None = None if engine == "vllm" else []
     vllm = calibration.engine_calibration("vllm")
     free = shown(SWEEP_TERMS[engine], points)
-    start: dict[str, Any] = {n: SEEDS[n] if n in SEEDS else getattr(vllm, n) for n in free}
+    start: dict[str, Any] = {
+        n: SEEDS[n] if n in free and n in SEEDS else getattr(vllm, n) for n in SWEEP_TERMS[engine]
+    }
     return fit_engine(
         replace(calibration.engine_calibration(engine), **start),
         figures,
