@@ -111,3 +111,16 @@ def test_the_implied_acceptances_in_the_catalog_are_the_sweeps() -> None:
     assert profile is not None
     for k in (1, 5, 6):  # the profile's others stay near what the sweep implies
         assert profile.mean_acceptance_length(k) == pytest.approx(implied[k], rel=0.06), k
+
+
+def test_what_sglangs_one_gpu_sweeps_cannot_show_is_vllms() -> None:
+    """Collectives cost nothing on one GPU, so 5.6 and 5.7 cannot fit them: SGLang's are
+    vLLM's, fitted on 5.8 across eight GPUs, and a step on eight GPUs pays them."""
+    from planner.calibrate import SWEEP_SECTIONS, SWEEP_TERMS, shown
+
+    one_gpu = [p for p in calibration.sweep_points() if p.section in SWEEP_SECTIONS["sglang"]]
+    unseen = set(SWEEP_TERMS["sglang"]) - set(shown(SWEEP_TERMS["sglang"], one_gpu))
+    assert unseen == {"collective_per_layer_s", "collective_per_token_layer_s"}
+    sglang, vllm = calibration.engine_calibration("sglang"), calibration.engine_calibration("vllm")
+    for name in unseen:
+        assert getattr(sglang, name) == getattr(vllm, name) > 0
