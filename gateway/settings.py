@@ -159,6 +159,22 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds between `GET /health` probes of each backend. Default 5 s.",
     )
+    discovery_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds between resolutions of each pool's DNS name (fleet.yaml `pools`): "
+            "addresses that appear become members once healthy, addresses gone are removed. "
+            "Default 10 s."
+        ),
+    )
+    dns_server: str | None = Field(
+        default=None,
+        description=(
+            "`host:port` of the nameserver pools are resolved at; unset, the system's "
+            "resolver (`/etc/resolv.conf`: a pod's cluster DNS and search domains)."
+        ),
+    )
     connect_timeout_s: float = Field(
         default=3.0,
         gt=0,

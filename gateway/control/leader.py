@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector
+from gateway.control.discovery import Discovery
+from gateway.control.dns import Resolver
 from gateway.control.readiness import publish_readiness
 from gateway.control.retention import prune_forever
 from gateway.control.selector import PriceGauges, Selector
@@ -40,6 +43,7 @@ class Leader:
     benchmarks: BenchmarkManager
     webhooks: WebhookSender | None
     replica: Replica | None
+    client: httpx.AsyncClient  # the control plane's, for probing members before they join
     leadership: Leadership | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -76,7 +80,17 @@ class Leader:
             in_flight=metrics.in_flight_by_backend,
         )
         ready = metrics.ready
+        discovery = Discovery(
+            self.sessions,
+            self.client,
+            Resolver.parse(settings.dns_server),
+            settings.discovery_interval_s,
+            metrics.pool_discovery_ok,
+            settings.allow_link_local_backends,
+            self.registry.request_refresh,
+        )
         loops = [
+            discovery.run(stop),
             selector.run(stop),
             prune_forever(self.sessions, settings.usage_retention_days, metrics, stop),
             publish_readiness(self.sessions, self.registry, ready, settings.probe_interval_s, stop),

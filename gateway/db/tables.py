@@ -58,6 +58,24 @@ class Backend(Timestamps, Base):
     managed: Mapped[bool] = mapped_column(default=False)
     # The key the backend's vLLM was started with (`--api-key`): sent upstream, never shown.
     api_key: Mapped[str | None] = mapped_column(String(2048))
+    # The pool whose discovery added it (one member per address), or None: a pool of one.
+    pool: Mapped[str | None] = mapped_column(String(NAME), index=True)
+
+
+class Pool(Timestamps, Base):
+    """Backends alike but for their address: a template, and the DNS name whose addresses
+    are its members (a headless Service's pods), each made a backend by discovery."""
+
+    __tablename__ = "pools"
+    __table_args__ = (CheckConstraint("port >= 1 AND port <= 65535", name="port_range"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME), unique=True)
+    dns_name: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(default=8000)
+    scheme: Mapped[str] = mapped_column(String(8), default="http")
+    # A member's fields but its name and URL (model, method, K, drafter, GPUs, key...).
+    template: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 class ModelPolicy(Timestamps, Base):

@@ -119,6 +119,58 @@ class BackendCreate(BackendFields):
     name: BackendName
 
 
+class PoolTemplate(Strict):
+    """What every member of a pool is, but its address."""
+
+    model: Name
+    method: Method
+    k: SpeculativeK | None = None
+    drafter: str | None = Field(default=None, max_length=500)
+    speculative_options: SpeculativeOptions = Field(default_factory=dict)
+    gpu_type: GpuType = "B200"
+    gpu_count: int = Field(default=1, ge=1, le=1024)
+    api_key: BackendKey | None = Field(default=None, repr=False)
+
+    @model_validator(mode="after")
+    def _check_method(self) -> Self:
+        spec_from_options(self.method, self.k, self.drafter, self.speculative_options)
+        return self
+
+
+class DnsDiscovery(Strict):
+    """A DNS name whose A/AAAA records are a pool's members (a headless Service's ready
+    pods), each serving on `port`."""
+
+    dns: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\.?$",
+    )
+    port: int = Field(default=8000, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+
+
+class PoolCreate(Strict):
+    """A pool: its members are found by `discovery` and made backends from `backend`."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    ]
+    discovery: DnsDiscovery
+    backend: PoolTemplate
+
+    def member(self, address: str) -> BackendCreate:
+        """The backend serving at `address` (an IPv4 or IPv6 address)."""
+        port, host = self.discovery.port, f"[{address}]" if ":" in address else address
+        return BackendCreate.model_validate(
+            {
+                **self.backend.model_dump(),
+                "name": f"{self.name}:{address}:{port}",
+                "url": f"{self.discovery.scheme}://{host}:{port}",
+            }
+        )
+
+
 class BackendUpdate(Strict):
     """A partial change to a backend; absent keys are left as they are."""
 
@@ -195,6 +247,7 @@ class BackendPublic(Public):
     enabled: bool
     managed: bool
     has_api_key: bool = False  # the key itself is write-only
+    pool: str | None = None  # the pool whose discovery added it
     created_at: dt.datetime
     updated_at: dt.datetime
     runtime: BackendRuntime | None = None  # on reads, for enabled backends this replica knows

@@ -74,10 +74,15 @@ def _assign(row: Backend, fields: BackendFields, allow_link_local: bool) -> None
 
 
 def create_backend(
-    session: Session, data: BackendCreate, actor: str, *, allow_link_local: bool = False
+    session: Session,
+    data: BackendCreate,
+    actor: str,
+    *,
+    allow_link_local: bool = False,
+    pool: str | None = None,
 ) -> Backend:
-    """Add a backend (and its model, if new)."""
-    row = Backend(name=data.name)
+    """Add a backend (and its model, if new); `pool` names the pool it is a member of."""
+    row = Backend(name=data.name, pool=pool)
     _assign(row, data, allow_link_local)
     queries.add(session, row, f"backend {data.name!r}")
     ensure_model(session, data.model, actor)

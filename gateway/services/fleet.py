@@ -1,4 +1,5 @@
-"""`fleet.yaml`: backends, models with policies, and GPU prices, declared and applied at start."""
+"""`fleet.yaml`: backends, pools, models with policies, and GPU prices, declared and applied
+at start."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from gateway.schemas.resources import (
     BackendUpdate,
     Name,
     Policy,
+    PoolCreate,
     PriceCreate,
     PriceUpdate,
     Strict,
 )
 from gateway.services.backends import create_backend, update_backend
 from gateway.services.models import set_policy
+from gateway.services.pools import apply_pool
 from gateway.services.prices import create_price, update_price
 
 ACTOR = "fleet"
@@ -43,6 +46,7 @@ class Fleet(Strict):
     """The whole fleet file."""
 
     backends: list[BackendCreate] = Field(default_factory=list)
+    pools: list[PoolCreate] = Field(default_factory=list)
     models: list[FleetModel] = Field(default_factory=list)
     prices: list[PriceCreate] = Field(default_factory=list)
 
@@ -74,6 +78,8 @@ def apply_fleet(session: Session, fleet: Fleet, *, allow_link_local: bool = Fals
         set_policy(session, model.name, model.policy, ACTOR)
     for backend in fleet.backends:
         _apply_backend(session, backend, allow_link_local)
+    for pool in fleet.pools:
+        apply_pool(session, pool, ACTOR)
     for price in fleet.prices:
         _apply_price(session, price)
 

@@ -82,12 +82,13 @@ def test_fleet_reference_names_every_key() -> None:
     fleet_fields = Fleet.model_fields
     nested = [
         fleet_fields[name].annotation.__args__[0]  # type: ignore[union-attr]
-        for name in ("backends", "models", "prices")
+        for name in ("backends", "models", "prices", "pools")
     ]
     keys = set(fleet_fields)
     for model in nested:
         keys |= set(model.model_fields)
     keys |= set(nested[1].model_fields["policy"].annotation.model_fields)
+    keys |= set(nested[3].model_fields["discovery"].annotation.model_fields)
     missing = sorted(k for k in keys if f"`{k}`" not in page)
     assert not missing, f"docs/fleet.md does not describe {missing}"
 

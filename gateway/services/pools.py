@@ -1,0 +1,85 @@
+"""Pools: a backend template and the DNS name whose addresses are its members.
+
+Discovery (gateway/control/discovery.py) makes each address a backend named
+`pool:address:port` with the pool's fields, through the same audited changes as the admin
+API, so a member has its own counters, curve points, breaker and billing interval (opened
+at its `create`, closed at its `delete` in the audit log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.db import queries
+from gateway.db.tables import Backend, Pool
+from gateway.schemas.resources import DnsDiscovery, PoolCreate, PoolTemplate
+from gateway.services.backends import create_backend, delete_backend
+
+
+def pool_of(row: Pool) -> PoolCreate:
+    """The pool as declared."""
+    discovery = DnsDiscovery.model_validate(
+        {"dns": row.dns_name, "port": row.port, "scheme": row.scheme}
+    )
+    return PoolCreate(name=row.name, discovery=discovery, backend=PoolTemplate(**row.template))
+
+
+def apply_pool(session: Session, pool: PoolCreate, actor: str) -> None:
+    """Create or update a pool, audited (members follow at discovery's next round)."""
+    row = session.scalar(select(Pool).where(Pool.name == pool.name))
+    before = None if row is None else pool_of(row).model_dump(mode="json")
+    if row is None:
+        row = Pool(name=pool.name)
+        session.add(row)
+    row.dns_name = pool.discovery.dns.rstrip(".")
+    row.port = pool.discovery.port
+    row.scheme = pool.discovery.scheme
+    row.template = pool.backend.model_dump(mode="json")
+    after = pool.model_dump(mode="json")
+    if before != after:
+        session.flush()
+        queries.record_audit(
+            session,
+            actor=actor,
+            action="create" if before is None else "update",
+            resource=("pool", pool.name),
+            before=_shown(before),
+            after=_shown(after),
+        )
+
+
+def _shown(pool: dict[str, object] | None) -> dict[str, object] | None:
+    """A pool as the audit log keeps it: its backend key only as whether it has one."""
+    if pool is None:
+        return None
+    backend = dict(pool["backend"])  # type: ignore[call-overload]
+    backend["has_api_key"] = backend.pop("api_key") is not None
+    return {**pool, "backend": backend}
+
+
+def pools(session: Session) -> list[PoolCreate]:
+    """Every pool."""
+    return [pool_of(row) for row in session.scalars(select(Pool).order_by(Pool.name))]
+
+
+def members(session: Session, pool: str) -> Sequence[Backend]:
+    """The backends discovery made for `pool`."""
+    return session.scalars(select(Backend).where(Backend.pool == pool)).all()
+
+
+def add_member(
+    session: Session, pool: PoolCreate, address: str, actor: str, *, allow_link_local: bool
+) -> str:
+    """Make the backend at `address` a member of `pool`; its name. A link-local address
+    (a cloud metadata service) is refused as for any backend, unless allowed."""
+    member = pool.member(address)
+    create_backend(session, member, actor, allow_link_local=allow_link_local, pool=pool.name)
+    return member.name
+
+
+def remove_member(session: Session, name: str, actor: str) -> None:
+    """Remove a member: no new requests go to it; those in flight finish."""
+    delete_backend(session, name, actor)
