@@ -1,0 +1,255 @@
+"""A pool found by DNS through a real gateway: simulators on four loopback addresses behind
+one name at a real DNS server (dnsmasq), whose records the test changes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.dns_server import DnsServer
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    HEALTH_TIMEOUT_S,
+    SIM_MODEL,
+    Server,
+    draftgate_env,
+    free_port,
+    gateway_env,
+    metric_value,
+    query_rows,
+    sim_args,
+    spawn_server,
+)
+
+NAME = "sims.test"
+ADDRESSES = [f"127.0.0.{i}" for i in range(2, 7)]  # the fifth is started by a test
+WAIT_S = 30.0  # a deadline, not a wait
+SIM_OPTIONS = ("--time-scale", "20", "--gpu", "B200", "--max-model-len", "65536")
+POOL = {
+    "name": "sims",
+    "backend": {
+        "model": SIM_MODEL,
+        "method": "p-eagle",
+        "k": 7,
+        "drafter": "amazon/GPT-OSS-20B-P-EAGLE",
+        "gpu_type": "B200",
+    },
+}
+
+
+class Fleet:
+    """The DNS server, the simulators by address (all on one port) and the gateway."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.dns = DnsServer(directory)
+        self.sims: dict[str, Server] = {}
+        self.gateway: Server | None = None
+        self.database_url = f"sqlite:///{directory}/draftgate.db"
+
+    def start_sim(self, address: str) -> None:
+        args = (*sim_args(*SIM_OPTIONS), "--host", address)
+        sim = spawn_server(args, draftgate_env(), self.directory, port=self.port)
+        self.sims[address] = sim
+        _wait(lambda: _answers(f"http://{address}:{self.port}/health"), f"{address} up")
+
+    def start_gateway(self) -> Server:
+        pool = POOL | {"discovery": {"dns": NAME, "port": self.port}}
+        fleet = self.directory / "fleet.yaml"
+        fleet.write_text(yaml.safe_dump({"pools": [pool]}), encoding="utf-8")
+        env = gateway_env(
+            self.database_url,
+            fleet,
+            DNS_SERVER=self.dns.address,
+            DISCOVERY_INTERVAL_S="0.2",
+            COLLECT_INTERVAL_S="0.5",
+        )
+        self.gateway = spawn_server(("gateway",), env, self.directory)
+        self.gateway.wait_healthy()
+        return self.gateway
+
+    def members(self) -> dict[str, Any]:
+        assert self.gateway is not None
+        with self.gateway.client(ADMIN_TOKEN) as admin:
+            listed = admin.get("/admin/v1/backends").json()["data"]
+        return {b["name"]: b for b in listed if b["pool"] == "sims"}
+
+    def close(self) -> None:
+        for server in [*self.sims.values(), *([self.gateway] if self.gateway else [])]:
+            server.close()
+        self.dns.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _wait(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"never {what} within {timeout_s} s")
+        time.sleep(0.1)
+
+
+def member(fleet: Fleet, address: str) -> str:
+    return f"sims:{address}:{fleet.port}"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    fleet = Fleet(tmp_path_factory.mktemp("pool"))
+    try:
+        for address in ADDRESSES[:4]:
+            fleet.start_sim(address)
+        fleet.dns.set(NAME, ADDRESSES)  # the fifth address answers nothing yet
+        fleet.start_gateway()
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def _chat(gateway: Server, prompt: str | None = None) -> httpx.Response:
+    """One completion; a new conversation each time unless `prompt` is given."""
+    body = {
+        "model": SIM_MODEL,
+        "messages": [{"role": "user", "content": prompt or f"{uuid.uuid4()} hello"}],
+        "max_tokens": 8,
+    }
+    return httpx.post(f"{gateway.base_url}/v1/chat/completions", json=body, timeout=30)
+
+
+def test_each_address_that_answers_health_becomes_a_member(fleet: Fleet) -> None:
+    wanted = {member(fleet, a) for a in ADDRESSES[:4]}
+    _wait(lambda: set(fleet.members()) == wanted, "four members", HEALTH_TIMEOUT_S)
+    members = fleet.members()
+    assert members[member(fleet, "127.0.0.2")]["url"] == f"http://127.0.0.2:{fleet.port}"
+    assert {m["method"] for m in members.values()} == {"p-eagle"}
+    # the fifth address is in DNS but nothing serves there: probed, never a member
+    assert member(fleet, ADDRESSES[4]) not in members
+    audit = query_rows(
+        fleet.database_url,
+        "SELECT actor, action, resource_id FROM audit_log WHERE resource_type = 'backend'",
+    )
+    assert {(a["actor"], a["action"]) for a in audit} == {("discovery", "create")}
+    assert {a["resource_id"] for a in audit} == wanted
+    fleet.start_sim(ADDRESSES[4])  # its pod became ready: it joins at a next round
+    _wait(lambda: member(fleet, ADDRESSES[4]) in fleet.members(), "the fifth joined")
+
+
+def test_conversations_spread_over_the_members_and_each_keeps_to_one(fleet: Fleet) -> None:
+    assert fleet.gateway is not None
+    _wait(lambda: len(fleet.members()) == 5, "five members")
+    served = []
+    for _ in range(60):
+        response = _chat(fleet.gateway)
+        assert response.status_code == 200, response.text
+        served.append(response.headers["x-draftgate-backend"])
+    assert set(served) == set(fleet.members())  # every member took some
+    # one conversation's turns go to the member that caches its prefix
+    turns = [_chat(fleet.gateway, "the same opening question") for _ in range(10)]
+    assert len({t.headers["x-draftgate-backend"] for t in turns}) == 1
+    assert {t.headers["x-draftgate-affinity"] for t in turns} == {"home"}
+
+
+def _homed_on(fleet: Fleet, name: str) -> str:
+    """A conversation opening whose turns go to member `name`."""
+    assert fleet.gateway is not None
+    for _ in range(200):
+        opening = f"{uuid.uuid4()} tell me a story"
+        if _chat(fleet.gateway, opening).headers["x-draftgate-backend"] == name:
+            return opening
+    pytest.fail(f"no opening of 200 went to {name}")
+
+
+class _Stream:
+    """A long streamed completion whose first event has arrived; the rest is read at
+    `finish`, so until then it is in flight: its 40,000 tokens' events (over 6 MB) are
+    more than the kernel's socket buffers and the gateway's hold (about 4 MB)."""
+
+    def __init__(self, gateway: Server, opening: str) -> None:
+        self.client = httpx.Client(base_url=gateway.base_url, timeout=120)
+        body = {
+            "model": SIM_MODEL,
+            "messages": [{"role": "user", "content": opening}],
+            "max_tokens": 40_000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        self.response = self.client.send(
+            self.client.build_request("POST", "/v1/chat/completions", json=body), stream=True
+        )
+        self.lines = self.response.iter_lines()
+        assert next(self.lines).startswith("data:")
+
+    def finish(self) -> str | None:
+        """Read to the end; the finish reason of the last choice."""
+        reason, self.bytes = None, 0
+        try:
+            for line in self.lines:
+                self.bytes += len(line) + 2
+                if line.startswith("data: {"):
+                    choices = json.loads(line.removeprefix("data: "))["choices"]
+                    reason = (choices and choices[0].get("finish_reason")) or reason
+        finally:
+            self.response.close()
+            self.client.close()
+        return reason
+
+
+def test_an_address_gone_from_dns_is_drained_without_a_failed_request(fleet: Fleet) -> None:
+    assert fleet.gateway is not None
+    _wait(lambda: len(fleet.members()) == 5, "five members")
+    gone = ADDRESSES[0]
+    opening = _homed_on(fleet, member(fleet, gone))
+    stream = _Stream(fleet.gateway, opening)  # in flight on the member as it leaves
+    fleet.dns.set(NAME, ADDRESSES[1:])
+    failures = []
+    deadline = time.monotonic() + WAIT_S
+    while member(fleet, gone) in fleet.members():
+        response = _chat(fleet.gateway)
+        if response.status_code != 200:
+            failures.append(response.text)
+        assert time.monotonic() < deadline, "the member was never removed"
+    assert failures == []
+    audit = query_rows(
+        fleet.database_url,
+        "SELECT actor FROM audit_log WHERE resource_id = :name AND action = 'delete'",
+        name=member(fleet, gone),
+    )
+    assert [a["actor"] for a in audit] == ["discovery"]
+    assert stream.finish() == "length"  # it went on to its last token
+    assert stream.bytes > 6_000_000
+    served = {_chat(fleet.gateway).headers["x-draftgate-backend"] for _ in range(20)}
+    assert member(fleet, gone) not in served
+
+
+def test_a_dns_outage_keeps_the_pool_and_says_so(fleet: Fleet) -> None:
+    gateway = fleet.gateway
+    assert gateway is not None
+    before = set(fleet.members())
+    ok = lambda: metric_value(gateway.base_url, "draftgate_pool_discovery_ok", pool="sims")  # noqa: E731
+    _wait(lambda: ok() == 1, "discovery ok")
+    fleet.dns.stop()
+    try:
+        _wait(lambda: ok() == 0, "discovery said it failed")
+        assert set(fleet.members()) == before
+        response = _chat(gateway)
+        assert response.status_code == 200, response.text
+        assert "discovery failed, keeping its members" in gateway.output()
+    finally:
+        fleet.dns.start()
+    _wait(lambda: ok() == 1, "discovery recovered")
+    assert set(fleet.members()) == before
