@@ -26,4 +26,11 @@ def ready(components: ComponentsDep) -> dict[str, Any]:
     readiness = check_ready(components.sessions, components.registry)
     if readiness.problem is not None:
         raise ServiceUnavailable(readiness.problem)
-    return {"status": "ready", "database": "ok", "backends_healthy": readiness.healthy_backends}
+    answer: dict[str, Any] = {
+        "status": "ready",
+        "database": "ok",
+        "backends_healthy": readiness.healthy_backends,
+    }
+    if readiness.discovery_errors:  # still ready: those pools keep the members last seen
+        answer["discovery_failing"] = readiness.discovery_errors
+    return answer

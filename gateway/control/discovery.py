@@ -46,6 +46,7 @@ class Discovery:
     allow_link_local: bool = False
     on_change: Callable[[], None] = lambda: None  # the registry's refresh
     failing: dict[str, str] = field(default_factory=dict)  # pool -> why its last round failed
+    seen: set[str] = field(default_factory=set)  # pools resolved since this leader began
 
     async def run(self, stop: asyncio.Event) -> None:
         """A round at once, then one per interval, until `stop`."""
@@ -73,9 +74,13 @@ class Discovery:
             if not found:
                 raise DnsError(f"{pool.discovery.dns} has no address")
         except DnsError as exc:
-            self._failed(pool.name, str(exc))
+            await self._failed(pool.name, str(exc))
             return False
-        self.failing.pop(pool.name, None)
+        if self.failing.pop(pool.name, None) is not None or pool.name not in self.seen:
+            await asyncio.to_thread(
+                self._write, lambda s: pools.set_discovery_error(s, pool.name, None)
+            )
+        self.seen.add(pool.name)
         self.ok.labels(pool.name).set(1)
         held = await asyncio.to_thread(self._read, lambda s: _addresses(s, pool))
         new = sorted(found - set(held.values()))
@@ -86,11 +91,17 @@ class Discovery:
             await asyncio.to_thread(self._apply, pool, joining, leaving)
         return bool(joining or leaving)
 
-    def _failed(self, pool: str, why: str) -> None:
+    async def _failed(self, pool: str, why: str) -> None:
+        """Keep the members; say why, once per new reason (log, the pool's row for /ready)."""
         if self.failing.get(pool) != why:
             logger.warning("pool %s: discovery failed, keeping its members: %s", pool, why)
+            await asyncio.to_thread(self._write, lambda s: pools.set_discovery_error(s, pool, why))
         self.failing[pool] = why
         self.ok.labels(pool).set(0)
+
+    def _write(self, write: Callable[[Session], None]) -> None:
+        with transaction(self.sessions) as session:
+            write(session)
 
     async def _healthy(self, pool: PoolCreate, address: str) -> bool:
         member = pool.member(address)

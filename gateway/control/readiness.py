@@ -1,7 +1,10 @@
 """Readiness: whether this replica can serve, for `GET /ready` and the `draftgate_ready` gauge.
 
 A replica is ready when the database answers and at least one backend passes its health
-checks. An open circuit breaker does not make a backend unhealthy here: it is the relay's
+checks. A pool whose DNS discovery fails keeps its members (gateway/control/discovery.py):
+it is named, with the reason, but the replica stays ready on them.
+
+An open circuit breaker does not make a backend unhealthy here: it is the relay's
 short avoidance of a backend that failed requests, and routing still falls back to it when
 every breaker is open, so failing requests cannot pull every replica out of a Service at
 once. Readiness follows the prober, which asks each backend itself.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import Gauge
 from sqlalchemy import func, select
@@ -24,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.tables import Backend
 from gateway.registry import Registry
+from gateway.services.pools import discovery_errors
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class Readiness:
 
     healthy_backends: int
     problem: str | None = None  # None: ready
+    # Pools whose last DNS resolution failed, and why: still ready on the members kept.
+    discovery_errors: dict[str, str] = field(default_factory=dict)
 
 
 def check_ready(sessions: sessionmaker[Session], registry: Registry) -> Readiness:
@@ -39,13 +45,14 @@ def check_ready(sessions: sessionmaker[Session], registry: Registry) -> Readines
     try:
         with sessions() as session:
             session.scalar(select(func.count()).select_from(Backend))
+            errors = discovery_errors(session)
     except SQLAlchemyError as exc:
         return Readiness(0, f"database unreachable: {type(exc).__name__}")
     backends = [b for group in registry.snapshot.backends.values() for b in group]
     healthy = sum(registry.states[b.name].healthy for b in backends)
     if not healthy:
-        return Readiness(0, f"no healthy backend ({len(backends)} enabled)")
-    return Readiness(healthy)
+        return Readiness(0, f"no healthy backend ({len(backends)} enabled)", errors)
+    return Readiness(healthy, None, errors)
 
 
 async def publish_readiness(

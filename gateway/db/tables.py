@@ -76,6 +76,8 @@ class Pool(Timestamps, Base):
     scheme: Mapped[str] = mapped_column(String(8), default="http")
     # A member's fields but its name and URL (model, method, K, drafter, GPUs, key...).
     template: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # Why its last resolution failed (its members last seen are kept), or None.
+    discovery_error: Mapped[str | None] = mapped_column(String(URL))
 
 
 class ModelPolicy(Timestamps, Base):

@@ -150,14 +150,21 @@ class DnsDiscovery(Strict):
     scheme: Literal["http", "https"] = "http"
 
 
-class PoolCreate(Strict):
-    """A pool: its members are found by `discovery` and made backends from `backend`."""
+class PoolFields(Strict):
+    """A pool but its name: where its members are found, and what each is."""
 
-    name: Annotated[
-        str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    ]
     discovery: DnsDiscovery
     backend: PoolTemplate
+
+
+POOL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+PoolName = Annotated[str, Field(min_length=1, max_length=100, pattern=POOL_NAME)]
+
+
+class PoolCreate(PoolFields):
+    """A pool: its members are found by `discovery` and made backends from `backend`."""
+
+    name: PoolName
 
     def member(self, address: str) -> BackendCreate:
         """The backend serving at `address` (an IPv4 or IPv6 address)."""
@@ -251,6 +258,29 @@ class BackendPublic(Public):
     created_at: dt.datetime
     updated_at: dt.datetime
     runtime: BackendRuntime | None = None  # on reads, for enabled backends this replica knows
+
+
+class PoolTemplatePublic(Public):
+    """A pool's member fields as the API shows them: the backend key write-only."""
+
+    model: str
+    method: str
+    k: int | None
+    drafter: str | None
+    speculative_options: dict[str, Any]
+    gpu_type: str
+    gpu_count: int
+    has_api_key: bool
+
+
+class PoolPublic(Public):
+    """A pool, its members (backend names) and why its last resolution failed, if it did."""
+
+    name: str
+    discovery: DnsDiscovery
+    backend: PoolTemplatePublic
+    members: list[str]
+    discovery_error: str | None
 
 
 class PolicyRule(Strict):

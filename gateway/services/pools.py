@@ -15,8 +15,16 @@ from sqlalchemy.orm import Session
 
 from gateway.db import queries
 from gateway.db.tables import Backend, Pool
-from gateway.schemas.resources import DnsDiscovery, PoolCreate, PoolTemplate
-from gateway.services.backends import create_backend, delete_backend
+from gateway.errors import NotFound
+from gateway.schemas.resources import (
+    BackendUpdate,
+    DnsDiscovery,
+    PoolCreate,
+    PoolPublic,
+    PoolTemplate,
+    PoolTemplatePublic,
+)
+from gateway.services.backends import create_backend, delete_backend, update_backend
 
 
 def pool_of(row: Pool) -> PoolCreate:
@@ -27,7 +35,41 @@ def pool_of(row: Pool) -> PoolCreate:
     return PoolCreate(name=row.name, discovery=discovery, backend=PoolTemplate(**row.template))
 
 
-def apply_pool(session: Session, pool: PoolCreate, actor: str) -> None:
+def pool_public(session: Session, row: Pool) -> PoolPublic:
+    """A pool as the API shows it."""
+    pool = pool_of(row)
+    template = pool.backend.model_dump(exclude={"api_key"})
+    return PoolPublic(
+        name=row.name,
+        discovery=pool.discovery,
+        backend=PoolTemplatePublic(**template, has_api_key=pool.backend.api_key is not None),
+        members=sorted(m.name for m in members(session, row.name)),
+        discovery_error=row.discovery_error,
+    )
+
+
+def get_pool(session: Session, name: str) -> Pool:
+    """The pool called `name` (NotFound otherwise)."""
+    row = session.scalar(select(Pool).where(Pool.name == name))
+    if row is None:
+        raise NotFound(f"no pool named {name!r}", param="name")
+    return row
+
+
+def delete_pool(session: Session, name: str, actor: str) -> None:
+    """Remove a pool and its members (each drained: its requests in flight finish), audited."""
+    row = get_pool(session, name)
+    before = _shown(pool_of(row).model_dump(mode="json"))
+    for member in members(session, name):
+        delete_backend(session, member.name, actor)
+    session.delete(row)
+    session.flush()
+    queries.record_audit(
+        session, actor=actor, action="delete", resource=("pool", name), before=before, after=None
+    )
+
+
+def apply_pool(session: Session, pool: PoolCreate, actor: str) -> Pool:
     """Create or update a pool, audited (members follow at discovery's next round)."""
     row = session.scalar(select(Pool).where(Pool.name == pool.name))
     before = None if row is None else pool_of(row).model_dump(mode="json")
@@ -39,6 +81,10 @@ def apply_pool(session: Session, pool: PoolCreate, actor: str) -> None:
     row.scheme = pool.discovery.scheme
     row.template = pool.backend.model_dump(mode="json")
     after = pool.model_dump(mode="json")
+    if before is not None and before["backend"] != after["backend"]:
+        for member in members(session, pool.name):  # each member becomes what the pool says
+            fields = pool.member(_address(member, pool)).model_dump(exclude={"name"})
+            update_backend(session, member.name, BackendUpdate.model_validate(fields), actor)
     if before != after:
         session.flush()
         queries.record_audit(
@@ -49,6 +95,7 @@ def apply_pool(session: Session, pool: PoolCreate, actor: str) -> None:
             before=_shown(before),
             after=_shown(after),
         )
+    return row
 
 
 def _shown(pool: dict[str, object] | None) -> dict[str, object] | None:
@@ -63,6 +110,24 @@ def _shown(pool: dict[str, object] | None) -> dict[str, object] | None:
 def pools(session: Session) -> list[PoolCreate]:
     """Every pool."""
     return [pool_of(row) for row in session.scalars(select(Pool).order_by(Pool.name))]
+
+
+def set_discovery_error(session: Session, pool: str, error: str | None) -> None:
+    """Record why `pool`'s last resolution failed (None: it found its members)."""
+    row = session.scalar(select(Pool).where(Pool.name == pool))
+    if row is not None:
+        row.discovery_error = None if error is None else error[:500]
+
+
+def discovery_errors(session: Session) -> dict[str, str]:
+    """Each pool whose last resolution failed, and why."""
+    rows = session.execute(select(Pool.name, Pool.discovery_error)).all()
+    return {name: error for name, error in rows if error is not None}
+
+
+def _address(member: Backend, pool: PoolCreate) -> str:
+    """The address a member serves at, from its name (`pool:address:port`)."""
+    return member.name.removeprefix(f"{pool.name}:").rpartition(":")[0]
 
 
 def members(session: Session, pool: str) -> Sequence[Backend]:

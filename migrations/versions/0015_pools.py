@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("port", sa.Integer(), nullable=False),
         sa.Column("scheme", sa.String(length=8), nullable=False),
         sa.Column("template", sa.JSON(), nullable=False),
+        sa.Column("discovery_error", sa.String(length=500), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.CheckConstraint("port >= 1 AND port <= 65535", name=op.f("ck_pools_port_range")),

@@ -249,7 +249,11 @@ def test_a_dns_outage_keeps_the_pool_and_says_so(fleet: Fleet) -> None:
         response = _chat(gateway)
         assert response.status_code == 200, response.text
         assert "discovery failed, keeping its members" in gateway.output()
+        ready = httpx.get(f"{gateway.base_url}/ready", timeout=5)
+        assert ready.status_code == 200  # still ready, on the members kept
+        assert "cannot resolve sims.test" in ready.json()["discovery_failing"]["sims"]
     finally:
         fleet.dns.start()
     _wait(lambda: ok() == 1, "discovery recovered")
     assert set(fleet.members()) == before
+    _wait(lambda: "discovery_failing" not in httpx.get(f"{gateway.base_url}/ready").json(), "ready")
