@@ -10,32 +10,45 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from gateway.control.dns import DnsError, Resolver
+from tests.e2e.conftest import free_port
 
 DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
 WAIT_S = 20.0  # a deadline, not a wait
+AUTHORITATIVE = ("--local=/test/", "--domain-needed", "--local=//")
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_port() -> int:
+    """A port free for both TCP and UDP on 127.0.0.1 (dnsmasq listens on both)."""
+    for _ in range(50):
+        port = free_port()  # TCP, and never handed out before in this session
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no port free for both TCP and UDP")
 
 
 class DnsServer:
-    """dnsmasq on 127.0.0.1:`port`, authoritative for `.test` (unknown names: NXDOMAIN)."""
+    """dnsmasq on 127.0.0.1:`port`, answering from its hosts file for `.test` and for bare
+    names (a Service's short name) as a cluster's DNS does: unknown names NXDOMAIN, a type
+    a name has no record of NODATA. `options` replace the last three flags."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, options: Sequence[str] = AUTHORITATIVE) -> None:
+        self.options = tuple(options)
         if not os.access(DNSMASQ, os.X_OK):
             pytest.fail(f"{DNSMASQ} is missing: `make test` installs Debian's dnsmasq-base")
         self.hosts = directory / "hosts"
         self.hosts.write_text("")
-        self.port = _free_udp_port()
+        self.port = _free_port()
+        self.log = directory / f"dnsmasq-{self.port}.log"
         self.records: dict[str, frozenset[str]] = {}
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
@@ -47,16 +60,14 @@ class DnsServer:
 
     def start(self) -> None:
         """Run the server and wait until it answers."""
-        self.process = subprocess.Popen(
-            [
-                DNSMASQ, "--keep-in-foreground", f"--port={self.port}",
-                "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv", "--no-hosts",
-                f"--addn-hosts={self.hosts}", "--local=/test/", "--conf-file=/dev/null",
-                "--pid-file=", f"--user={_user()}", "--cache-size=0",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        argv = [
+            DNSMASQ, "--keep-in-foreground", f"--port={self.port}",
+            "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv", "--no-hosts",
+            f"--addn-hosts={self.hosts}", "--conf-file=/dev/null", "--pid-file=",
+            f"--user={_user()}", "--cache-size=0", *self.options,
+        ]  # fmt: skip
+        with self.log.open("ab") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
         self._wait_for(self.records)
 
     def stop(self) -> None:
@@ -82,6 +93,8 @@ class DnsServer:
         names = list(expected) or ["started.test"]  # any answer at all, at the start
         seen: object = None
         while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                pytest.fail(f"dnsmasq exited: {self.log.read_text(errors='replace')}")
             try:
                 seen = {n: asyncio.run(resolver.addresses(n)) for n in names}
                 if not expected or seen == dict(expected):

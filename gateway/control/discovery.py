@@ -70,8 +70,8 @@ class Discovery:
     async def _follow(self, pool: PoolCreate) -> bool:
         """One pool's round; whether its members changed."""
         try:
-            found = await self.resolver.addresses(pool.discovery.dns)
-            if not found:
+            resolution = await self.resolver.resolve(pool.discovery.dns)
+            if not resolution.addresses:
                 raise DnsError(f"{pool.discovery.dns} has no address")
         except DnsError as exc:
             await self._failed(pool.name, str(exc))
@@ -82,11 +82,18 @@ class Discovery:
             )
         self.seen.add(pool.name)
         self.ok.labels(pool.name).set(1)
+        found = resolution.addresses
         held = await asyncio.to_thread(self._read, lambda s: _addresses(s, pool))
         new = sorted(found - set(held.values()))
         healthy = await asyncio.gather(*(self._healthy(pool, a) for a in new))
         joining = [a for a, ok in zip(new, healthy, strict=True) if ok]
-        leaving = sorted(name for name, address in held.items() if address not in found)
+        # A partial answer adds members but never removes one: the record type that
+        # failed may hold them.
+        leaving = (
+            []
+            if resolution.errors
+            else sorted(name for name, address in held.items() if address not in found)
+        )
         if joining or leaving:
             await asyncio.to_thread(self._apply, pool, joining, leaving)
         return bool(joining or leaving)

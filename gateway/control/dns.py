@@ -28,6 +28,14 @@ class DnsError(Exception):
 
 
 @dataclass(frozen=True)
+class Resolution:
+    """The addresses found, and the record types that could not be asked (partial)."""
+
+    addresses: frozenset[str]
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Resolver:
     """Resolves names to the set of their addresses; `server` is (host, port) or None."""
 
@@ -50,12 +58,24 @@ class Resolver:
 
     async def addresses(self, name: str) -> frozenset[str]:
         """Every A and AAAA address of `name` (empty when the name does not exist)."""
+        return (await self.resolve(name)).addresses
+
+    async def resolve(self, name: str) -> Resolution:
+        """`name`'s A and AAAA addresses. One record type failing while the other answers
+        (some servers refuse AAAA queries for names they hold only A records of) gives a
+        partial resolution; both failing, or one failing and the other empty, an error."""
         if self.server is None:
-            return await self._system(name)
+            return Resolution(await self._system(name))
         found: set[str] = set()
+        errors = []
         for qtype in (A, AAAA):
-            found |= await asyncio.to_thread(self._ask, name, qtype)
-        return frozenset(found)
+            try:
+                found |= await asyncio.to_thread(self._ask, name, qtype)
+            except DnsError as exc:
+                errors.append(str(exc))
+        if errors and not found:
+            raise DnsError(errors[0])
+        return Resolution(frozenset(found), tuple(errors))
 
     async def _system(self, name: str) -> frozenset[str]:
         loop = asyncio.get_running_loop()
@@ -86,7 +106,11 @@ class Resolver:
                         break
             except OSError as exc:  # refused, unreachable or timed out
                 raise DnsError(f"cannot resolve {name} at {self.server}: {exc}") from exc
-        return answers(reply, qtype)
+        try:
+            return answers(reply, qtype)
+        except DnsError as exc:
+            kind = "A" if qtype == A else "AAAA"
+            raise DnsError(f"cannot resolve {name} ({kind}) at {self.server}: {exc}") from exc
 
 
 def query(name: str, qtype: int, ident: int) -> bytes:

@@ -1,7 +1,8 @@
 """The sim overlay of deploy/k8s run as local processes: its migrate Job, its five simulated
 backends, its gateway and its read-only dashboard, each with the command and environment its
-manifest gives it, on loopback ports in place of pod IPs and Service names, on the real
-PostgreSQL; then the login overlay's admin dashboard against that gateway."""
+manifest gives it, on loopback addresses in place of pod IPs, their headless Services' names
+answered by a real DNS server (dnsmasq), on the real PostgreSQL; then the login overlay's
+admin dashboard against that gateway."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from dashboard.client import AdminApiError
+from tests.dns_server import DnsServer
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     CLI_TIMEOUT_S,
@@ -37,10 +39,10 @@ KEY_VISIBLE_TIMEOUT_S = 30.0  # registry reloads every 2 s (DRAFTGATE_REGISTRY_R
 pytestmark = pytest.mark.postgres
 
 
-def _on_loopback(argv: list[str], port: int) -> list[str]:
-    """`argv` with its --host and --port values swapped for 127.0.0.1 and `port`."""
+def _on_loopback(argv: list[str], port: int, host: str = "127.0.0.1") -> list[str]:
+    """`argv` with its --host and --port values swapped for `host` and `port`."""
     swapped = list(argv)
-    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+    for flag, value in (("--host", host), ("--port", str(port))):
         swapped[swapped.index(flag) + 1] = value
     return swapped
 
@@ -80,31 +82,47 @@ def servers() -> Iterator[list[Server]]:
             server.close()
 
 
-def _start_backends(stack: Build, log_dir: Path, servers: list[Server]) -> dict[str, str]:
-    """Each simulated backend on a loopback port; its Service URL -> its loopback URL."""
-    urls = {}
+def _start_backends(
+    stack: Build, log_dir: Path, servers: list[Server], port: int, dns: DnsServer
+) -> dict[str, str]:
+    """Each simulated backend on a loopback address of its own, all on `port` (as pods share
+    a container port), its Service's name answering that address; Service -> address."""
+    addresses = {}
     for deployment in stack.objects:
         labels = deployment["metadata"].get("labels", {})
         if deployment["kind"] != "Deployment" or labels.get("app.kubernetes.io/name") != "vllm":
             continue
-        name, port = deployment["metadata"]["name"], free_port()
+        name, address = deployment["metadata"]["name"], f"127.0.0.{20 + len(addresses)}"
         container = only_container(deployment)
-        argv = _on_loopback(container["command"], port)
+        argv = _on_loopback(container["command"], port, address)
         servers.append(_spawn(argv, port, draftgate_env(), log_dir, name))
-        service_port = stack.named("Service", name)["spec"]["ports"][0]["port"]
-        urls[f"http://{name}:{service_port}"] = servers[-1].base_url
-    return urls
+        addresses[name] = address
+        dns.set(name, [address])
+    return addresses
 
 
-def _loopback_fleet(stack: Build, urls: dict[str, str], path: Path) -> Path:
-    """The ConfigMap's fleet.yaml with each backend's Service URL replaced by its process's."""
+def _loopback_fleet(stack: Build, port: int, path: Path) -> Path:
+    """The ConfigMap's fleet.yaml with each pool's port the simulators' loopback port."""
     fleet: dict[str, Any] = yaml.safe_load(
         stack.named("ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"]
     )
-    for backend in fleet["backends"]:
-        backend["url"] = urls[backend["url"]]
+    assert "backends" not in fleet  # every method is a pool of pods
+    for pool in fleet["pools"]:
+        pool["discovery"]["port"] = port
     path.write_text(yaml.safe_dump(fleet, sort_keys=False), encoding="utf-8")
     return path
+
+
+def _wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(POLL_INTERVAL_S * 10)
+    pytest.fail(f"{url}/health not ready within {READY_TIMEOUT_S} s")
 
 
 def _wait_ready(server: Server, path: str) -> None:
@@ -121,8 +139,18 @@ def _wait_ready(server: Server, path: str) -> None:
     pytest.fail(f"{path} not ready within {READY_TIMEOUT_S} s:\n{server.output()}")
 
 
+@pytest.fixture
+def dns(tmp_path: Path) -> Iterator[DnsServer]:
+    server = DnsServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def test_sim_overlay_runs_as_its_manifests_say(
     postgres_schema: str,
+    dns: DnsServer,
     tmp_path: Path,
     servers: list[Server],
     monkeypatch: pytest.MonkeyPatch,
@@ -147,19 +175,21 @@ def test_sim_overlay_runs_as_its_manifests_say(
     assert migrate.returncode == 0, migrate.stderr
     assert "upgraded from empty to revision" in migrate.stdout
 
-    urls = _start_backends(stack, tmp_path, servers)
-    assert len(urls) == 5
-    for server in servers:
-        server.wait_healthy(timeout_s=READY_TIMEOUT_S)
+    backend_port = free_port()
+    addresses = _start_backends(stack, tmp_path, servers, backend_port, dns)
+    assert len(addresses) == 5
+    for address in addresses.values():
+        _wait_healthy(f"http://{address}:{backend_port}")
 
     gateway = only_container(stack.named("Deployment", "draftgate-gateway"))
     env = _pod_env(gateway, secrets)
     port = free_port()
-    fleet = _loopback_fleet(stack, urls, tmp_path / "fleet.yaml")
+    fleet = _loopback_fleet(stack, backend_port, tmp_path / "fleet.yaml")
     env |= {
         "DRAFTGATE_HOST": "127.0.0.1",
         "DRAFTGATE_PORT": str(port),
         "DRAFTGATE_FLEET": str(fleet),
+        "DRAFTGATE_DNS_SERVER": dns.address,  # in a pod: the cluster's, from resolv.conf
     }
     servers.append(_spawn(gateway["command"], port, draftgate_env(**env), tmp_path, "gateway"))
     _wait_ready(servers[-1], gateway["readinessProbe"]["httpGet"]["path"])
@@ -248,9 +278,12 @@ def test_sim_overlay_runs_as_its_manifests_say(
     with gateway_server.client(ADMIN_TOKEN) as http:
         backends = http.get("/admin/v1/backends").json()["data"]
     by_url = {b["url"]: b for b in backends}
-    assert set(by_url) == set(urls.values())
+    assert set(by_url) == {f"http://{a}:{backend_port}" for a in addresses.values()}
+    assert {b["pool"] for b in backends} == {
+        f"qwen3-8b-{n.split('qwen3-8b-')[1]}" for n in addresses
+    }
     assert served_by in {b["name"] for b in backends}
-    assert {urlsplit(u).hostname for u in urls} == {
+    assert set(addresses) == {
         o["metadata"]["name"]
         for o in stack.objects
         if o["kind"] == "Service" and o["metadata"]["name"].startswith("vllm-")

@@ -15,6 +15,7 @@ import yaml
 from typer.core import TyperGroup
 
 from gateway.cli import main as cli
+from gateway.schemas.resources import BackendCreate
 from gateway.services.fleet import Fleet
 from tests.unit.kustomize_build import Build, Manifest
 
@@ -161,6 +162,21 @@ def fleet(result: Build) -> Fleet:
     [volume] = [v for v in volumes if v["name"] == mount["name"]]
     text = result.named("ConfigMap", volume["configMap"]["name"])["data"][path.name]
     return Fleet.model_validate(yaml.safe_load(text))
+
+
+def pool_backends(declared: Fleet) -> list[BackendCreate]:
+    """Each pool as the backend its headless Service name stands for (`http://service:port`):
+    every ready pod behind it becomes one like it."""
+    return [
+        BackendCreate.model_validate(
+            {
+                **pool.backend.model_dump(),
+                "name": pool.name,
+                "url": f"{pool.discovery.scheme}://{pool.discovery.dns}:{pool.discovery.port}",
+            }
+        )
+        for pool in declared.pools
+    ]
 
 
 def backend_deployment(result: Build, url: str) -> tuple[Manifest, Manifest]:

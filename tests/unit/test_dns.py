@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.control.dns import AAAA, DnsError, Resolver, answers, query
+from gateway.control.dns import AAAA, DnsError, Resolution, Resolver, answers, query
 from tests.dns_server import DnsServer
 
 
@@ -37,6 +37,30 @@ def test_a_server_that_does_not_answer_is_an_error_not_an_empty_pool(dns: DnsSer
     dns.stop()
     with pytest.raises(DnsError, match=r"cannot resolve pool\.test"):
         asyncio.run(resolver.addresses("pool.test"))
+
+
+def test_a_short_name_resolves_as_a_services_does(dns: DnsServer) -> None:
+    dns.set("vllm-qwen3-8b-plain", ["127.0.0.20"])
+    resolution = asyncio.run(Resolver.parse(dns.address).resolve("vllm-qwen3-8b-plain"))
+    assert resolution == Resolution(frozenset({"127.0.0.20"}))  # AAAA: no data, no error
+
+
+def test_one_record_type_refused_is_a_partial_answer(tmp_path: Path) -> None:
+    """Without `--domain-needed`, dnsmasq refuses an AAAA query for a bare name it holds
+    only an A record of: the addresses found are kept, and the answer says it is partial
+    (discovery then adds members but removes none)."""
+    dns = DnsServer(tmp_path, options=("--local=/test/", "--local=//"))
+    try:
+        dns.set("vllm-qwen3-8b-plain", ["127.0.0.20"])
+        resolver = Resolver.parse(dns.address)
+        resolution = asyncio.run(resolver.resolve("vllm-qwen3-8b-plain"))
+        assert resolution.addresses == {"127.0.0.20"}
+        [error] = resolution.errors
+        assert "(AAAA)" in error
+        with pytest.raises(DnsError, match="error code 5"):  # both refused: an error
+            asyncio.run(resolver.resolve("unknown"))
+    finally:
+        dns.stop()
 
 
 def test_server_addresses_parse() -> None:

@@ -75,6 +75,7 @@ def test_every_fleet_example_in_the_docs_is_a_valid_fleet_file() -> None:
                 fleets.append(Fleet.model_validate(document))
     assert len(fleets) >= 2
     assert any(f.backends and f.models and f.prices for f in fleets)
+    assert any(f.pools for f in fleets)
 
 
 def test_fleet_reference_names_every_key() -> None:

@@ -144,7 +144,7 @@ def test_each_vllm_deployment_scales_on_its_pools_desired_replicas(base: Build) 
     scaled = [o for o in autoscale.objects if o["kind"] == "ScaledObject"]
     others = [o for o in autoscale.objects if o["kind"] != "ScaledObject"]
     assert sorted(others, key=str) == sorted(base.objects, key=str)  # the base, unchanged
-    method_of = {urlsplit(str(b.url)).hostname: b.method for b in fleet(base).backends}
+    method_of = {p.discovery.dns: p.backend.method for p in fleet(base).pools}
     vllm = {o["metadata"]["name"] for o in base.objects if o["kind"] == "Deployment"} & set(
         method_of
     )

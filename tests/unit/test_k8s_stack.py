@@ -37,6 +37,7 @@ from tests.unit.k8s_queries import (
     oauth2_proxy_options,
     only_container,
     parse_draftgate,
+    pool_backends,
     port_number,
     probes,
     resolved_env,
@@ -93,7 +94,7 @@ def test_gateway_runs_replicated_and_ready_on_its_settings_port(
     assert read == {"name": "draftgate-secrets", "key": "admin-read-token"}
     assert settings.database_url.startswith("postgresql+psycopg://")
     assert settings.fleet is not None
-    assert fleet(base).backends, "DRAFTGATE_FLEET names the mounted ConfigMap's fleet.yaml"
+    assert fleet(base).pools, "DRAFTGATE_FLEET names the mounted ConfigMap's fleet.yaml"
 
 
 def test_gateway_pods_get_time_to_finish_streams_before_they_are_killed(base: Build) -> None:
@@ -249,15 +250,18 @@ def test_fleet_loads_with_the_gateways_loader(base: Build, tmp_path: Path) -> No
     path.write_text(base.named("ConfigMap", "draftgate-fleet")["data"]["fleet.yaml"])
     loaded = load_fleet(path)
     assert loaded == fleet(base)
-    assert {b.method: b.drafter for b in loaded.backends} == DRAFTERS
-    assert {b.model for b in loaded.backends} == {m.name for m in loaded.models} == {MODEL}
-    assert {p.gpu_type for p in loaded.prices} == {b.gpu_type for b in loaded.backends}
+    backends = pool_backends(loaded)
+    assert loaded.backends == []  # every method a pool of pods
+    assert {b.method: b.drafter for b in backends} == DRAFTERS
+    assert {b.model for b in backends} == {m.name for m in loaded.models} == {MODEL}
+    assert {p.gpu_type for p in loaded.prices} == {b.gpu_type for b in backends}
 
 
 @pytest.mark.parametrize("method", list(DRAFTERS))
 def test_each_vllm_backend_serves_its_fleet_entry(base: Build, method: str) -> None:
-    [backend] = [b for b in fleet(base).backends if b.method == method]
+    [backend] = [b for b in pool_backends(fleet(base)) if b.method == method]
     service, deployment = backend_deployment(base, backend.normalised_url())
+    assert service["spec"]["clusterIP"] == "None"  # headless: one address per ready pod
     container = only_container(deployment)
     port = port_number(container, service["spec"]["ports"][0]["targetPort"])
     spec = make_spec(method, backend.k, DRAFTERS[method])
@@ -280,12 +284,13 @@ def test_each_vllm_backend_serves_its_fleet_entry(base: Build, method: str) -> N
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == cache]
     pod = deployment["spec"]["template"]["spec"]
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert "persistentVolumeClaim" in volume
+    assert "ephemeral" in volume  # a cache per pod: the pool scales past one pod, any node
+    assert deployment["spec"].get("strategy", {}).get("type") != "Recreate"
 
 
 @pytest.mark.parametrize("method", list(DRAFTERS))
 def test_sim_overlay_simulates_each_fleet_entry_without_gpus(sim: Build, method: str) -> None:
-    [backend] = [b for b in fleet(sim).backends if b.method == method]
+    [backend] = [b for b in pool_backends(fleet(sim)) if b.method == method]
     service, deployment = backend_deployment(sim, backend.normalised_url())
     container = only_container(deployment)
     params = parse_draftgate(container["command"])
@@ -307,9 +312,12 @@ COMPOSE_GPU_FLEET = K8S.parent / "compose" / "fleet-gpu.yaml"
 
 
 def test_kubernetes_and_compose_serve_the_same_gpu_fleet(base: Build) -> None:
+    """The same methods; compose's are one server each (static URLs), Kubernetes' pools."""
+
     def methods(loaded: Fleet) -> set[tuple[object, ...]]:
         return {
-            (b.model, b.method, b.k, b.drafter, b.gpu_type, b.gpu_count) for b in loaded.backends
+            (b.model, b.method, b.k, b.drafter, b.gpu_type, b.gpu_count)
+            for b in [*loaded.backends, *pool_backends(loaded)]
         }
 
     assert methods(fleet(base)) == methods(load_fleet(COMPOSE_GPU_FLEET))
