@@ -234,6 +234,20 @@ def test_an_address_gone_from_dns_is_drained_without_a_failed_request(fleet: Fle
     assert stream.bytes > 6_000_000
     served = {_chat(fleet.gateway).headers["x-draftgate-backend"] for _ in range(20)}
     assert member(fleet, gone) not in served
+    # its GPU time was billed from its joining to its leaving, and no longer
+    stays = member(fleet, ADDRESSES[1])
+    first = _gpu_hours(fleet)
+    assert first[member(fleet, gone)] > 0
+    _wait(lambda: _gpu_hours(fleet)[stays] > first[stays], "a member's GPU time grew")
+    assert _gpu_hours(fleet)[member(fleet, gone)] == first[member(fleet, gone)]
+
+
+def _gpu_hours(fleet: Fleet) -> dict[str, float]:
+    """GPU-hours each backend was held, from the spend report."""
+    assert fleet.gateway is not None
+    with fleet.gateway.client(ADMIN_TOKEN) as admin:
+        rows = admin.get("/admin/v1/spend").json()["data"]
+    return {r["backend"]: r["gpu_hours"] for r in rows}
 
 
 def test_a_dns_outage_keeps_the_pool_and_says_so(fleet: Fleet) -> None:
