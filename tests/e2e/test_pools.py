@@ -48,8 +48,15 @@ POOL = {
 class Fleet:
     """The DNS server, the simulators by address (all on one port) and the gateway."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(
+        self,
+        directory: Path,
+        sim_options: tuple[str, ...] = SIM_OPTIONS,
+        pool: dict[str, Any] = POOL,
+        **settings: str,
+    ) -> None:
+        self.directory, self.sim_options, self.pool = directory, sim_options, pool
+        self.settings = {"DISCOVERY_INTERVAL_S": "0.2", "COLLECT_INTERVAL_S": "0.5"} | settings
         self.port = free_port()
         self.dns = DnsServer(directory)
         self.sims: dict[str, Server] = {}
@@ -57,22 +64,17 @@ class Fleet:
         self.database_url = f"sqlite:///{directory}/draftgate.db"
 
     def start_sim(self, address: str) -> None:
-        args = (*sim_args(*SIM_OPTIONS), "--host", address)
+        args = (*sim_args(*self.sim_options), "--host", address)
         sim = spawn_server(args, draftgate_env(), self.directory, port=self.port)
         self.sims[address] = sim
         _wait(lambda: _answers(f"http://{address}:{self.port}/health"), f"{address} up")
 
-    def start_gateway(self) -> Server:
-        pool = POOL | {"discovery": {"dns": NAME, "port": self.port}}
+    def start_gateway(self, models: list[dict[str, Any]] | None = None) -> Server:
+        pool = self.pool | {"discovery": {"dns": NAME, "port": self.port}}
         fleet = self.directory / "fleet.yaml"
-        fleet.write_text(yaml.safe_dump({"pools": [pool]}), encoding="utf-8")
-        env = gateway_env(
-            self.database_url,
-            fleet,
-            DNS_SERVER=self.dns.address,
-            DISCOVERY_INTERVAL_S="0.2",
-            COLLECT_INTERVAL_S="0.5",
-        )
+        document: dict[str, Any] = {"pools": [pool], "models": models or []}
+        fleet.write_text(yaml.safe_dump(document), encoding="utf-8")
+        env = gateway_env(self.database_url, fleet, DNS_SERVER=self.dns.address, **self.settings)
         self.gateway = spawn_server(("gateway",), env, self.directory)
         self.gateway.wait_healthy()
         return self.gateway
