@@ -1,6 +1,9 @@
 """Pool discovery: each pool's DNS name resolved on an interval, its addresses kept as
 member backends.
 
+Every gateway replica's leader does this; where two add or remove the same member, the
+first does it (and audits it) and the other finds it done.
+
 An address that appears becomes a member once its `/health` answers (so a pod still
 loading its model takes no traffic); an address gone is removed, audited: no new request
 goes to it and the streams in flight on it finish (a backend's state outlives its row).
@@ -25,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from backends.probe import Probe, probe_health
 from gateway.control.dns import DnsError, Resolver
 from gateway.db.session import transaction
-from gateway.errors import ValidationFailed
+from gateway.errors import Conflict, NotFound, ValidationFailed
 from gateway.schemas.resources import PoolCreate
 from gateway.services import pools
 
@@ -127,10 +130,13 @@ class Discovery:
                     pools.add_member(
                         session, pool, address, ACTOR, allow_link_local=self.allow_link_local
                     )
-                except ValidationFailed as exc:  # a link-local address, a name taken
+                except ValidationFailed as exc:  # a link-local address
                     logger.warning("pool %s: %s not added: %s", pool.name, address, exc)
+                except Conflict:
+                    pass  # another gateway replica's discovery added it first
             for name in leaving:
-                pools.remove_member(session, name, ACTOR)
+                with contextlib.suppress(NotFound):  # or removed it first
+                    pools.remove_member(session, name, ACTOR)
         for address in joining:
             logger.info("pool %s: %s joined", pool.name, address)
         for name in leaving:

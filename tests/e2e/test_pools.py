@@ -74,10 +74,16 @@ class Fleet:
         fleet = self.directory / "fleet.yaml"
         document: dict[str, Any] = {"pools": [pool], "models": models or []}
         fleet.write_text(yaml.safe_dump(document), encoding="utf-8")
-        env = gateway_env(self.database_url, fleet, DNS_SERVER=self.dns.address, **self.settings)
-        self.gateway = spawn_server(("gateway",), env, self.directory)
+        self.fleet_file = fleet
+        self.gateway = spawn_server(("gateway",), self.env(), self.directory)
         self.gateway.wait_healthy()
         return self.gateway
+
+    def env(self) -> dict[str, str]:
+        """A gateway's environment: this fleet's database, fleet file and DNS server."""
+        return gateway_env(
+            self.database_url, self.fleet_file, DNS_SERVER=self.dns.address, **self.settings
+        )
 
     def members(self) -> dict[str, Any]:
         assert self.gateway is not None
@@ -147,13 +153,21 @@ def test_each_address_that_answers_health_becomes_a_member(fleet: Fleet) -> None
     )
     assert {(a["actor"], a["action"]) for a in audit} == {("discovery", "create")}
     assert {a["resource_id"] for a in audit} == wanted
-    fleet.start_sim(ADDRESSES[4])  # its pod became ready: it joins at a next round
-    _wait(lambda: member(fleet, ADDRESSES[4]) in fleet.members(), "the fifth joined")
+    _all_five(fleet)  # its pod became ready: it joins at a next round
+
+
+def _all_five(fleet: Fleet) -> None:
+    """Every address serving and a member (each test of the module can run alone)."""
+    if ADDRESSES[4] not in fleet.sims:
+        fleet.start_sim(ADDRESSES[4])
+    fleet.dns.set(NAME, ADDRESSES)
+    wanted = {member(fleet, a) for a in ADDRESSES}
+    _wait(lambda: set(fleet.members()) == wanted, "five members")
 
 
 def test_conversations_spread_over_the_members_and_each_keeps_to_one(fleet: Fleet) -> None:
     assert fleet.gateway is not None
-    _wait(lambda: len(fleet.members()) == 5, "five members")
+    _all_five(fleet)
     served = []
     for _ in range(60):
         response = _chat(fleet.gateway)
@@ -213,7 +227,7 @@ class _Stream:
 
 def test_an_address_gone_from_dns_is_drained_without_a_failed_request(fleet: Fleet) -> None:
     assert fleet.gateway is not None
-    _wait(lambda: len(fleet.members()) == 5, "five members")
+    _all_five(fleet)
     gone = ADDRESSES[0]
     opening = _homed_on(fleet, member(fleet, gone))
     stream = _Stream(fleet.gateway, opening)  # in flight on the member as it leaves
@@ -273,3 +287,36 @@ def test_a_dns_outage_keeps_the_pool_and_says_so(fleet: Fleet) -> None:
     _wait(lambda: ok() == 1, "discovery recovered")
     assert set(fleet.members()) == before
     _wait(lambda: "discovery_failing" not in httpx.get(f"{gateway.base_url}/ready").json(), "ready")
+
+
+def test_a_second_gateway_replica_discovers_the_same_members_once(fleet: Fleet) -> None:
+    """Every replica's leader runs discovery; each member is added and audited once."""
+    _all_five(fleet)
+    assert fleet.gateway is not None
+    second = spawn_server(("gateway",), fleet.env(), fleet.directory)
+    try:
+        second.wait_healthy()
+        _wait(lambda: ready_members(second) == len(ADDRESSES), "the second replica ready")
+        gone = ADDRESSES[1]
+        fleet.dns.set(NAME, [a for a in ADDRESSES if a != gone])  # both see it go
+        _wait(lambda: member(fleet, gone) not in fleet.members(), "the member removed")
+        fleet.dns.set(NAME, ADDRESSES)  # and come back
+        _wait(lambda: member(fleet, gone) in fleet.members(), "the member back")
+        audit = query_rows(
+            fleet.database_url,
+            "SELECT actor, action FROM audit_log WHERE resource_id = :name ORDER BY id",
+            name=member(fleet, gone),
+        )
+        assert [(a["actor"], a["action"]) for a in audit] == [
+            ("discovery", "create"),
+            ("discovery", "delete"),
+            ("discovery", "create"),
+        ]
+        assert "discovery round failed" not in second.output() + fleet.gateway.output()
+    finally:
+        second.close()
+
+
+def ready_members(server: Server) -> int:
+    """Backends the replica's /ready counts healthy."""
+    return int(httpx.get(f"{server.base_url}/ready", timeout=5).json()["backends_healthy"])
