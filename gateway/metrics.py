@@ -30,6 +30,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.registry import InFlightClock
 
+# Every per-backend series: the backend, and the pool it is a member of (its own name for a
+# backend declared by URL: a pool of one), so dashboards can sum a pool's members.
+BACKEND = ["backend", "pool"]
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
 
@@ -177,52 +180,52 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "draftgate_backend_in_flight",
             "Requests in flight per backend.",
-            ["backend"],
+            BACKEND,
             registry=r,
             multiprocess_mode="livesum",
         )
         self.healthy = Gauge(
             "draftgate_backend_healthy",
             "1 if the backend is healthy and its circuit breaker closed.",
-            ["backend"],
+            BACKEND,
             registry=r,
         )
         self.mismatch = Gauge(
             "draftgate_backend_method_mismatch",
             "1 if the backend's spec-decode counters contradict its declared method.",
-            ["backend"],
+            BACKEND,
             registry=r,
         )
         self.acceptance_length = Gauge(
             "draftgate_backend_acceptance_length",
             "Mean acceptance length (1 + accepted / drafts) of the backend's last scrape "
             "interval in which it drafted; absent for plain backends.",
-            ["backend"],
+            BACKEND,
             registry=r,
         )
         self.windows_rejected = Counter(
             "draftgate_measurement_windows_rejected",
             "Collector windows not stored as measurements, by reason: too few requests or "
             "output tokens, no request in flight, a rate above the hardware's ceiling.",
-            ["backend", "reason"],
+            [*BACKEND, "reason"],
             registry=r,
         )
         self.in_flight_seconds = Counter(
             "draftgate_backend_in_flight_seconds",
             "Request-seconds in flight per backend (its rate is the mean requests in flight).",
-            ["backend"],
+            BACKEND,
             registry=r,
         )
         self.busy_seconds = Counter(
             "draftgate_backend_busy_seconds",
             "Seconds with at least one request in flight per backend (summed over workers).",
-            ["backend"],
+            BACKEND,
             registry=r,
         )
         self.backend_requests_ended = Counter(
             "draftgate_backend_requests_ended",
             "Requests sent to each backend that ended, whatever their outcome.",
-            ["backend"],
+            BACKEND,
             registry=r,
         )
 
@@ -397,11 +400,11 @@ class GatewayMetrics:
                     parts[sample.labels["backend"]][field] = sample.value
         return {backend: InFlightClock(**fields) for backend, fields in parts.items()}
 
-    def publish_clock(self, backend: str, change: InFlightClock) -> None:
-        """Count what this process sent `backend` since it last published."""
-        self.in_flight_seconds.labels(backend).inc(change.in_flight_s)
-        self.busy_seconds.labels(backend).inc(change.busy_s)
-        self.backend_requests_ended.labels(backend).inc(change.ended)
+    def publish_clock(self, backend: str, pool: str, change: InFlightClock) -> None:
+        """Count what this process sent `backend` (of `pool`) since it last published."""
+        self.in_flight_seconds.labels(backend, pool).inc(change.in_flight_s)
+        self.busy_seconds.labels(backend, pool).inc(change.busy_s)
+        self.backend_requests_ended.labels(backend, pool).inc(change.ended)
 
     def _replica_families(self) -> Iterator[Metric]:
         for family in self.registry.collect():

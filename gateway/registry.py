@@ -61,10 +61,13 @@ class BackendView:
     gpu_type: str
     gpu_count: int
     api_key: str | None = field(default=None, repr=False)
+    pool: str = ""  # the pool it is a member of; a backend without one is a pool of one
     seed: int = field(init=False, repr=False, compare=False)  # its rendezvous-hash seed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", stable_hash(self.name.encode()))
+        if not self.pool:
+            object.__setattr__(self, "pool", self.name)
 
     def auth(self) -> dict[str, str]:
         """The headers every request to it carries: its key, if it has one."""
@@ -289,8 +292,8 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
     backends: dict[str, list[BackendView]] = defaultdict(list)
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
         view = BackendView(
-            b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count, b.api_key
-        )
+            b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count, b.api_key, b.pool or ""
+        )  # fmt: skip
         backends[b.model].append(view)
     policies = {
         m.name: PolicyView(

@@ -171,8 +171,8 @@ class Settings(BaseSettings):
     dns_server: str | None = Field(
         default=None,
         description=(
-            "`host:port` of the nameserver pools are resolved at; unset, the system's "
-            "resolver (`/etc/resolv.conf`: a pod's cluster DNS and search domains)."
+            "`host:port` of the nameserver pools are resolved at. Default: unset, the "
+            "system's resolver (`/etc/resolv.conf`: a pod's cluster DNS and search domains)."
         ),
     )
     connect_timeout_s: float = Field(

@@ -259,7 +259,7 @@ class Collector:
             clock = own[backend.name] = self.registry.states[backend.name].clock(now)
             change = clock.since(self._published.get(backend.name, InFlightClock()))
             self._published[backend.name] = clock
-            self.metrics.publish_clock(backend.name, change)
+            self.metrics.publish_clock(backend.name, backend.pool, change)
         return self.metrics.in_flight_clocks() or own
 
     async def _scrape(self, backend: BackendView) -> VllmSnapshot | None:
@@ -286,7 +286,9 @@ class Collector:
         if self.webhooks is not None and mismatch is not None and mismatch != state.mismatch:
             self.webhooks.emit(backend_mismatch(backend, mismatch))
         state.mismatch = mismatch
-        self.metrics.mismatch.labels(backend.name).set(int(state.mismatch is not None))
+        self.metrics.mismatch.labels(backend.name, backend.pool).set(
+            int(state.mismatch is not None)
+        )
         previous = self._last.get(backend.name)
         self._last[backend.name] = (now, snapshot, clock)
         if previous is None:
@@ -301,9 +303,11 @@ class Collector:
                 a / observation.drafts for a in observation.accepted_per_position
             )
         if state.acceptance_length is None:
-            self.metrics.acceptance_length.remove(backend.name)
+            self.metrics.acceptance_length.remove(backend.name, backend.pool)
         else:
-            self.metrics.acceptance_length.labels(backend.name).set(state.acceptance_length)
+            self.metrics.acceptance_length.labels(backend.name, backend.pool).set(
+                state.acceptance_length
+            )
         if observation is not None:  # the load, from every replica, that prices its requests
             state.scraped(observation.running)
         if observation is None or min(sent.in_flight_s, sent.busy_s, sent.ended) < 0:
@@ -331,7 +335,7 @@ class Collector:
                     m.concurrency,
                 )
             if reason:
-                self.metrics.windows_rejected.labels(backend.name, reason).inc()
+                self.metrics.windows_rejected.labels(backend.name, backend.pool, reason).inc()
             elif m is not None:
                 rows.append(m)
         self._tallies, self._window_start = {}, time.monotonic()

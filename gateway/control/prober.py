@@ -45,8 +45,9 @@ async def probe_forever(
             apply_probe(state, probe)
             if webhooks is not None and state.healthy != was_healthy:
                 webhooks.emit(backend_health(backend, state.healthy, probe.value))
-            metrics.healthy.labels(backend.name).set(int(state.healthy and state.open_until <= now))
-            metrics.in_flight.labels(backend.name).set(state.in_flight)
+            up = int(state.healthy and state.open_until <= now)
+            metrics.healthy.labels(backend.name, backend.pool).set(up)
+            metrics.in_flight.labels(backend.name, backend.pool).set(state.in_flight)
         unknown = [
             b for b in backends if registry.states[b.name].max_model_len is None
             and registry.states[b.name].healthy

@@ -82,5 +82,5 @@ def test_a_backend_that_stops_drafting_loses_its_gauge() -> None:
 
 def _gauge(collector: Collector, backend: BackendView) -> float | None:
     return collector.metrics.registry.get_sample_value(
-        "draftgate_backend_acceptance_length", {"backend": backend.name}
+        "draftgate_backend_acceptance_length", {"backend": backend.name, "pool": backend.pool}
     )
