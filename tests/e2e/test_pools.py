@@ -154,6 +154,10 @@ def test_each_address_that_answers_health_becomes_a_member(fleet: Fleet) -> None
     assert {(a["actor"], a["action"]) for a in audit} == {("discovery", "create")}
     assert {a["resource_id"] for a in audit} == wanted
     _all_five(fleet)  # its pod became ready: it joins at a next round
+    # the per-backend series say which pool each member is of
+    assert fleet.gateway is not None
+    healthy = lambda: metric_value(fleet.gateway.base_url, "draftgate_backend_healthy", pool="sims")  # noqa: E731
+    _wait(lambda: healthy() == len(ADDRESSES), "every member's health series in the pool")
 
 
 def _all_five(fleet: Fleet) -> None:
