@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import threading
 from collections import defaultdict
@@ -191,6 +192,14 @@ class KeyView:
     request_class: str | None = None  # its requests' class without a class header
 
 
+def by_method(backends: Iterable[BackendView]) -> dict[str, tuple[BackendView, ...]]:
+    """Backends grouped by method, in their order."""
+    groups: dict[str, list[BackendView]] = defaultdict(list)
+    for b in backends:
+        groups[b.method].append(b)
+    return {method: tuple(group) for method, group in groups.items()}
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything routing, auth and costing need, as of one database read."""
@@ -208,6 +217,12 @@ class Snapshot:
     prefill: Mapping[CurveKey, Prefill] = field(default_factory=dict)
     rejected: Rejections = field(default_factory=dict)
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
+
+    @functools.cached_property
+    def pools(self) -> Mapping[str, Mapping[str, tuple[BackendView, ...]]]:
+        """Each model's backends by method (its method pools), built once per snapshot so
+        routing one request reads only the pools it uses."""
+        return {model: by_method(backends) for model, backends in self.backends.items()}
 
     def usd_per_mtok(self, model: str, method: str, backend: BackendView, c: float) -> float | None:
         """Capacity cost of `method` for `model` on this backend's GPUs at concurrency c."""

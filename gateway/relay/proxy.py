@@ -223,11 +223,14 @@ class Relay:
         """Try the route's backends in order until one serves: a failure before anything
         reached the client moves on; a 5xx from two backends alike is the request's own."""
         x = call.x
-        plan = route_request(x, self.registry.states, self.rng, time.monotonic(), time.time())
+        plan = route_request(
+            x, self.registry.states, self.rng, time.monotonic(), time.time(),
+            self.settings.max_attempts,
+        )  # fmt: skip
         self._count_route(x, plan)
         last_error: GatewayError | None = None
         suspects: list[BackendState] = []  # backends that answered this request with a 5xx
-        for attempt, backend in enumerate(plan.backends[: self.settings.max_attempts]):
+        for attempt, backend in enumerate(plan.backends):
             if attempt:
                 self.metrics.retries.labels(x.model).inc()
             try:

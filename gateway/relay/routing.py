@@ -12,6 +12,7 @@ overloaded fleet that answers late is better served slowly than refused whole.
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from operator import attrgetter
 from gateway.policy.affinity import Affinity, by_affinity
 from gateway.policy.moves import position_of
 from gateway.policy.rules import RuleView
-from gateway.registry import BackendState, BackendView, PolicyView, auto_method
+from gateway.registry import BackendState, BackendView, PolicyView, auto_method, by_method
 from gateway.relay.exchange import Exchange
 
 WAITING_WEIGHT = 2.0  # a queued request at the backend weighs more than one in flight
@@ -56,17 +57,22 @@ def choose_method(
 
 
 def order_by_load(
-    backends: Sequence[BackendView], states: Mapping[str, BackendState], rng: random.Random
+    backends: Sequence[BackendView],
+    states: Mapping[str, BackendState],
+    rng: random.Random,
+    limit: int | None = None,
 ) -> list[BackendView]:
-    """Power of two choices for the first pick, then the rest by load."""
+    """Power of two choices for the first pick, then the rest by load (the first `limit`)."""
     if len(backends) <= 1:
         return list(backends)
     a, b = rng.sample(range(len(backends)), 2)
     first = a if load(states[backends[a].name]) <= load(states[backends[b].name]) else b
-    rest = sorted(
-        (x for i, x in enumerate(backends) if i != first), key=lambda x: load(states[x.name])
+    rest = (x for i, x in enumerate(backends) if i != first)
+    by_load = lambda x: load(states[x.name])  # noqa: E731
+    ordered = (
+        sorted(rest, key=by_load) if limit is None else heapq.nsmallest(limit - 1, rest, by_load)
     )
-    return [backends[first], *rest]
+    return [backends[first], *ordered]
 
 
 def route(
@@ -79,45 +85,90 @@ def route(
     rule: RuleView | None = None,
     affinity: Affinity | None = None,
     held_back: tuple[str, str] | None = None,
+    *,
+    pools: Mapping[str, Sequence[BackendView]] | None = None,
+    limit: int | None = None,
 ) -> Route:
     """Decide which backends serve one request of a model, in order of preference: the
     matching rule's method or else the policy's (at the rule's or pinned K first), then the
     model's other methods. Within the chosen method, by affinity when the request has a key.
     `held_back` (target, source): a gradual move has not reached this request yet, so the
-    policy's choice of the target means the source, at any K."""
-    healthy = [b for b in backends if states[b.name].available(now)]
-    panic = not healthy
-    if panic:
-        healthy = list(backends)
-    methods = {b.method for b in backends}
+    policy's choice of the target means the source, at any K.
+
+    `pools` (the backends by method) and `limit` (how many will be tried) let a request
+    read only the chosen method's pool while it has healthy members to fill the limit:
+    routing time does not grow with the model's other pools."""
+    pools = pools if pools is not None else by_method(backends)
     method: str | None
     if rule is not None:
         method, explored, k = rule.method, False, rule.k
     else:
-        method, explored = choose_method(policy, auto_method, methods, rng)
+        method, explored = choose_method(policy, auto_method, set(pools), rng)
         k = policy.k if policy.mode == "pinned" and not explored else None
         if held_back is not None and method == held_back[0] and not explored:
             method, k = held_back[1], None
-    exact = [b for b in healthy if b.method == method and (k is None or b.k == k)]
-    near = [b for b in healthy if b.method == method and b not in exact]  # another K
-    others = [b for b in healthy if b.method != method]
+    exact, near, others, panic = _candidates(pools, method, k, states, now, limit)
     fallback = "no_healthy_backend" if not exact and not near and others else None
     home: str | None = None
     if affinity is not None and (exact or near):
         pool = exact or near
-        ranked, own = by_affinity(
+        ranked, kept = by_affinity(
             pool, affinity.key, attrgetter("seed"), lambda b: load(states[b.name]), affinity.balance
         )
         rest = near if exact else []
-        ordered = [*ranked, *order_by_load(rest, states, rng), *order_by_load(others, states, rng)]
-        home = "home" if own else "spilled"
+        ordered = [
+            *ranked,
+            *order_by_load(rest, states, rng, limit),
+            *order_by_load(others, states, rng, limit),
+        ]
+        home = "home" if kept else "spilled"
     else:
-        ordered = [x for group in (exact, near, others) for x in order_by_load(group, states, rng)]
-    return Route(tuple(ordered), method, fallback, explored, panic, home)
+        ordered = [
+            x for group in (exact, near, others) for x in order_by_load(group, states, rng, limit)
+        ]
+    return Route(tuple(ordered[:limit]), method, fallback, explored, panic, home)
+
+
+Candidates = tuple[list[BackendView], list[BackendView], list[BackendView], bool]
+
+
+def _candidates(
+    pools: Mapping[str, Sequence[BackendView]],
+    method: str | None,
+    k: int | None,
+    states: Mapping[str, BackendState],
+    now: float,
+    limit: int | None,
+) -> Candidates:
+    """The healthy backends of `method` at K, at another K, and of the other methods (read
+    only if the first two cannot fill `limit`), and whether none looked healthy (then every
+    backend is a candidate: a panic route)."""
+    own = [b for b in pools.get(method or "", ()) if states[b.name].available(now)]
+    others: list[BackendView] = []
+    if limit is None or len(own) < limit:
+        others = [
+            b
+            for m, group in pools.items()
+            if m != method
+            for b in group
+            if states[b.name].available(now)
+        ]
+    panic = not own and not others
+    if panic:
+        own = list(pools.get(method or "", ()))
+        others = [b for m, group in pools.items() if m != method for b in group]
+    exact = [b for b in own if k is None or b.k == k]
+    near = [b for b in own if k is not None and b.k != k]  # another K
+    return exact, near, others, panic
 
 
 def route_request(
-    x: Exchange, states: Mapping[str, BackendState], rng: random.Random, now: float, wall: float
+    x: Exchange,
+    states: Mapping[str, BackendState],
+    rng: random.Random,
+    now: float,
+    wall: float,
+    limit: int | None = None,
 ) -> Route:
     """Route one request by what it captured (its snapshot and the selector's choices), its
     model, class, rule and session key, at `now` (monotonic) and `wall` (epoch seconds)."""
@@ -134,5 +185,17 @@ def route_request(
         key = x.affinity.key if x.affinity is not None else None
         if not move.goes_to_target(wall, position_of(key, rng.random())):
             held_back = (move.target, move.source)
-    backends = snapshot.backends[model]
-    return route(backends, policy, chosen, states, now, rng, x.rule, x.affinity, held_back)
+    backends, pools = snapshot.backends[model], snapshot.pools[model]
+    return route(
+        backends,
+        policy,
+        chosen,
+        states,
+        now,
+        rng,
+        x.rule,
+        x.affinity,
+        held_back,
+        pools=pools,
+        limit=limit,
+    )

@@ -106,3 +106,38 @@ def test_a_pinned_k_serves_first_then_the_method_at_another_k() -> None:
         for s in range(20)
     }
     assert auto == {k3, k5}  # auto has no K: both replicas of the method share its load
+
+
+def test_a_request_reads_only_its_pool_while_it_has_enough_healthy_members() -> None:
+    """With the pools and the attempts a request may make, routing orders only what it will
+    try: the chosen pool's healthy members first, the other pools only to fill the limit,
+    every backend in panic; the same method, fallback and panic as the whole ordering."""
+    from gateway.registry import by_method
+
+    rng = random.Random(7)
+    for _ in range(200):
+        fleet = [backend(f"p{i}", "p-eagle") for i in range(rng.randint(0, 6))]
+        fleet += [
+            backend(f"o{i}", rng.choice(["plain", "dflash"])) for i in range(rng.randint(1, 40))
+        ]
+        table = states(**{b.name: BackendState(healthy=rng.random() < 0.6) for b in fleet})
+        policy = PolicyView("pinned", "p-eagle")
+        limit = rng.randint(1, 4)
+        whole = route(fleet, policy, None, table, 0.0, random.Random(1))
+        plan = route(
+            fleet, policy, None, table, 0.0, random.Random(1), pools=by_method(fleet), limit=limit
+        )
+        assert (plan.method, plan.fallback, plan.panic) == (
+            whole.method,
+            whole.fallback,
+            whole.panic,
+        )
+        assert len(plan.backends) == min(limit, len(whole.backends))
+        healthy_own = [b for b in fleet if b.method == "p-eagle" and table[b.name].healthy]
+        own_first = min(limit, len(healthy_own)) if not plan.panic else 0
+        assert set(plan.backends[:own_first]) <= set(healthy_own)
+        if not plan.panic:
+            assert all(table[b.name].healthy for b in plan.backends)
+        # what follows the pool's members is the lightest of the rest
+        rest = [b for b in plan.backends[own_first:] if b.method != "p-eagle"]
+        assert len(set(rest)) == len(rest)
