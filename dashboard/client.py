@@ -35,6 +35,7 @@ from dashboard.schemas import (
     Plan,
     Policy,
     PolicySaved,
+    Pool,
     Price,
     Spend,
     Usage,
@@ -149,6 +150,9 @@ class AdminClient:
 
     def backends(self) -> list[Backend]:
         return self._list(Backend, "/backends")
+
+    def pools(self) -> list[Pool]:
+        return self._list(Pool, "/pools")
 
     def models(self) -> list[ModelInfo]:
         return self._list(ModelInfo, "/models")

@@ -45,6 +45,31 @@ class Backend(Record):
     managed: bool
     speculative_config: dict[str, Any] | None = None
     runtime: BackendRuntime | None = None  # the gateway's view now, for enabled backends
+    pool: str | None = None  # the pool whose discovery added it
+
+
+class PoolDiscovery(Record):
+    dns: str
+    port: int
+    scheme: str
+
+
+class PoolBackend(Record):
+    model: str
+    method: str
+    k: int | None
+    gpu_type: str
+    gpu_count: int
+
+
+class Pool(Record):
+    """Backends found by DNS, one per address: what each is, and its members' names."""
+
+    name: str
+    discovery: PoolDiscovery
+    backend: PoolBackend
+    members: list[str]
+    discovery_error: str | None = None
 
 
 class DecodingMethod(Record):

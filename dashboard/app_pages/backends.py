@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA, or_missing, share
-from dashboard.schemas import Backend
+from dashboard.schemas import Backend, Pool
 from dashboard.widgets.flash import changed, show_flash
 from dashboard.widgets.live import live_panel
 
@@ -52,6 +52,7 @@ def _table(backends: list[Backend]) -> None:
                 "waiting": or_missing(b.runtime.waiting if b.runtime else None),
                 "KV cache": share(b.runtime.kv_cache_usage if b.runtime else None),
                 **_acceptance(b),
+                "pool": or_missing(b.pool),
                 "model": b.model,
                 "drafter": or_missing(b.drafter),
                 "GPU": f"{b.gpu_count} x {b.gpu_type}",
@@ -79,23 +80,54 @@ PRICING_WARNINGS = {
 }
 
 
+def _pools(pools: list[Pool], backends: list[Backend]) -> None:
+    """Each pool: where its members are found, how many are healthy, and whether the last
+    resolution worked."""
+    by_name = {b.name: b for b in backends}
+    st.subheader("Pools")
+    st.dataframe(
+        [
+            {
+                "pool": p.name,
+                "found at": f"{p.discovery.dns}:{p.discovery.port}",
+                "method": p.backend.method,
+                "K": or_missing(p.backend.k),
+                "members": len(p.members),
+                "healthy": sum(_health(by_name[m]) == "healthy" for m in p.members if m in by_name),
+                "GPUs": f"{len(p.members) * p.backend.gpu_count} x {p.backend.gpu_type}",
+                "discovery": "ok" if p.discovery_error is None else f"failing: {p.discovery_error}",
+            }
+            for p in pools
+        ],
+        hide_index=True,
+    )
+    st.caption(
+        "A pool's members are the addresses its DNS name answers (a headless Service's ready "
+        "pods), each a backend above once its /health answers. A failing resolution keeps "
+        "the members last seen."
+    )
+
+
 def _runtime() -> None:
     """The backends now: health, load and acceptance (a live panel)."""
-    backends = admin_client().backends()
+    api = admin_client()
+    backends, pools = api.backends(), api.pools()
     if not backends:
         st.info(
             "No backends yet. Add one below (a vLLM server's base URL, its model and "
             "decoding method), or declare them in fleet.yaml."
         )
-        return
-    _table(backends)
-    st.caption(
-        "Health and load as this gateway replica sees them now: its requests in flight, and "
-        "each server's own queue and KV-cache use from its last /metrics scrape. Acceptance: "
-        "mean accepted length per draft and the share accepted at each draft position, from "
-        "the last scrape in which the server drafted, else its latest stored measurement; "
-        f"{NO_DATA} for plain decoding or before any data."
-    )
+    else:
+        _table(backends)
+        st.caption(
+            "Health and load as this gateway replica sees them now: its requests in flight, "
+            "and each server's own queue and KV-cache use from its last /metrics scrape. "
+            "Acceptance: mean accepted length per draft and the share accepted at each draft "
+            "position, from the last scrape in which the server drafted, else its latest "
+            f"stored measurement; {NO_DATA} for plain decoding or before any data."
+        )
+    if pools:
+        _pools(pools, backends)
 
 
 def _add_form(api: AdminClient) -> None:

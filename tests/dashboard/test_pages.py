@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from streamlit.testing.v1 import AppTest
 
 from dashboard.client import refresh_reads
@@ -210,3 +212,27 @@ def test_accuracy_lists_every_measured_point_with_the_mean_error(dashboard_env: 
         for d in (before, after)
     }
     assert shown in expected
+
+
+def test_backends_shows_each_pool_and_whether_its_discovery_works(dashboard_env: Stack) -> None:
+    pool = {
+        "discovery": {"dns": "dash-pool.invalid", "port": 8000},
+        "backend": {"model": MODEL, "method": "plain", "gpu_type": "H100"},
+    }
+    with dashboard_env.admin() as admin:
+        assert admin.put("/admin/v1/pools/dash-pool", json=pool).status_code == 200
+        try:
+            deadline = time.monotonic() + 60  # discovery's next round (every 10 s)
+            while admin.get("/admin/v1/pools/dash-pool").json()["discovery_error"] is None:
+                assert time.monotonic() < deadline, "discovery never tried the pool"
+                time.sleep(0.2)
+            table = _run(_backends).dataframe[1].value.set_index("pool")
+        finally:
+            assert admin.delete("/admin/v1/pools/dash-pool").status_code == 204
+    row = table.loc["dash-pool"]
+    assert (row["found at"], row["method"], row["members"]) == (
+        "dash-pool.invalid:8000",
+        "plain",
+        0,
+    )
+    assert row["discovery"].startswith("failing: ")
