@@ -92,25 +92,59 @@ class Resolver:
         return frozenset(str(info[4][0]) for info in infos)
 
     def _ask(self, name: str, qtype: int) -> set[str]:
+        """One record type of `name`, over UDP; over TCP when the answer did not fit in a
+        datagram (a query without EDNS gets 512 bytes: about 28 IPv4 addresses), as RFC 7766
+        has resolvers do."""
         assert self.server is not None
         ident = random.getrandbits(16)
-        family = socket.AF_INET6 if ":" in self.server[0] else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.settimeout(self.timeout_s)
-            try:
-                sock.connect(self.server)
-                sock.send(query(name, qtype, ident))
-                while True:  # a stray datagram with another id is not our answer
-                    reply = sock.recv(4096)
-                    if len(reply) >= 2 and struct.unpack_from("!H", reply)[0] == ident:
-                        break
-            except OSError as exc:  # refused, unreachable or timed out
-                raise DnsError(f"cannot resolve {name} at {self.server}: {exc}") from exc
+        packet = query(name, qtype, ident)
+        try:
+            reply = _over_udp(self.server, packet, ident, self.timeout_s)
+            if _truncated(reply):
+                reply = _over_tcp(self.server, packet, ident, self.timeout_s)
+        except OSError as exc:  # refused, unreachable or timed out
+            raise DnsError(f"cannot resolve {name} at {self.server}: {exc}") from exc
         try:
             return answers(reply, qtype)
         except DnsError as exc:
             kind = "A" if qtype == A else "AAAA"
             raise DnsError(f"cannot resolve {name} ({kind}) at {self.server}: {exc}") from exc
+
+
+def _over_udp(server: tuple[str, int], packet: bytes, ident: int, timeout_s: float) -> bytes:
+    family = socket.AF_INET6 if ":" in server[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(server)
+        sock.send(packet)
+        while True:  # a stray datagram with another id is not our answer
+            reply = sock.recv(4096)
+            if len(reply) >= 2 and struct.unpack_from("!H", reply)[0] == ident:
+                return reply
+
+
+def _over_tcp(server: tuple[str, int], packet: bytes, ident: int, timeout_s: float) -> bytes:
+    with socket.create_connection(server, timeout=timeout_s) as sock:
+        sock.sendall(struct.pack("!H", len(packet)) + packet)
+        (length,) = struct.unpack("!H", _read_exactly(sock, 2))
+        reply = _read_exactly(sock, length)
+    if len(reply) < 2 or struct.unpack_from("!H", reply)[0] != ident:
+        raise DnsError("the TCP answer is not to our query")
+    return reply
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise DnsError("the server closed the connection mid-answer")
+        data += chunk
+    return data
+
+
+def _truncated(reply: bytes) -> bool:
+    return len(reply) >= 4 and bool(struct.unpack_from("!H", reply, 2)[0] & _TRUNCATED)
 
 
 def query(name: str, qtype: int, ident: int) -> bytes:

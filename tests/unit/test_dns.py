@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from gateway.control.dns import AAAA, DnsError, Resolution, Resolver, answers, query
+from gateway.control.dns import (
+    AAAA,
+    A,
+    DnsError,
+    Resolution,
+    Resolver,
+    _over_udp,
+    _truncated,
+    answers,
+    query,
+)
 from tests.dns_server import DnsServer
 
 
@@ -61,6 +71,16 @@ def test_one_record_type_refused_is_a_partial_answer(tmp_path: Path) -> None:
             asyncio.run(resolver.resolve("unknown"))
     finally:
         dns.stop()
+
+
+def test_a_pool_too_big_for_a_datagram_is_read_over_tcp(dns: DnsServer) -> None:
+    """512 bytes hold about 28 IPv4 addresses: the server answers truncated over UDP, and
+    the whole answer comes over TCP."""
+    addresses = {f"10.1.{i // 250}.{i % 250}" for i in range(300)}
+    dns.set("big.test", addresses)
+    udp = _over_udp(("127.0.0.1", dns.port), query("big.test", A, 5), 5, 2.0)
+    assert _truncated(udp)  # what a resolver without TCP would have to make do with
+    assert asyncio.run(Resolver.parse(dns.address).addresses("big.test")) == addresses
 
 
 def test_server_addresses_parse() -> None:
