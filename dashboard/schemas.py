@@ -48,8 +48,20 @@ class Backend(Record):
     pool: str | None = None  # the pool whose discovery added it
 
 
-class PoolDiscovery(Record):
+class PoolDns(Record):
+    """Members found at a DNS name's addresses."""
+
     dns: str
+    port: int
+    scheme: str
+
+
+class PoolService(Record):
+    """Members found at a Kubernetes Service's ready endpoints (namespace None: the
+    gateway's own)."""
+
+    service: str
+    namespace: str | None = None
     port: int
     scheme: str
 
@@ -63,10 +75,11 @@ class PoolBackend(Record):
 
 
 class Pool(Record):
-    """Backends found by DNS, one per address: what each is, and its members' names."""
+    """Backends found by DNS or through the Kubernetes API, one per address: what each is,
+    and its members' names."""
 
     name: str
-    discovery: PoolDiscovery
+    discovery: PoolDns | PoolService
     backend: PoolBackend
     members: list[str]
     discovery_error: str | None = None

@@ -165,7 +165,8 @@ class Settings(BaseSettings):
         description=(
             "Seconds between resolutions of each pool's DNS name (fleet.yaml `pools`): "
             "addresses that appear become members once healthy, addresses gone are removed. "
-            "Default 10 s."
+            "Default 10 s. A pool found through the Kubernetes API follows its Service's "
+            "changes at once, and is also checked at this interval."
         ),
     )
     dns_server: str | None = Field(
@@ -173,6 +174,22 @@ class Settings(BaseSettings):
         description=(
             "`host:port` of the nameserver pools are resolved at. Default: unset, the "
             "system's resolver (`/etc/resolv.conf`: a pod's cluster DNS and search domains)."
+        ),
+    )
+    kube_api_url: str | None = Field(
+        default=None,
+        description=(
+            "Base URL of the Kubernetes API server that pools with `discovery.service` are "
+            "watched at. Default: unset, in a pod the cluster's own "
+            "(`KUBERNETES_SERVICE_HOST`), with the pod's service account."
+        ),
+    )
+    kube_service_account_dir: Path = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+        description=(
+            "Directory holding the service account's `token`, `ca.crt` and `namespace` "
+            "(the namespace a pool's Service is looked up in when it names none). Default: "
+            "where Kubernetes mounts them in a pod."
         ),
     )
     connect_timeout_s: float = Field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 
 import httpx
 import psycopg
@@ -28,8 +28,8 @@ def _postgres_schema_url(schema: str) -> str:
     return f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
 
 
-@pytest.fixture
-def postgres_schema() -> Iterator[str]:
+@contextmanager
+def new_postgres_schema() -> Iterator[str]:
     """An empty PostgreSQL schema, dropped afterwards; the URL that selects it."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
@@ -39,6 +39,13 @@ def postgres_schema() -> Iterator[str]:
     finally:
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def postgres_schema() -> Iterator[str]:
+    """An empty PostgreSQL schema, dropped afterwards; the URL that selects it."""
+    with new_postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture(params=DATABASES)

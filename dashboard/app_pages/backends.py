@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA, or_missing, share
-from dashboard.schemas import Backend, Pool
+from dashboard.schemas import Backend, Pool, PoolDns, PoolService
 from dashboard.widgets.flash import changed, show_flash
 from dashboard.widgets.live import live_panel
 
@@ -89,7 +89,7 @@ def _pools(pools: list[Pool], backends: list[Backend]) -> None:
         [
             {
                 "pool": p.name,
-                "found at": f"{p.discovery.dns}:{p.discovery.port}",
+                "found at": _found_at(p.discovery),
                 "method": p.backend.method,
                 "K": or_missing(p.backend.k),
                 "members": len(p.members),
@@ -103,9 +103,17 @@ def _pools(pools: list[Pool], backends: list[Backend]) -> None:
     )
     st.caption(
         "A pool's members are the addresses its DNS name answers (a headless Service's ready "
-        "pods), each a backend above once its /health answers. A failing resolution keeps "
-        "the members last seen."
+        "pods) or its Kubernetes Service's ready endpoints, each a backend above once its "
+        "/health answers. A failing source keeps the members last seen."
     )
+
+
+def _found_at(source: PoolDns | PoolService) -> str:
+    """Where a pool's members are found, and the port they serve on."""
+    if isinstance(source, PoolDns):
+        return f"{source.dns}:{source.port}"
+    namespace = f"{source.namespace}/" if source.namespace else ""
+    return f"service {namespace}{source.service}:{source.port}"
 
 
 def _runtime() -> None:

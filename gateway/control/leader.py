@@ -17,6 +17,7 @@ from gateway.control.benchmarks import BenchmarkManager
 from gateway.control.collector import Collector
 from gateway.control.discovery import Discovery
 from gateway.control.dns import Resolver
+from gateway.control.kube import ServiceAccount
 from gateway.control.readiness import publish_readiness
 from gateway.control.retention import prune_forever
 from gateway.control.selector import PriceGauges, Selector
@@ -88,6 +89,7 @@ class Leader:
             metrics.pool_discovery_ok,
             settings.allow_link_local_backends,
             self.registry.request_refresh,
+            ServiceAccount.in_cluster(settings.kube_service_account_dir, settings.kube_api_url),
         )
         loops = [
             discovery.run(stop),

@@ -63,15 +63,22 @@ class Backend(Timestamps, Base):
 
 
 class Pool(Timestamps, Base):
-    """Backends alike but for their address: a template, and the DNS name whose addresses
-    are its members (a headless Service's pods), each made a backend by discovery."""
+    """Backends alike but for their address: a template, and where its members are found
+    (a DNS name's addresses, or a Kubernetes Service's ready endpoints), each made a backend
+    by discovery."""
 
     __tablename__ = "pools"
-    __table_args__ = (CheckConstraint("port >= 1 AND port <= 65535", name="port_range"),)
+    __table_args__ = (
+        CheckConstraint("port >= 1 AND port <= 65535", name="port_range"),
+        CheckConstraint("(dns_name IS NULL) <> (service IS NULL)", name="one_source"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME), unique=True)
-    dns_name: Mapped[str] = mapped_column(String(255))
+    dns_name: Mapped[str | None] = mapped_column(String(255))
+    # A Kubernetes Service and its namespace (None: the gateway's own), in place of dns_name.
+    service: Mapped[str | None] = mapped_column(String(63))
+    namespace: Mapped[str | None] = mapped_column(String(63))
     port: Mapped[int] = mapped_column(default=8000)
     scheme: Mapped[str] = mapped_column(String(8), default="http")
     # A member's fields but its name and URL (model, method, K, drafter, GPUs, key...).

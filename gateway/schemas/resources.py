@@ -150,10 +150,33 @@ class DnsDiscovery(Strict):
     scheme: Literal["http", "https"] = "http"
 
 
+KUBE_NAME = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"  # a DNS-1123 label: a Service or namespace
+
+
+class KubernetesDiscovery(Strict):
+    """A Service whose EndpointSlices, listed and watched through the Kubernetes API, hold a
+    pool's members: each ready endpoint's address, serving on `port` (the pod's port). A
+    terminating or unready pod leaves the pool at once."""
+
+    service: str = Field(min_length=1, max_length=63, pattern=KUBE_NAME)
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=KUBE_NAME,
+        description="Default: the gateway's own namespace (its service account's).",
+    )
+    port: int = Field(default=8000, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+
+
+Discovery = DnsDiscovery | KubernetesDiscovery
+
+
 class PoolFields(Strict):
     """A pool but its name: where its members are found, and what each is."""
 
-    discovery: DnsDiscovery
+    discovery: Discovery
     backend: PoolTemplate
 
 
@@ -277,7 +300,7 @@ class PoolPublic(Public):
     """A pool, its members (backend names) and why its last resolution failed, if it did."""
 
     name: str
-    discovery: DnsDiscovery
+    discovery: Discovery
     backend: PoolTemplatePublic
     members: list[str]
     discovery_error: str | None

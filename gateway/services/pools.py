@@ -1,4 +1,5 @@
-"""Pools: a backend template and the DNS name whose addresses are its members.
+"""Pools: a backend template and where its members are found (a DNS name's addresses, or
+a Kubernetes Service's ready endpoints).
 
 Discovery (gateway/control/discovery.py) makes each address a backend named
 `pool:address:port` with the pool's fields, through the same audited changes as the admin
@@ -19,6 +20,7 @@ from gateway.errors import NotFound
 from gateway.schemas.resources import (
     BackendUpdate,
     DnsDiscovery,
+    KubernetesDiscovery,
     PoolCreate,
     PoolPublic,
     PoolTemplate,
@@ -29,8 +31,13 @@ from gateway.services.backends import create_backend, delete_backend, update_bac
 
 def pool_of(row: Pool) -> PoolCreate:
     """The pool as declared."""
-    discovery = DnsDiscovery.model_validate(
-        {"dns": row.dns_name, "port": row.port, "scheme": row.scheme}
+    found_at = {"port": row.port, "scheme": row.scheme}
+    discovery = (
+        KubernetesDiscovery.model_validate(
+            {**found_at, "service": row.service, "namespace": row.namespace}
+        )
+        if row.service is not None
+        else DnsDiscovery.model_validate({**found_at, "dns": row.dns_name})
     )
     return PoolCreate(name=row.name, discovery=discovery, backend=PoolTemplate(**row.template))
 
@@ -76,7 +83,11 @@ def apply_pool(session: Session, pool: PoolCreate, actor: str) -> Pool:
     if row is None:
         row = Pool(name=pool.name)
         session.add(row)
-    row.dns_name = pool.discovery.dns.rstrip(".")
+    source = pool.discovery
+    if isinstance(source, DnsDiscovery):
+        row.dns_name, row.service, row.namespace = source.dns.rstrip("."), None, None
+    else:
+        row.dns_name, row.service, row.namespace = None, source.service, source.namespace
     row.port = pool.discovery.port
     row.scheme = pool.discovery.scheme
     row.template = pool.backend.model_dump(mode="json")
@@ -113,7 +124,7 @@ def pools(session: Session) -> list[PoolCreate]:
 
 
 def set_discovery_error(session: Session, pool: str, error: str | None) -> None:
-    """Record why `pool`'s last resolution failed (None: it found its members)."""
+    """Record why `pool`'s last discovery failed (None: it found its members)."""
     row = session.scalar(select(Pool).where(Pool.name == pool))
     if row is not None:
         row.discovery_error = None if error is None else error[:500]

@@ -68,9 +68,36 @@ async def test_a_pool_is_put_read_changed_with_its_members_and_deleted(
     assert "sk-backend-secret" not in str(audit)
 
 
+async def test_a_pool_found_through_the_kubernetes_api_is_kept_as_declared(
+    client: httpx.AsyncClient,
+) -> None:
+    in_cluster = {**POOL, "discovery": {"service": "vllm-eagle3", "namespace": "serving"}}
+    shown = (await client.put("/admin/v1/pools/eagle3", json=in_cluster)).json()
+    assert shown["discovery"] == {
+        "service": "vllm-eagle3",
+        "namespace": "serving",
+        "port": 8000,
+        "scheme": "http",
+    }
+    # the same pool moved to DNS: the Service is forgotten, and back again
+    assert (await client.put("/admin/v1/pools/eagle3", json=POOL)).json()["discovery"] == {
+        "dns": "vllm-eagle3.serving.invalid",
+        "port": 8000,
+        "scheme": "http",
+    }
+    own_namespace = {**POOL, "discovery": {"service": "vllm-eagle3", "port": 8001}}
+    shown = (await client.put("/admin/v1/pools/eagle3", json=own_namespace)).json()
+    assert shown["discovery"]["namespace"] is None
+    assert (await client.get("/admin/v1/pools/eagle3")).json()["discovery"]["port"] == 8001
+
+
 async def test_bad_pools_are_clean_errors(client: httpx.AsyncClient) -> None:
     bad_dns = {**POOL, "discovery": {"dns": "not a name"}}
     assert_envelope(await client.put("/admin/v1/pools/p", json=bad_dns), 422)
+    both = {**POOL, "discovery": {"dns": "vllm.test", "service": "vllm"}}
+    assert_envelope(await client.put("/admin/v1/pools/p", json=both), 422)
+    bad_service = {**POOL, "discovery": {"service": "Vllm_Plain"}}
+    assert_envelope(await client.put("/admin/v1/pools/p", json=bad_service), 422)
     no_drafter = {**POOL, "backend": {"model": "m", "method": "eagle3", "k": 3}}
     assert_envelope(await client.put("/admin/v1/pools/p", json=no_drafter), 422)
     assert_envelope(await client.put("/admin/v1/pools/-p", json=POOL), 422)

@@ -1,8 +1,11 @@
-"""A pool found by DNS through a real gateway: simulators on four loopback addresses behind
-one name at a real DNS server (dnsmasq), whose records the test changes."""
+"""A pool through a real gateway: simulators on four loopback addresses found, once, by one
+name at a real DNS server (dnsmasq) on SQLite, and once as one Service's ready endpoints
+through the stand-in Kubernetes API (tests/kube_api.py) on the real PostgreSQL; the test
+changes the records or the endpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -14,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.conftest import new_postgres_schema
 from tests.dns_server import DnsServer
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
@@ -28,8 +32,10 @@ from tests.e2e.conftest import (
     sim_args,
     spawn_server,
 )
+from tests.kube_api import KubeApi
 
 NAME = "sims.test"
+SERVICE, NAMESPACE = "vllm-sims", "serving"  # found through the Kubernetes API instead
 ADDRESSES = [f"127.0.0.{i}" for i in range(2, 7)]  # the fifth is started by a test
 WAIT_S = 30.0  # a deadline, not a wait
 SIM_OPTIONS = ("--time-scale", "20", "--gpu", "B200", "--max-model-len", "65536")
@@ -46,22 +52,26 @@ POOL = {
 
 
 class Fleet:
-    """The DNS server, the simulators by address (all on one port) and the gateway."""
+    """Where the members are found (the DNS server, or the stand-in Kubernetes API when
+    `kube` is given), the simulators by address (all on one port) and the gateway."""
 
     def __init__(
         self,
         directory: Path,
         sim_options: tuple[str, ...] = SIM_OPTIONS,
         pool: dict[str, Any] = POOL,
+        database_url: str | None = None,
+        kube: KubeApi | None = None,
         **settings: str,
     ) -> None:
         self.directory, self.sim_options, self.pool = directory, sim_options, pool
         self.settings = {"DISCOVERY_INTERVAL_S": "0.2", "COLLECT_INTERVAL_S": "0.5"} | settings
         self.port = free_port()
+        self.kube = kube
         self.dns = DnsServer(directory)
         self.sims: dict[str, Server] = {}
         self.gateway: Server | None = None
-        self.database_url = f"sqlite:///{directory}/draftgate.db"
+        self.database_url = database_url or f"sqlite:///{directory}/draftgate.db"
 
     def start_sim(self, address: str) -> None:
         args = (*sim_args(*self.sim_options), "--host", address)
@@ -70,7 +80,8 @@ class Fleet:
         _wait(lambda: _answers(f"http://{address}:{self.port}/health"), f"{address} up")
 
     def start_gateway(self, models: list[dict[str, Any]] | None = None) -> Server:
-        pool = self.pool | {"discovery": {"dns": NAME, "port": self.port}}
+        source = {"dns": NAME} if self.kube is None else {"service": SERVICE}
+        pool = self.pool | {"discovery": {**source, "port": self.port}}
         fleet = self.directory / "fleet.yaml"
         document: dict[str, Any] = {"pools": [pool], "models": models or []}
         fleet.write_text(yaml.safe_dump(document), encoding="utf-8")
@@ -80,10 +91,25 @@ class Fleet:
         return self.gateway
 
     def env(self) -> dict[str, str]:
-        """A gateway's environment: this fleet's database, fleet file and DNS server."""
-        return gateway_env(
-            self.database_url, self.fleet_file, DNS_SERVER=self.dns.address, **self.settings
-        )
+        """A gateway's environment: this fleet's database, fleet file and DNS server (or
+        Kubernetes API and service account)."""
+        found_at = {"DNS_SERVER": self.dns.address}
+        if self.kube is not None:
+            account = self.directory / "serviceaccount"
+            account.mkdir(exist_ok=True)
+            (account / "token").write_text(self.kube.token)
+            (account / "namespace").write_text(NAMESPACE)
+            found_at = {"KUBE_API_URL": self.kube.url, "KUBE_SERVICE_ACCOUNT_DIR": str(account)}
+        return gateway_env(self.database_url, self.fleet_file, **found_at, **self.settings)
+
+    def set_members(self, addresses: list[str], not_ready: tuple[str, ...] = ()) -> None:
+        """The addresses the pool's source gives: DNS records, or ready endpoints (and the
+        `not_ready` ones: pods starting or terminating)."""
+        if self.kube is None:
+            self.dns.set(NAME, addresses)
+        else:
+            endpoints = {a: True for a in addresses} | {a: False for a in not_ready}
+            self.kube.set_endpoints(NAMESPACE, SERVICE, endpoints)
 
     def members(self) -> dict[str, Any]:
         assert self.gateway is not None
@@ -116,17 +142,31 @@ def member(fleet: Fleet, address: str) -> str:
     return f"sims:{address}:{fleet.port}"
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    fleet = Fleet(tmp_path_factory.mktemp("pool"))
-    try:
+KUBE_TOKEN = "stand-in-service-account-token"
+SOURCES = [
+    pytest.param("dns", id="dns-sqlite"),
+    pytest.param("kubernetes", id="kubernetes-postgres", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    with contextlib.ExitStack() as stack:
+        directory = tmp_path_factory.mktemp(f"pool-{request.param}")
+        if request.param == "dns":
+            fleet = Fleet(directory)
+        else:
+            kube = stack.enter_context(KubeApi(KUBE_TOKEN, {NAMESPACE}))
+            postgres = stack.enter_context(new_postgres_schema())
+            fleet = Fleet(directory, database_url=postgres, kube=kube)
+        stack.callback(fleet.close)
         for address in ADDRESSES[:4]:
             fleet.start_sim(address)
-        fleet.dns.set(NAME, ADDRESSES)  # the fifth address answers nothing yet
+        fleet.set_members(ADDRESSES)  # the fifth address answers nothing yet
         fleet.start_gateway()
         yield fleet
-    finally:
-        fleet.close()
 
 
 def _chat(gateway: Server, prompt: str | None = None) -> httpx.Response:
@@ -164,7 +204,7 @@ def _all_five(fleet: Fleet) -> None:
     """Every address serving and a member (each test of the module can run alone)."""
     if ADDRESSES[4] not in fleet.sims:
         fleet.start_sim(ADDRESSES[4])
-    fleet.dns.set(NAME, ADDRESSES)
+    fleet.set_members(ADDRESSES)
     wanted = {member(fleet, a) for a in ADDRESSES}
     _wait(lambda: set(fleet.members()) == wanted, "five members")
 
@@ -229,13 +269,14 @@ class _Stream:
         return reason
 
 
-def test_an_address_gone_from_dns_is_drained_without_a_failed_request(fleet: Fleet) -> None:
+def test_an_address_gone_is_drained_without_a_failed_request(fleet: Fleet) -> None:
+    """Gone from DNS; through the API, its pod terminating (its endpoint no longer ready)."""
     assert fleet.gateway is not None
     _all_five(fleet)
     gone = ADDRESSES[0]
     opening = _homed_on(fleet, member(fleet, gone))
     stream = _Stream(fleet.gateway, opening)  # in flight on the member as it leaves
-    fleet.dns.set(NAME, ADDRESSES[1:])
+    fleet.set_members(ADDRESSES[1:], not_ready=(gone,))
     failures = []
     deadline = time.monotonic() + WAIT_S
     while member(fleet, gone) in fleet.members():
@@ -262,6 +303,24 @@ def test_an_address_gone_from_dns_is_drained_without_a_failed_request(fleet: Fle
     assert _gpu_hours(fleet)[member(fleet, gone)] == first[member(fleet, gone)]
 
 
+def test_a_pod_not_ready_takes_no_traffic_though_it_answers_health(fleet: Fleet) -> None:
+    if fleet.kube is None:
+        pytest.skip("a headless Service's DNS name answers only ready pods: no condition to read")
+    _all_five(fleet)
+    waiting = ADDRESSES[2]
+    fleet.set_members([a for a in ADDRESSES if a != waiting], not_ready=(waiting,))
+    _wait(lambda: member(fleet, waiting) not in fleet.members(), "the unready pod removed")
+    assert _answers(f"http://{waiting}:{fleet.port}/health")  # its server still answers
+    assert fleet.gateway is not None
+    served = {_chat(fleet.gateway).headers["x-draftgate-backend"] for _ in range(20)}
+    assert member(fleet, waiting) not in served
+    fleet.set_members(ADDRESSES)  # ready again
+    _wait(lambda: member(fleet, waiting) in fleet.members(), "the pod back once ready")
+    # the gateway read the API as its service account, listing once and then watching
+    assert {r["token"] for r in fleet.kube.requests} == {f"Bearer {KUBE_TOKEN}"}
+    assert fleet.kube.watches() >= 1
+
+
 def _gpu_hours(fleet: Fleet) -> dict[str, float]:
     """GPU-hours each backend was held, from the spend report."""
     assert fleet.gateway is not None
@@ -270,24 +329,36 @@ def _gpu_hours(fleet: Fleet) -> dict[str, float]:
     return {r["backend"]: r["gpu_hours"] for r in rows}
 
 
-def test_a_dns_outage_keeps_the_pool_and_says_so(fleet: Fleet) -> None:
+def test_an_outage_of_the_source_keeps_the_pool_and_says_so(fleet: Fleet) -> None:
+    """The DNS server stopped; the Kubernetes API answering 503."""
     gateway = fleet.gateway
     assert gateway is not None
     before = set(fleet.members())
     ok = lambda: metric_value(gateway.base_url, "draftgate_pool_discovery_ok", pool="sims")  # noqa: E731
     _wait(lambda: ok() == 1, "discovery ok")
-    fleet.dns.stop()
+    if fleet.kube is None:
+        fleet.dns.stop()
+    else:
+        fleet.kube.fail(503)
     try:
         _wait(lambda: ok() == 0, "discovery said it failed")
         assert set(fleet.members()) == before
         response = _chat(gateway)
         assert response.status_code == 200, response.text
-        assert "discovery failed, keeping its members" in gateway.output()
+        assert "keeping its members" in gateway.output()
         ready = httpx.get(f"{gateway.base_url}/ready", timeout=5)
         assert ready.status_code == 200  # still ready, on the members kept
-        assert "cannot resolve sims.test" in ready.json()["discovery_failing"]["sims"]
+        why = ready.json()["discovery_failing"]["sims"]
+        assert why.startswith(
+            "cannot resolve sims.test"
+            if fleet.kube is None
+            else f"service {NAMESPACE}/{SERVICE}: 503 ServiceUnavailable"
+        ), why
     finally:
-        fleet.dns.start()
+        if fleet.kube is None:
+            fleet.dns.start()
+        else:
+            fleet.kube.fail(None)
     _wait(lambda: ok() == 1, "discovery recovered")
     assert set(fleet.members()) == before
     _wait(lambda: "discovery_failing" not in httpx.get(f"{gateway.base_url}/ready").json(), "ready")
@@ -302,9 +373,9 @@ def test_a_second_gateway_replica_discovers_the_same_members_once(fleet: Fleet) 
         second.wait_healthy()
         _wait(lambda: ready_members(second) == len(ADDRESSES), "the second replica ready")
         gone = ADDRESSES[1]
-        fleet.dns.set(NAME, [a for a in ADDRESSES if a != gone])  # both see it go
+        fleet.set_members([a for a in ADDRESSES if a != gone])  # both see it go
         _wait(lambda: member(fleet, gone) not in fleet.members(), "the member removed")
-        fleet.dns.set(NAME, ADDRESSES)  # and come back
+        fleet.set_members(ADDRESSES)  # and come back
         _wait(lambda: member(fleet, gone) in fleet.members(), "the member back")
         audit = query_rows(
             fleet.database_url,
