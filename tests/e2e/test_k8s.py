@@ -1,8 +1,9 @@
 """The sim overlay of deploy/k8s run as local processes: its migrate Job, its five simulated
 backends, its gateway and its read-only dashboard, each with the command and environment its
-manifest gives it, on loopback addresses in place of pod IPs, their headless Services' names
-answered by a real DNS server (dnsmasq), on the real PostgreSQL; then the login overlay's
-admin dashboard against that gateway."""
+manifest gives it, on loopback addresses in place of pod IPs, their Services' EndpointSlices
+served by the stand-in Kubernetes API (tests/kube_api.py, which says why not a real one) to
+the gateway's service account, on the real PostgreSQL; then the login overlay's admin
+dashboard against that gateway."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import pytest
 import yaml
 
 from dashboard.client import AdminApiError
-from tests.dns_server import DnsServer
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     CLI_TIMEOUT_S,
@@ -30,11 +30,15 @@ from tests.e2e.conftest import (
     free_port,
 )
 from tests.e2e.test_compose_stack import dashboard_client, host_status
-from tests.unit.k8s_queries import LOGIN, SIM, only_container
+from tests.kube_api import KubeApi
+from tests.unit.k8s_queries import LOGIN, NAMESPACE, SIM, only_container
 from tests.unit.kustomize_build import Build, Manifest, build
 
 READY_TIMEOUT_S = 90.0  # five simulators and a gateway starting on a busy machine
-KEY_VISIBLE_TIMEOUT_S = 30.0  # registry reloads every 2 s (DRAFTGATE_REGISTRY_REFRESH_S)
+KEY_VISIBLE_TIMEOUT_S = 30.0
+KUBE_TOKEN = (
+    "gateway-service-account-token"  # registry reloads every 2 s (DRAFTGATE_REGISTRY_REFRESH_S)
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -83,10 +87,10 @@ def servers() -> Iterator[list[Server]]:
 
 
 def _start_backends(
-    stack: Build, log_dir: Path, servers: list[Server], port: int, dns: DnsServer
+    stack: Build, log_dir: Path, servers: list[Server], port: int, kube: KubeApi
 ) -> dict[str, str]:
     """Each simulated backend on a loopback address of its own, all on `port` (as pods share
-    a container port), its Service's name answering that address; Service -> address."""
+    a container port), the ready endpoint of its Service; Service -> address."""
     addresses = {}
     for deployment in stack.objects:
         labels = deployment["metadata"].get("labels", {})
@@ -97,7 +101,7 @@ def _start_backends(
         argv = _on_loopback(container["command"], port, address)
         servers.append(_spawn(argv, port, draftgate_env(), log_dir, name))
         addresses[name] = address
-        dns.set(name, [address])
+        kube.set_endpoints(NAMESPACE, name, {address: True})
     return addresses
 
 
@@ -140,17 +144,22 @@ def _wait_ready(server: Server, path: str) -> None:
 
 
 @pytest.fixture
-def dns(tmp_path: Path) -> Iterator[DnsServer]:
-    server = DnsServer(tmp_path)
-    try:
+def kube() -> Iterator[KubeApi]:
+    with KubeApi(KUBE_TOKEN, {NAMESPACE}) as server:
         yield server
-    finally:
-        server.stop()
+
+
+def _service_account(directory: Path) -> Path:
+    """What Kubernetes mounts in the gateway's pod for its service account."""
+    directory.mkdir()
+    (directory / "token").write_text(KUBE_TOKEN)
+    (directory / "namespace").write_text(NAMESPACE)
+    return directory
 
 
 def test_sim_overlay_runs_as_its_manifests_say(
     postgres_schema: str,
-    dns: DnsServer,
+    kube: KubeApi,
     tmp_path: Path,
     servers: list[Server],
     monkeypatch: pytest.MonkeyPatch,
@@ -176,7 +185,7 @@ def test_sim_overlay_runs_as_its_manifests_say(
     assert "upgraded from empty to revision" in migrate.stdout
 
     backend_port = free_port()
-    addresses = _start_backends(stack, tmp_path, servers, backend_port, dns)
+    addresses = _start_backends(stack, tmp_path, servers, backend_port, kube)
     assert len(addresses) == 5
     for address in addresses.values():
         _wait_healthy(f"http://{address}:{backend_port}")
@@ -189,7 +198,9 @@ def test_sim_overlay_runs_as_its_manifests_say(
         "DRAFTGATE_HOST": "127.0.0.1",
         "DRAFTGATE_PORT": str(port),
         "DRAFTGATE_FLEET": str(fleet),
-        "DRAFTGATE_DNS_SERVER": dns.address,  # in a pod: the cluster's, from resolv.conf
+        # in a pod: the cluster's API server, and the account Kubernetes mounts
+        "DRAFTGATE_KUBE_API_URL": kube.url,
+        "DRAFTGATE_KUBE_SERVICE_ACCOUNT_DIR": str(_service_account(tmp_path / "account")),
     }
     servers.append(_spawn(gateway["command"], port, draftgate_env(**env), tmp_path, "gateway"))
     _wait_ready(servers[-1], gateway["readinessProbe"]["httpGet"]["path"])
@@ -283,6 +294,11 @@ def test_sim_overlay_runs_as_its_manifests_say(
         f"qwen3-8b-{n.split('qwen3-8b-')[1]}" for n in addresses
     }
     assert served_by in {b["name"] for b in backends}
+    # found as the manifest's service account: its token, its namespace's EndpointSlices
+    assert {r["token"] for r in kube.requests} == {f"Bearer {KUBE_TOKEN}"}
+    assert {r["path"] for r in kube.requests} == {
+        f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
+    }
     assert set(addresses) == {
         o["metadata"]["name"]
         for o in stack.objects

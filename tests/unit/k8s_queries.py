@@ -15,7 +15,7 @@ import yaml
 from typer.core import TyperGroup
 
 from gateway.cli import main as cli
-from gateway.schemas.resources import BackendCreate
+from gateway.schemas.resources import BackendCreate, DnsDiscovery, PoolCreate
 from gateway.services.fleet import Fleet
 from tests.unit.kustomize_build import Build, Manifest
 
@@ -165,18 +165,24 @@ def fleet(result: Build) -> Fleet:
 
 
 def pool_backends(declared: Fleet) -> list[BackendCreate]:
-    """Each pool as the backend its headless Service name stands for (`http://service:port`):
-    every ready pod behind it becomes one like it."""
+    """Each pool as the backend its Service stands for (`http://service:port`): every ready
+    pod behind it becomes one like it."""
     return [
         BackendCreate.model_validate(
             {
                 **pool.backend.model_dump(),
                 "name": pool.name,
-                "url": f"{pool.discovery.scheme}://{pool.discovery.dns}:{pool.discovery.port}",
+                "url": f"{pool.discovery.scheme}://{pool_service(pool)}:{pool.discovery.port}",
             }
         )
         for pool in declared.pools
     ]
+
+
+def pool_service(pool: PoolCreate) -> str:
+    """The Service whose pods are `pool`'s members (a DNS source names it by its short name)."""
+    source = pool.discovery
+    return source.dns if isinstance(source, DnsDiscovery) else source.service
 
 
 def backend_deployment(result: Build, url: str) -> tuple[Manifest, Manifest]:

@@ -20,6 +20,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError  # type: ignore[import-untyped]
 from typer.exceptions import TyperException
 
+from gateway.schemas.resources import KubernetesDiscovery
 from tests.unit.k8s_queries import (
     ALL_INTERFACES,
     AUTOSCALE,
@@ -39,6 +40,7 @@ from tests.unit.k8s_queries import (
     only_container,
     parse_draftgate,
     pod_specs,
+    pool_service,
     port_number,
     probes,
     selected_workloads,
@@ -144,7 +146,7 @@ def test_each_vllm_deployment_scales_on_its_pools_desired_replicas(base: Build) 
     scaled = [o for o in autoscale.objects if o["kind"] == "ScaledObject"]
     others = [o for o in autoscale.objects if o["kind"] != "ScaledObject"]
     assert sorted(others, key=str) == sorted(base.objects, key=str)  # the base, unchanged
-    method_of = {p.discovery.dns: p.backend.method for p in fleet(base).pools}
+    method_of = {pool_service(p): p.backend.method for p in fleet(base).pools}
     vllm = {o["metadata"]["name"] for o in base.objects if o["kind"] == "Deployment"} & set(
         method_of
     )
@@ -163,6 +165,43 @@ def test_each_vllm_deployment_scales_on_its_pools_desired_replicas(base: Build) 
         assert found is not None, meta["query"]
         target = spec["scaleTargetRef"]["name"]
         assert (found["model"], found["method"]) == (MODEL, method_of[target])
+
+
+def test_only_the_gateway_holds_a_token_and_it_may_only_read_endpointslices(
+    any_build: Build,
+) -> None:
+    """Discovery's least privilege: get, list and watch EndpointSlices in its namespace."""
+    tokens = {
+        where: pod.get("serviceAccountName", "default")
+        for where, pod in pod_specs(any_build)
+        if pod.get("automountServiceAccountToken", True)
+    }
+    assert tokens == {"Deployment/draftgate-gateway": "draftgate-gateway"}
+    [account] = any_build.of_kind("ServiceAccount")
+    assert account["metadata"]["name"] == "draftgate-gateway"
+    assert any_build.of_kind("ClusterRole") == any_build.of_kind("ClusterRoleBinding") == []
+    [role], [binding] = any_build.of_kind("Role"), any_build.of_kind("RoleBinding")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "draftgate-gateway", "namespace": NAMESPACE}
+    ]
+    # every pool is found through a Service of the stack, in the gateway's namespace
+    services = {s["metadata"]["name"] for s in any_build.of_kind("Service")}
+    for pool in fleet(any_build).pools:
+        assert isinstance(pool.discovery, KubernetesDiscovery)
+        assert pool.discovery.namespace is None
+        assert pool.discovery.service in services
 
 
 def test_a_missing_resource_or_unknown_feature_is_refused(tmp_path: Path) -> None:
