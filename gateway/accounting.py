@@ -64,6 +64,8 @@ class UsageEntry:
     tokens_estimated: bool = False  # the counts are the gateway's estimate, not the backend's
     # Of the prompt tokens, those the backend read from its prefix cache (None: not said)
     cached_prompt_tokens: int | None = None
+    # The id of the response the backend stored (the Responses API), so a later turn finds it
+    response_id: str | None = None
 
 
 def prefill_saved_by_cache_usd(entry: UsageEntry) -> float:

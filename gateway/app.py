@@ -35,6 +35,7 @@ from gateway.error_handlers import install_error_handlers, on_out_of_range
 from gateway.errors import ServiceUnavailable
 from gateway.events.budget_alerts import BudgetWatch
 from gateway.events.webhooks import WebhookSender
+from gateway.homes import STORED_RESPONSES, ResponseHomes
 from gateway.limits import Limiter, budgeted_spend
 from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
@@ -109,6 +110,7 @@ class GatewayApp(FastAPI):
             and scope["type"] == "http"
             and scope["method"] == "POST"
             and scope["path"].startswith("/v1/")
+            and not scope["path"].startswith(STORED_RESPONSES)  # /cancel: openai_routes.py
         ):
             await self.relay(scope, receive, send)
             return
@@ -349,12 +351,15 @@ async def _running(
     client = Upstream(settings)
     control = upstream_client(settings, CONTROL_CONNECTIONS)
     changes = None if replica is None else Changes(replica, settings.workers)
-    components = Components(settings, engine, sessions, registry, metrics, managed, changes)
+    homes = ResponseHomes(sessions, settle_s=2 * settings.ledger_flush_interval_s)
+    components = Components(
+        settings, engine, sessions, registry, metrics, managed, changes, homes, control
+    )
     app.state.components = components
     tracing = start_tracing(settings)
     if tracing is not None:
         on_audit_commit(sessions, tracing.audited)
-    app.relay = Relay(settings, registry, ledger, limiter, metrics, client, tracing)
+    app.relay = Relay(settings, registry, ledger, limiter, metrics, client, homes, tracing)
     app.tracing = tracing
     loops = _start_loops(components, ledger, limiter, control, webhooks, replica)
     try:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import httpx
 from fastapi import Depends, Request
 from pydantic import SecretStr
 from sqlalchemy import Engine
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.control.managed import ManagedBackends
 from gateway.db.session import transaction
 from gateway.errors import AuthenticationFailed, InsufficientScope
+from gateway.homes import ResponseHomes
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
 from gateway.server.replica import Changes
@@ -42,6 +44,8 @@ class Components:
     metrics: GatewayMetrics
     managed: ManagedBackends
     changes: Changes | None = None  # with worker processes: tells the others of a change
+    homes: ResponseHomes | None = None  # where each stored response lives (the relay's)
+    control: httpx.AsyncClient | None = None  # to backends, off the relay's connections
 
 
 def get_components(request: Request) -> Components:

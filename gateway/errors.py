@@ -67,6 +67,13 @@ class ModelNotFound(InvalidRequest):
     code = "model_not_found"
 
 
+class ResponseNotFound(InvalidRequest):
+    """A stored response (the Responses API) that is not there, or not the key's."""
+
+    status_code = 404
+    code = "response_not_found"
+
+
 class BodyTooLarge(InvalidRequest):
     """The request body is larger than `max_body_bytes`."""
 

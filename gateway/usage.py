@@ -22,6 +22,7 @@ import orjson
 
 MAX_TOKENS = 10**9  # far above any context window; the ledger's columns hold it
 PROMPT_KEYS = ("prompt_tokens", "input_tokens")
+RESPONSE_ID_CHARS = 128  # usage_records.response_id
 COMPLETION_KEYS = ("completion_tokens", "output_tokens")
 # Anthropic-style usage counts prompt tokens read from or written to the prefix cache apart
 # from `input_tokens` (vLLM: input = prompt - cache_read - cache_creation): all are prompt.
@@ -105,3 +106,15 @@ def usage_of(content: bytes) -> dict[str, Any] | None:
         return None
     usage = body.get("usage") if isinstance(body, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+def response_id_of(content: bytes) -> str | None:
+    """The `id` of a whole Responses API body (`"object": "response"`), if it has one."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or body.get("object") != "response":
+        return None
+    found = body.get("id")
+    return found if isinstance(found, str) and len(found) <= RESPONSE_ID_CHARS else None

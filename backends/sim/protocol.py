@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
 from backends.sim.text import (
@@ -66,6 +66,7 @@ class Generation:
     # A completions list of several prompts, each (text, tokens): a completion per prompt,
     # as vLLM serves it (then `prompt_text` and `prompt_tokens` are their whole).
     prompts: tuple[tuple[str, int], ...] = ()
+    store: bool = False  # the Responses API's `store` (kept only where the server stores)
 
     def prompt_words(self) -> list[str]:
         """The prompt as the engine sees it, one string per token: a chat prompt's
@@ -149,7 +150,8 @@ def parse_responses(body: dict[str, Any], *, served_model: str, max_model_len: i
     max_tokens = _integer(body, "max_output_tokens", room)
     if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
         raise _too_long(max_model_len, prompt_tokens, max_tokens, True)
-    return _named_events(body, served_model, parts, prompt_tokens, max_tokens, responses=True)
+    generation = _named_events(body, served_model, parts, prompt_tokens, max_tokens, responses=True)
+    return replace(generation, store=body.get("store") is not False)
 
 
 def parse_messages(body: dict[str, Any], *, served_model: str, max_model_len: int) -> Generation:

@@ -14,6 +14,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from backends.sim import config as sim_config
@@ -71,6 +72,9 @@ class SimServer:
         self._task: asyncio.Task[None] | None = None
         self.created = int(time.time())
         self.trace_context: deque[dict[str, str]] = deque(maxlen=TRACE_CONTEXT_KEPT)
+        # vLLM's in-memory response store, on only as vLLM turns it on (never emptied there)
+        self.store = os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0")
+        self.responses: dict[str, dict[str, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -114,11 +118,8 @@ class SimServer:
             )
             generation = parse(body, chat=chat, served_model=name, max_model_len=room)
             await self._generate(generation, receive, send)
-        elif method == "POST" and path == "/v1/responses":
-            body = parse_body(await _read_body(receive))
-            name, room = self.config.name, self.max_model_len
-            generation = parse_responses(body, served_model=name, max_model_len=room)
-            await self._generate(generation, receive, send)
+        elif path == "/v1/responses" or path.startswith("/v1/responses/"):
+            await self._responses(method, path, receive, send)
         elif method == "POST" and path == "/v1/messages":
             body = parse_body(await _read_body(receive))
             name, room = self.config.name, self.max_model_len
@@ -139,6 +140,43 @@ class SimServer:
             await _respond(send, 200, json.dumps(list(self.trace_context)).encode())
         else:
             raise ApiError(404, f"Not Found: {method} {path}")
+
+    async def _responses(self, method: str, path: str, receive: Receive, send: Send) -> None:
+        """The Responses API: a response (continuing a stored one), a stored one, its cancel."""
+        stored_id = path.removeprefix("/v1/responses/")
+        if method == "POST" and path == "/v1/responses":
+            body = parse_body(await _read_body(receive))
+            name, room = self.config.name, self.max_model_len
+            generation = parse_responses(body, served_model=name, max_model_len=room)
+            previous = body.get("previous_response_id")
+            if previous is not None:  # the turns before are part of the prompt
+                usage = self._stored(previous)["usage"] or {}
+                history = usage.get("total_tokens", 0)
+                generation = replace(generation, prompt_tokens=generation.prompt_tokens + history)
+            await self._generate(generation, receive, send)
+        elif method == "GET" and "/" not in stored_id:
+            await _respond(send, 200, json.dumps(self._stored(stored_id)).encode())
+        elif method == "POST" and stored_id.endswith("/cancel"):
+            self._stored(stored_id.removesuffix("/cancel"))
+            raise ApiError(400, "Cannot cancel a synchronous response.", param="response_id")
+        else:
+            raise ApiError(404, f"Not Found: {method} {path}")
+
+    def _stored(self, response_id: object) -> dict[str, Any]:
+        """A stored response, or vLLM's 404 for an id it does not hold."""
+        found = self.responses.get(response_id) if isinstance(response_id, str) else None
+        if found is None:
+            message = f"Response with id '{response_id}' not found."
+            raise ApiError(404, message, param="response_id")
+        return found
+
+    def _writer(self, generation: Generation) -> ResponseWriter | ResponsesWriter | MessagesWriter:
+        """The writer of a generation's answer; a Responses API answer the server stores
+        is kept once complete."""
+        writer = _writer(generation)
+        if isinstance(writer, ResponsesWriter) and self.store and generation.store:
+            writer.keep = self.responses.__setitem__
+        return writer
 
     def _keep_trace_context(self, scope: Scope) -> None:
         """Keep the trace headers a request came with (not part of vLLM's API)."""
@@ -279,7 +317,7 @@ class SimServer:
         return request, self.runner.submit(request, PseudoText(seed))
 
     async def _stream(self, generation: Generation, stream: Stream, send: Send) -> None:
-        writer = _writer(generation)
+        writer = self._writer(generation)
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         opening = writer.opening()
         if opening:
@@ -320,7 +358,7 @@ class SimServer:
             pass
 
     async def _respond_whole(self, generation: Generation, stream: Stream, send: Send) -> None:
-        writer, parts, completion = _writer(generation), [], 0
+        writer, parts, completion = self._writer(generation), [], 0
         if self._rng.random() < self.faults.stall_rate:
             await self._fault_mid_stream(stream, drop=False)
             return

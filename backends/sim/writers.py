@@ -7,6 +7,7 @@ import functools
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from backends.sim.protocol import Generation, full_usage, prompt_details, usage
@@ -173,6 +174,7 @@ class ResponsesWriter:
         self.created = int(time.time())
         self._sequence = 0
         self._parts: list[str] = []
+        self.keep: Callable[[str, dict[str, Any]], None] | None = None  # the server's store
 
     def opening(self) -> bytes:
         item = {"id": self.item_id, "type": "message", "role": "assistant",
@@ -199,6 +201,8 @@ class ResponsesWriter:
     ) -> bytes:
         text = "".join(self._parts)
         done = self._response("completed", completion_tokens, text, cached_tokens)
+        if self.keep is not None:
+            self.keep(self.id, done)
         [item] = done["output"]
         return b"".join([
             self._event("response.output_text.done", item_id=self.item_id, output_index=0,
@@ -218,6 +222,8 @@ class ResponsesWriter:
         cached_tokens: int | None = None,
     ) -> bytes:
         body = self._response("completed", completion_tokens, text, cached_tokens)
+        if self.keep is not None:
+            self.keep(self.id, body)
         return _json(body).encode()
 
     def _event(self, kind: str, **fields: Any) -> bytes:

@@ -27,6 +27,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 NAME = 200
 URL = 500
+RESPONSE_ID = 128  # a vLLM response id is `resp_` and 32 hex digits
 
 
 class Timestamps:
@@ -187,6 +188,9 @@ class UsageRecord(Base):
     # Of the prompt tokens, those the backend read from its prefix cache, so not priced
     # (vLLM's `prompt_tokens_details.cached_tokens`); NULL when the backend did not say.
     cached_prompt_tokens: Mapped[int | None]
+    # The Responses API's id for what the backend stored (a later turn's
+    # `previous_response_id` goes to the same backend); NULL for every other request.
+    response_id: Mapped[str | None] = mapped_column(String(RESPONSE_ID), index=True)
 
 
 class UsageHourly(Base):

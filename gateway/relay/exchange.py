@@ -76,10 +76,12 @@ class Exchange:
     rule: RuleView | None = None  # the policy rule that picked the method, if one did
     request_class: str = "interactive"  # x-draftgate-class, else the key's, else the default
     affinity: Affinity | None = None  # its session key, when it has one and affinity is on
-    affinity_outcome: str | None = None  # "home" or "spilled", when routed by its key
+    affinity_outcome: str | None = None  # "home", "spilled" or "stored" (routing.Route)
     attempts: int = 0  # backends tried so far
     fallback: str | None = None  # why routing left the policy's method, when it did
     span: Span | None = None  # its trace span, when tracing is on
+    home: BackendView | None = None  # the backend holding its `previous_response_id`, if any
+    response_id: str | None = None  # the id of the response its backend stored, if any
 
 
 def admit(
@@ -220,6 +222,7 @@ def _record(
             baseline_error_usd=costs.baseline_error,
             prompt_usd_per_mtok=costs.prompt_usd_per_mtok,
             tokens_estimated=x.tokens_estimated,
+            response_id=x.response_id,
         )
     )
     _observe(snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)

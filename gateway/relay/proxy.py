@@ -29,11 +29,13 @@ from gateway.errors import (
     ModelNotAllowed,
     ModelNotFound,
     PoisonRequest,
+    ResponseNotFound,
     ServiceUnavailable,
     UnknownPath,
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.homes import RESPONSES_PATH, Home, ResponseHomes, checked_id, not_found
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.policy.affinity import Affinity, session_key
@@ -76,7 +78,7 @@ from gateway.relay.upstream import (
 )
 from gateway.server.http_limits import STALLED
 from gateway.settings import Settings
-from gateway.usage import usage_of
+from gateway.usage import response_id_of, usage_of
 
 if TYPE_CHECKING:
     from gateway.events.tracing import Tracing
@@ -110,9 +112,11 @@ class Relay:
         limiter: Limiter,
         metrics: GatewayMetrics,
         client: Upstream,
+        homes: ResponseHomes,
         tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        self.homes = homes
         self.registry = registry
         self.ledger = ledger
         self.limiter = limiter
@@ -154,6 +158,9 @@ class Relay:
                 settle(exchange, self.ledger, self.limiter, self.metrics)
             except Exception:  # the top of the relay: accounting must not drop the connection
                 logger.exception("settling request %s failed", exchange.request_id)
+            if exchange.response_id is not None and exchange.backend is not None:
+                key = exchange.key.id if exchange.key is not None else None
+                self.homes.remember(exchange.response_id, Home(exchange.backend.name, key))
             if self.tracing is not None:
                 end_span(exchange, self.tracing)
 
@@ -187,6 +194,8 @@ class Relay:
             raise ModelNotFound(message, param="model")
         if path in COMPLETION_PATHS:
             check_completion(path, payload)
+        elif path == RESPONSES_PATH and payload.get("previous_response_id") is not None:
+            x.home = await self._home(x, payload["previous_response_id"])
         self._say_how_it_routes(x, headers, payload, x.snapshot.policies.get(model))
         stream = payload.get("stream") is True
         asked = usage_asked(path, payload, headers.get(INCLUDE_COST_HEADER, b""))
@@ -201,6 +210,29 @@ class Relay:
             if not stream:  # the backend never said what it generated: estimate it
                 estimate_abandoned(x, path, payload, len(body), limit)
             raise
+
+    async def _home(self, x: Exchange, previous: object) -> BackendView | None:
+        """The backend holding the response a later turn continues (None: no replica has
+        recorded it, so it goes where any request would); a 404 when it is another key's,
+        or its backend no longer serves."""
+        param = "previous_response_id"
+        response_id = checked_id(previous, param)
+        home = await self.homes.find(response_id)
+        if home is None:
+            return None
+        if home.api_key_id != (x.key.id if x.key is not None else None):
+            raise not_found(response_id, param)
+        assert x.snapshot is not None
+        assert x.model is not None
+        for backend in x.snapshot.backends.get(x.model, ()):
+            if backend.name == home.backend:
+                return backend
+        raise ResponseNotFound(
+            f"Response with id '{response_id}' was stored on backend `{home.backend}`, which "
+            f"no longer serves `{x.model}`: it is gone with that server. Send the "
+            "conversation again as `input`.",
+            param=param,
+        )
 
     def _say_how_it_routes(
         self,
@@ -400,6 +432,8 @@ class Relay:
         finally:
             tap.finish()  # a stream cut short still knows its usage from its last chunk
             x.usage, x.chunks = tap.usage, tap.chunks
+            if call.path == RESPONSES_PATH:
+                x.response_id = tap.response_id()
 
     async def _relay_whole(
         self, call: Call, response: UpstreamResponse, headers: list[tuple[bytes, bytes]]
@@ -419,6 +453,8 @@ class Relay:
         if x.status >= 400:
             x.outcome = "upstream_error" if x.status >= 500 else "client_error"
         x.usage = usage_of(content)
+        if call.path == RESPONSES_PATH and x.status == 200:
+            x.response_id = response_id_of(content)
         headers.append((b"content-length", str(len(content)).encode()))
         headers += cost_headers(x, self.metrics)
         await send({"type": "http.response.start", "status": x.status, "headers": headers})

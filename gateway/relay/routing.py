@@ -37,7 +37,9 @@ class Route:
     fallback: str | None = None  # "no_healthy_backend" when another method serves
     explored: bool = False
     panic: bool = False  # no backend looked healthy: all are tried
-    affinity: str | None = None  # "home": the key's own backend; "spilled": it was full
+    # "home": the key's own backend; "spilled": it was full; "stored": the backend holding
+    # the response a later turn continues (`previous_response_id`)
+    affinity: str | None = None
 
 
 def load(state: BackendState) -> float:
@@ -175,6 +177,8 @@ def route_request(
     snapshot, model = x.snapshot, x.model
     assert snapshot is not None
     assert model is not None
+    if x.home is not None:  # a later turn: only the backend holding the conversation can
+        return Route((x.home,), x.home.method, affinity="stored")
     policy = snapshot.policies.get(model) or PolicyView()
     own = x.request_class if x.request_class in policy.classes else None
     chosen = auto_method(snapshot, x.choices, model, own)

@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import orjson
 
+from gateway.usage import RESPONSE_ID_CHARS
+
 USAGE_KEY = b'"usage"'  # in every event that may hold usage, whatever its whitespace
 USAGE = b'"usage":{'  # a usage object, not `"usage":null`
 CHUNK_USAGE = b',"usage":{'
@@ -160,6 +162,21 @@ class UsageTap:
             del body["usage"]
             event = _with_data(event, orjson.dumps(body))
         return event + end
+
+    def response_id(self) -> str | None:
+        """The id of the response a Responses API stream's last usage event carries (its
+        `response.completed`), if it does."""
+        events = (
+            _split(self._last_usage)[0]
+            if CR in self._last_usage
+            else (self._last_usage.split(EVENT_END))
+        )
+        for event in reversed(events):
+            body = _body(event)
+            inner = body.get("response") if body is not None else None
+            if isinstance(inner, dict) and isinstance(found := inner.get("id"), str):
+                return found if len(found) <= RESPONSE_ID_CHARS else None
+        return None
 
     def finish(self) -> bytes:
         """Bytes still held back at the end of the stream; settles `usage`."""

@@ -31,14 +31,14 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     try:
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
-        assert migrate.current_revision(engine) == "0016"
+        assert migrate.current_revision(engine) == "0017"
         migrate.downgrade(engine, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
         migrate.upgrade(engine)  # a second upgrade is a no-op
-        assert migrate.current_revision(engine) == "0016"
+        assert migrate.current_revision(engine) == "0017"
     finally:
         engine.dispose()
 

@@ -62,9 +62,11 @@ class Fleet:
         pool: dict[str, Any] = POOL,
         database_url: str | None = None,
         kube: KubeApi | None = None,
+        sim_env: dict[str, str] | None = None,
         **settings: str,
     ) -> None:
         self.directory, self.sim_options, self.pool = directory, sim_options, pool
+        self.sim_env = sim_env or {}
         self.settings = {"DISCOVERY_INTERVAL_S": "0.2", "COLLECT_INTERVAL_S": "0.5"} | settings
         self.port = free_port()
         self.kube = kube
@@ -75,7 +77,7 @@ class Fleet:
 
     def start_sim(self, address: str) -> None:
         args = (*sim_args(*self.sim_options), "--host", address)
-        sim = spawn_server(args, draftgate_env(), self.directory, port=self.port)
+        sim = spawn_server(args, draftgate_env(**self.sim_env), self.directory, port=self.port)
         self.sims[address] = sim
         _wait(lambda: _answers(f"http://{address}:{self.port}/health"), f"{address} up")
 

@@ -20,12 +20,12 @@ WEB = ("fastapi", "starlette")
 LAYERS = {
     # what everyone stands on: settings, errors, the registry and curves, the ledger and
     # limits (and their state shared over a replica's workers), metrics, the database, the
-    # shapes, the OpenAI usage vocabulary and pure request policy
+    # shapes, the OpenAI usage vocabulary, pure request policy and where stored responses live
     "ground floor": ("gateway.settings", "gateway.errors", "gateway.registry", "gateway.curves",
                      "gateway.accounting", "gateway.limits", "gateway.metrics", "gateway.apikeys",
                      "gateway.urls", "gateway.usage", "gateway.db", "gateway.schemas",
                      "gateway.policy", "gateway.server.inflight", "gateway.server.shared_budget",
-                     "gateway.server.http_limits"),
+                     "gateway.server.http_limits", "gateway.homes"),
     "events": ("gateway.events",),
     "hot path": ("gateway.relay",),
     "services": ("gateway.services",),

@@ -13,6 +13,7 @@ from sqlalchemy.orm import sessionmaker
 
 from gateway.accounting import Ledger
 from gateway.apikeys import hash_key
+from gateway.homes import ResponseHomes
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView, PolicyView, Registry, Snapshot
@@ -105,7 +106,8 @@ async def test_a_refresh_mid_request_changes_neither_its_auth_nor_its_price(
     limiter = Limiter(sessionmaker(), sync_s=60)  # no database: nothing is synced or written
     registry.snapshot = snapshot(url, 3.6, with_key_and_model=True)
     client = Upstream(settings)
-    relay = Relay(settings, registry, ledger, limiter, metrics, client)
+    homes = ResponseHomes(sessionmaker(), settle_s=60)  # no Responses API call here
+    relay = Relay(settings, registry, ledger, limiter, metrics, client, homes)
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     try:
         in_flight = asyncio.create_task(call(relay, chat))
