@@ -78,10 +78,10 @@ class Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
-class BackendFields(Strict):
-    """Fields of a backend that describe how it decodes."""
+class Decoding(Strict):
+    """How a backend decodes and what it runs on: every field a backend and a pool's members
+    share (a member has its own address)."""
 
-    url: AnyHttpUrl
     model: Name
     method: Method
     k: SpeculativeK | None = None
@@ -89,8 +89,6 @@ class BackendFields(Strict):
     speculative_options: SpeculativeOptions = Field(default_factory=dict)
     gpu_type: GpuType = "B200"
     gpu_count: int = Field(default=1, ge=1, le=1024)
-    enabled: bool = True
-    managed: bool = False
     api_key: BackendKey | None = Field(default=None, repr=False)
 
     def method_spec(self) -> MethodSpec:
@@ -101,6 +99,14 @@ class BackendFields(Strict):
     def _check_method(self) -> Self:
         self.method_spec()  # InvalidMethodSpec is a ValueError naming the field at fault
         return self
+
+
+class BackendFields(Decoding):
+    """A backend but its name: how it decodes, where it serves, whether it takes traffic."""
+
+    url: AnyHttpUrl
+    enabled: bool = True
+    managed: bool = False
 
     def normalised_url(self) -> str:
         """The base URL as stored: no trailing slash, no `/v1`."""
@@ -119,22 +125,8 @@ class BackendCreate(BackendFields):
     name: BackendName
 
 
-class PoolTemplate(Strict):
+class PoolTemplate(Decoding):
     """What every member of a pool is, but its address."""
-
-    model: Name
-    method: Method
-    k: SpeculativeK | None = None
-    drafter: str | None = Field(default=None, max_length=500)
-    speculative_options: SpeculativeOptions = Field(default_factory=dict)
-    gpu_type: GpuType = "B200"
-    gpu_count: int = Field(default=1, ge=1, le=1024)
-    api_key: BackendKey | None = Field(default=None, repr=False)
-
-    @model_validator(mode="after")
-    def _check_method(self) -> Self:
-        spec_from_options(self.method, self.k, self.drafter, self.speculative_options)
-        return self
 
 
 class DnsDiscovery(Strict):
