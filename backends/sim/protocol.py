@@ -25,13 +25,16 @@ MAX_CHARS_PER_TOKEN = 16
 class ApiError(Exception):
     """An error in vLLM's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str | None = None
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.kind = status, message, param, kind
 
     @property
     def error_type(self) -> str:
-        return {400: "BadRequestError", 404: "NotFoundError"}.get(
+        """vLLM's type: its Responses API store names its own (`invalid_request_error`)."""
+        return self.kind or {400: "BadRequestError", 404: "NotFoundError"}.get(
             self.status, "InternalServerError"
         )
 

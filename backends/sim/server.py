@@ -49,6 +49,7 @@ SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control"
 # trace context (vLLM, built with OpenTelemetry, continues it) and the id to match them by.
 TRACE_HEADERS = (b"x-request-id", b"traceparent", b"tracestate")
 TRACE_CONTEXT_KEPT = 256  # requests, the newest
+INVALID_REQUEST = "invalid_request_error"  # the type vLLM gives its response store's errors
 
 
 class ConnectionDropped(Exception):
@@ -158,7 +159,8 @@ class SimServer:
             await _respond(send, 200, json.dumps(self._stored(stored_id)).encode())
         elif method == "POST" and stored_id.endswith("/cancel"):
             self._stored(stored_id.removesuffix("/cancel"))
-            raise ApiError(400, "Cannot cancel a synchronous response.", param="response_id")
+            message = "Cannot cancel a synchronous response."
+            raise ApiError(400, message, param="response_id", kind=INVALID_REQUEST)
         else:
             raise ApiError(404, f"Not Found: {method} {path}")
 
@@ -167,7 +169,7 @@ class SimServer:
         found = self.responses.get(response_id) if isinstance(response_id, str) else None
         if found is None:
             message = f"Response with id '{response_id}' not found."
-            raise ApiError(404, message, param="response_id")
+            raise ApiError(404, message, param="response_id", kind=INVALID_REQUEST)
         return found
 
     def _writer(self, generation: Generation) -> ResponseWriter | ResponsesWriter | MessagesWriter:

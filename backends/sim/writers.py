@@ -263,7 +263,7 @@ class ResponsesWriter:
         return {
             "id": self.id, "object": "response", "created_at": self.created,
             "model": self.g.model, "status": "incomplete" if cut else status,
-            "output": output, "usage": usage, "error": None,
+            "output": output, "usage": usage,
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
             "instructions": None, "max_output_tokens": self.g.max_tokens, "metadata": None,
             "parallel_tool_calls": True, "previous_response_id": None, "reasoning": None,

@@ -44,6 +44,8 @@ K = {"ngram": 4, "draft_model": 3, "p-eagle": 3, "dflash": 3}
 # Two plain servers also serve this name: a pool of one method, for cache affinity.
 POOL_MODEL = "tiny-pool"
 POOL_KEYS = ("plain", "plain-b")
+# Each server keeps the Responses API's responses (tests/vllm/test_stored_responses.py).
+STORE_RESPONSES = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ def vllm_servers(
             vllm_python=vllm_python,
             extra_args=(*CPU_SERVE_ARGS, "--served-model-name", *names),
         )
-        local = LocalServer(key, argv, port, logs / f"{key}.log", env=vllm_env(vllm_python))
+        env = vllm_env(vllm_python) | STORE_RESPONSES
+        local = LocalServer(key, argv, port, logs / f"{key}.log", env=env)
         servers[key] = RealServer(key, spec, local)
     started = time.monotonic()
     try:
