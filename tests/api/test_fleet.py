@@ -74,7 +74,7 @@ async def test_fleet_is_applied_once(settings: Settings, tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
-        ("backends: [{name: x}]", "backends.0.url: Field required"),
+        ("backends: [{name: x, model: m, method: plain}]", "backends.0.url: Field required"),
         ("models: [{name: m, policy: {mode: pinned}}]", "pinned policy needs a method"),
         ("prices: 3", "prices: Input should be a valid list"),
         ("backends: [", "not valid YAML"),
