@@ -121,6 +121,11 @@ def test_a_stored_response_is_retrieved_from_its_member_and_only_by_its_key(
             with pytest.raises(openai.NotFoundError) as refused:
                 attempt()
             assert refused.value.code == "response_not_found"
+    for keyless in (
+        httpx.get(f"{fleet.gateway.base_url}/v1/responses/{response_id}", timeout=10),
+        httpx.post(f"{fleet.gateway.base_url}/v1/responses/{response_id}/cancel", timeout=10),
+    ):
+        assert keyless.status_code == 401, keyless.text
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_neverstoredanywhere")
     with pytest.raises(openai.BadRequestError):

@@ -44,6 +44,10 @@ PUBLIC = {
     "/metrics",
     "/v1/models",
     "/v1/models/{model:path}",  # as /v1/models: a key when keys are required
+    # a key when keys are required, and only the key's own stored response
+    # (tests/e2e/test_responses_pool.py)
+    "/v1/responses/{response_id}",
+    "/v1/responses/{response_id}/cancel",
 }
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
