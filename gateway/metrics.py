@@ -270,8 +270,9 @@ class GatewayMetrics:
         )
         self.pool_discovery_ok = Gauge(
             "draftgate_pool_discovery_ok",
-            "1 if the pool's last DNS resolution found its members, 0 if it failed or found "
-            "no address (its members last seen are kept).",
+            "1 if the pool's source (DNS or the Kubernetes API) last gave its members, 0 if it "
+            "failed or gave no address (its members last seen are kept); exported by the "
+            "replica that discovers (it holds the discovery lease).",
             ["pool"],
             registry=r,
         )

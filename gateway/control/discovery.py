@@ -2,8 +2,11 @@
 name's addresses (resolved on an interval) or a Kubernetes Service's ready endpoints
 (watched through the API, gateway/control/kube.py: a change applies at once).
 
-Every gateway replica's leader does this; where two add or remove the same member, the
-first does it (and audits it) and the other finds it done.
+One gateway replica does this for all: the one whose leader holds the `discovery` lease
+(gateway/services/leases.py). Two replicas' watches see a change at different moments, and
+one whose view lags would undo what the other just did; the others read the members from
+the database, and one of them takes the lease over when its holder stops (at once after a
+graceful stop, after `lease_s` after a crash).
 
 An address that appears becomes a member once its `/health` answers (so a pod still
 loading its model takes no traffic); an address gone is removed, audited: no new request
@@ -19,6 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -33,7 +40,7 @@ from gateway.control.kube import EndpointSliceWatch, ServiceAccount
 from gateway.db.session import transaction
 from gateway.errors import Conflict, NotFound, ValidationFailed
 from gateway.schemas.resources import DnsDiscovery, KubernetesDiscovery, PoolCreate
-from gateway.services import pools
+from gateway.services import leases, pools
 
 logger = logging.getLogger(__name__)
 ACTOR = "discovery"
@@ -63,6 +70,16 @@ class Discovery:
     )
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # a watched Service changed
     kube: httpx.AsyncClient | None = None
+    holder: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    )
+    holds: bool = False  # the discovery lease, as of `renewed` (time.monotonic())
+    renewed: float = 0.0
+
+    @property
+    def lease_s(self) -> float:
+        """How long the lease outlives its holder's last renewal (renewed every third of it)."""
+        return max(3 * self.interval_s, 15.0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """A round at once, then one per interval or when a watched Service changes, until
@@ -71,7 +88,8 @@ class Discovery:
             while not stop.is_set():
                 self.wake.clear()
                 try:
-                    await self.round()
+                    if await self._lead():
+                        await self.round()
                 except Exception:  # one bad round is logged, never the end of discovery
                     logger.exception("pool discovery round failed")
                 await _first(stop, self.wake, seconds=self.interval_s)
@@ -79,6 +97,35 @@ class Discovery:
             await self._unwatch(set(self.watches))
             if self.kube is not None:
                 await self.kube.aclose()
+            if self.holds:
+                with contextlib.suppress(Exception):  # else it lapses after lease_s
+                    await asyncio.to_thread(
+                        self._write, lambda s: leases.release(s, leases.DISCOVERY, self.holder)
+                    )
+
+    async def _lead(self) -> bool:
+        """Whether this replica holds the discovery lease: renewed when a third of it has
+        gone, taken when its holder let it go or lapsed."""
+        if self.holds and time.monotonic() - self.renewed < self.lease_s / 3:
+            return True
+        asked = time.monotonic()
+        holds = await asyncio.to_thread(self._take)
+        if holds != self.holds:
+            logger.info(
+                "pool discovery: %s",
+                "this replica leads it" if holds else "another replica leads it",
+            )
+        if not holds:  # the holder's watches and gauges are the ones that count
+            await self._unwatch(set(self.watches))
+            self.failing.clear()
+            self.seen.clear()
+            self.ok.clear()
+        self.holds, self.renewed = holds, asked
+        return holds
+
+    def _take(self) -> bool:
+        with transaction(self.sessions) as session:
+            return leases.hold(session, leases.DISCOVERY, self.holder, self.lease_s)
 
     async def round(self) -> None:
         """Find every pool's members once and apply what changed."""

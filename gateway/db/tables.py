@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     Date,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -306,3 +307,14 @@ class RateWindow(Base):
     window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix minute
     requests: Mapped[int] = mapped_column(default=0)
     tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Lease(Base):
+    """A job that one gateway replica does for all (pool discovery): who holds it and until
+    when, in seconds since the epoch by the database's clock (gateway/services/leases.py)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(NAME))
+    expires_at: Mapped[float] = mapped_column(Double)
