@@ -279,16 +279,10 @@ class Snapshot:
         return {model: sum(e) / len(e) for model, e in errors.items()}
 
     def auto_method(self, model: str) -> str | None:
-        """The cheapest method with measurements and an enabled backend, else plain."""
-        backends = self.backends.get(model, ())
-        costs: dict[str, float] = {}
-        for b in backends:
-            cost = self.usd_per_mtok(model, b.method, b, 1.0)
-            if cost is not None:
-                costs[b.method] = min(cost, costs.get(b.method, cost))
-        if costs:
-            return min(costs, key=costs.__getitem__)
-        methods = {b.method for b in backends}
+        """What an `auto` model serves before the selector's first choice for it: plain
+        where a backend serves it (the baseline), else the first method by name. Never
+        from the measurements: a change of method is the selector's, and audited."""
+        methods = {b.method for b in self.backends.get(model, ())}
         return "plain" if "plain" in methods else (min(methods) if methods else None)
 
 

@@ -4,7 +4,10 @@ Every `selector_interval_s` the selector averages each auto model's in-flight re
 exponential moving average), prices every method with a healthy backend at that concurrency
 from the measured throughput curves, and moves the model to the cheapest one — only when it
 is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on its method
-for `min_dwell_s`. Each move is written to the audit log with the numbers behind it, and
+for `min_dwell_s`. Routing serves exactly what the selector chose: until its first round
+(at once when it starts) a model serves its default (plain, or its first method by name),
+and that first choice is audited too (action `start`, with the candidates' prices and the
+default it replaces). Each move is written to the audit log with the numbers behind it, and
 goes in steps (gateway/policy/moves.py: `move_step_share` of the traffic every `move_step_s`);
 each step of every move under way, the selector's and an admin's, is audited as it is
 reached (within one interval).
@@ -84,7 +87,7 @@ class _Chosen:
 class _Audit:
     """One round's entries for the audit log."""
 
-    starts: list[Decision]  # a model's first choice on this replica
+    starts: list[Decision]  # a model's first choice on this replica (after the default)
     decisions: list[Decision]  # moves the load made
     steps: list[tuple[str, Move, int]]  # steps of gradual moves reached
 
@@ -155,17 +158,17 @@ class Selector:
         self._switched_at: dict[tuple[str, str | None], float] = {}
         self.move_steps = move_steps  # (share per step, seconds between steps)
         self._steps_seen: dict[str, tuple[Move, int]] = {}  # the last step audited per model
-        self._started: set[str] = set()  # auto models whose first choice here is audited
+        self._unpriced: set[str] = set()  # auto models on their default until priced
         self._unaudited: list[_Audit] = []  # audits a database error kept back, oldest first
         self.prices = prices
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Decide on an interval until `stop`."""
+        """Decide at once (the first choices: routing serves its default until then), then
+        on an interval until `stop`."""
         while not stop.is_set():
+            await self.step()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
-            if not stop.is_set():
-                await self.step()
 
     async def step(self) -> list[Decision]:
         """One round over every auto model; its choices are published whole at the end."""
@@ -210,17 +213,29 @@ class Selector:
         own, at `load`: into `chosen`, and the moves made (and a first choice) into the lists."""
         costs, itls = self._prices(snapshot, model, snapshot.backends[model], load, now)
         own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
-        current = chosen.auto.get(model) or snapshot.auto_method(model)
+        current = chosen.auto.get(model)
         scores = candidates(own, costs, itls)
-        if model not in self._started and current is not None and scores:
-            self._started.add(model)  # what this replica starts serving, and why
-            starts.append(
-                Decision(model, None, current, load, scores, {m: itls[m] for m in scores})
-            )
-        decision = self._decide(model, None, current, scores, load, now)
+        decision, at_once = None, False
+        if current is None:  # this replica's first choice: routing serves it from now on
+            default = snapshot.auto_method(model)  # what routing served until now
+            first = min(scores, key=scores.__getitem__) if scores else default
+            if first is not None:
+                chosen.auto[model] = first
+                if scores:  # a priced choice holds for the dwell time; the default does not
+                    self._switched_at[(model, None)] = now
+                else:
+                    self._unpriced.add(model)
+                itl = {m: itls[m] for m in scores}
+                starts.append(Decision(model, default, first, load, scores, itl))
+        else:
+            decision = self._decide(model, None, current, scores, load, now)
+            # the first priced choice replaces the default at once: it was no choice to warm
+            at_once = model in self._unpriced
+            if scores:
+                self._unpriced.discard(model)
         if decision is not None:
             chosen.auto[model] = decision.after
-            self._start_move(decision, chosen.moves)
+            self._start_move(decision, chosen.moves, at_once)
             decisions.append(replace(decision, itl_ms={m: itls[m] for m in decision.usd_per_mtok}))
         for name, objective in (policy.classes if policy is not None else {}).items():
             current = chosen.classes.get((model, name))  # None: first choice
@@ -271,11 +286,11 @@ class Selector:
             decision = replace(decision, request_class=request_class)
         return decision
 
-    def _start_move(self, decision: Decision, moves: dict[str, Move]) -> None:
-        """Move an auto model's traffic to its new method in steps (at once without a
-        method before, or with a step of everything)."""
+    def _start_move(self, decision: Decision, moves: dict[str, Move], at_once: bool) -> None:
+        """Move an auto model's traffic to its new method in steps (or `at_once`, or with a
+        step of everything)."""
         share, step_s = self.move_steps
-        if decision.before is None or share >= 1:
+        if at_once or share >= 1:
             moves.pop(decision.model, None)
             return
         moves[decision.model] = Move(decision.before, decision.after, time.time(), share, step_s)

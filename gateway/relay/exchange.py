@@ -79,6 +79,7 @@ class Exchange:
     affinity_outcome: str | None = None  # "home", "spilled" or "stored" (routing.Route)
     attempts: int = 0  # backends tried so far
     fallback: str | None = None  # why routing left the policy's method, when it did
+    explored: bool = False  # sent to another method for its measurements (explore_fraction)
     span: Span | None = None  # its trace span, when tracing is on
     home: BackendView | None = None  # the backend holding its `previous_response_id`, if any
     response_id: str | None = None  # the id of the response its backend stored, if any

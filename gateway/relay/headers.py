@@ -46,6 +46,8 @@ def response_headers(
     ]
     if fallback:
         headers.append((b"x-draftgate-fallback", fallback.encode()))
+    if x.explored:  # not the policy's method: explore_fraction sent it elsewhere
+        headers.append((b"x-draftgate-explored", b"true"))
     if x.rule is not None:  # its position in the policy's rules, from 0
         headers.append((b"x-draftgate-rule", b"%d" % x.rule.index))
     if x.affinity_outcome is not None:

@@ -301,6 +301,7 @@ class Relay:
             self.metrics.affinity_routes.labels(x.model, plan.affinity).inc()
         if x.rule is not None:
             self.metrics.rule_matches.labels(x.model, str(x.rule.index)).inc()
+        x.explored = plan.explored
         if plan.fallback:
             x.fallback = plan.fallback
             self.metrics.fallbacks.labels(x.model, plan.fallback).inc()

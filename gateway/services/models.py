@@ -214,7 +214,8 @@ def record_method_switch(
     """Audit an automatic move of a model (or of one of its request classes) to another
     method, with the load and every candidate's $/1M output tokens and ITL behind it.
     `reason` is `load` for a move (action `switch`), `start` for the first choice a gateway
-    replica makes (action `start`, `before` None)."""
+    replica makes (action `start`, `before` what routing served until then: plain, or the
+    first method by name)."""
     entry: dict[str, Any] = {
         "method": after,
         "reason": reason,

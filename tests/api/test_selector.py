@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -92,8 +94,9 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
         assert auto_method(registry.snapshot, registry.choices, "m") == "plain"
         with sessions() as session:
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
-        [start, entry] = entries  # the first round's choice, then the move
-        assert (start.action, start.before, start.resource_id) == ("start", {"method": None}, "m")
+        [start, entry] = entries  # the first round's choice (from the default), then the move
+        assert (start.action, start.resource_id) == ("start", "m")
+        assert start.before == {"method": "plain"}  # what routing served until the choice
         assert start.after is not None
         assert (start.after["method"], start.after["reason"]) == ("p-eagle", "start")
         assert start.after["usd_per_mtok"]["p-eagle"] < start.after["usd_per_mtok"]["plain"]
@@ -108,6 +111,48 @@ async def test_load_moves_the_model_and_the_move_is_audited(database_url: str) -
         assert entry.after["method"] == "plain"
         assert entry.after["concurrency"] > 16
         assert entry.after["usd_per_mtok"]["plain"] < entry.after["usd_per_mtok"]["p-eagle"]
+    finally:
+        engine.dispose()
+
+
+async def test_a_model_unpriced_at_start_serves_its_default_then_moves_at_once_audited(
+    database_url: str,
+) -> None:
+    """No GPU price yet: the first choice is the default, audited with no candidates; once
+    priced, the move to the cheapest is audited and immediate (not gradual: the default
+    was no choice whose pool needed warming), and from then on moves go in steps."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        registry, selector = crossover(sessions)
+        selector.move_steps = (0.25, 15.0)
+        priced = registry.snapshot
+        registry.snapshot = dataclasses.replace(priced, prices={})
+        await selector.step()
+        assert auto_method(registry.snapshot, registry.choices, "m") == "plain"
+        registry.snapshot = priced
+        [move] = await selector.step()
+        assert (move.before, move.after) == ("plain", "p-eagle")
+        assert "m" not in registry.choices.moves  # at once
+        registry.states["a"].in_flight = registry.states["b"].in_flight = 32
+        for _ in range(10):
+            if await selector.step():
+                break
+        assert registry.choices.moves["m"].target == "plain"  # a priced move goes in steps
+        with sessions() as session:
+            entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
+        start, first, _ = [e for e in entries if e.action in ("start", "switch")]
+        assert (start.action, start.before, start.after and start.after["method"]) == (
+            "start",
+            {"method": "plain"},
+            "plain",
+        )
+        assert start.after is not None
+        assert start.after["usd_per_mtok"] == {}
+        assert (first.action, first.before) == ("switch", {"method": "plain"})
+        assert first.after is not None
+        assert first.after["method"] == "p-eagle"
     finally:
         engine.dispose()
 

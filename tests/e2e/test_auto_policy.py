@@ -54,6 +54,7 @@ SETTLED_S = 6.0  # no move for longer than the selector's 4 s dwell: its choice 
 # A deadline for requests already sent to be served: 128 streams of 400 tokens on a busy
 # 2-core machine took over 90 s once; waiting for them to end is a condition, not a guess.
 SERVED_TIMEOUT_S = 300.0
+ROUTED_S = 10.0  # at most from routing a request to its answer's headers, on a busy machine
 UP_TIMEOUT_S = 90.0  # five simulators, then the gateway, on a busy machine
 
 
@@ -67,6 +68,9 @@ class Load:
         self.served_at: list[tuple[float, str]] = []  # the same by the wall clock (audit's)
         self.failures: list[str] = []
         self.ended: list[float] = []  # start time of every request that ended, either way
+        # (wall clock at its answer's headers, method) of every request routed by the
+        # policy's choice (neither explored nor fallen back)
+        self.routed: list[tuple[float, str]] = []
         self.started: list[float] = []
         self._pool = ThreadPoolExecutor(1)
         self._done: Future[None] = self._pool.submit(asyncio.run, self._run())
@@ -89,6 +93,12 @@ class Load:
             self.started.append(started)
             try:
                 async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                    routed = ("x-draftgate-explored" in response.headers) or (
+                        "x-draftgate-fallback" in response.headers
+                    )
+                    if response.status_code == 200 and not routed:
+                        method = response.headers["x-draftgate-method"]
+                        self.routed.append((time.time(), method))
                     text = "".join([chunk async for chunk in response.aiter_text()])
                     ok = response.status_code == 200 and text.rstrip().endswith("[DONE]")
                     backend = response.headers.get("x-draftgate-backend", "?")
@@ -322,3 +332,55 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
 
     for load in (low, high, back):
         assert not load.failures, load.failures[:5]
+
+
+def test_every_routing_change_is_audited_from_the_first(
+    start_server: ServerStarter, tmp_path: Path
+) -> None:
+    """`draftgate up`'s first minutes under load: every request the policy routed went to a
+    method the audit log had named by then, from the replica's first choice (and the
+    default served before it) through the moves the first measurements make."""
+    server, token = _start_up(start_server, tmp_path)
+    load = Load(server.base_url, LOW)
+    try:
+        with server.client(token) as admin:
+            measured = lambda: admin.get(  # noqa: E731
+                "/admin/v1/measurements", params={"model": MODEL, "source": "scrape"}
+            ).json()["data"]
+            _wait_for(admin, lambda: {"m": 1} if measured() else None, "first measurement")
+            first = time.time()  # the first measurement's prices are acted on from here
+            deadline = time.monotonic() + SERVED_TIMEOUT_S
+            while sum(at > first + SETTLED_S for at, _ in list(load.routed)) < SAMPLE_REQUESTS:
+                assert time.monotonic() < deadline, "too few requests after the measurement"
+                time.sleep(0.5)
+            entries = sorted(
+                (
+                    e
+                    for e in admin.get(
+                        "/admin/v1/audit", params={"resource_type": "model", "resource_id": MODEL}
+                    ).json()["data"]
+                    if e["action"] in ("start", "switch")
+                ),
+                key=lambda e: e["id"],
+            )
+    finally:
+        load.close()
+    assert not load.failures, load.failures[:5]
+    [start] = [e for e in entries if e["action"] == "start"]
+    assert entries[0] == start, entries  # the first entry: what the replica starts serving
+    # Each request went to the method the audit log says was chosen when it was routed:
+    # the default before the first choice, then each entry's. It was routed a little before
+    # its answer's headers came (ROUTED_S), and the audit row is written a little after
+    # the choice is published (a second).
+    timeline = [(0.0, start["before"]["method"])] + [
+        (_at(e), e["after"]["method"]) for e in entries
+    ]
+
+    def chosen_between(begin: float, end: float) -> set[str]:
+        before = [m for at, m in timeline if at <= begin][-1:]
+        return {*before, *(m for at, m in timeline if begin < at <= end)}
+
+    unaudited = [
+        (at, m) for at, m in load.routed if m not in chosen_between(at - ROUTED_S, at + 1.0)
+    ]
+    assert not unaudited, (unaudited[:5], len(load.routed), timeline)
