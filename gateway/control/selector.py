@@ -290,7 +290,7 @@ class Selector:
         """Move an auto model's traffic to its new method in steps (or `at_once`, or with a
         step of everything)."""
         share, step_s = self.move_steps
-        if at_once or share >= 1:
+        if at_once or decision.before is None or share >= 1:
             moves.pop(decision.model, None)
             return
         moves[decision.model] = Move(decision.before, decision.after, time.time(), share, step_s)
