@@ -22,7 +22,7 @@ from typing import IO
 
 import httpx
 
-from backends.methods import MethodSpec, render_vllm_args
+from backends.methods import MethodSpec, render_speculative_config, render_vllm_args
 
 STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 20
@@ -34,6 +34,7 @@ LOCALHOST = "127.0.0.1"
 # a short context and full precision.
 CPU_SERVE_ARGS = ("--enforce-eager", "--kv-cache-memory-bytes", "64M",
                   "--max-model-len", "512", "--dtype", "float32")  # fmt: skip
+PER_REQUEST_SPEC_ARGS = ("--per-request-spec-decode-metrics", "summary")
 # Local paths only, never the hub; no usage reports.
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -50,10 +51,12 @@ class LaunchError(RuntimeError):
 def sim_argv(
     model: str, method: str, port: int, *, gpu: str = "B200", time_scale: float = 1.0
 ) -> list[str]:
-    """The command line of one simulated vLLM server."""
+    """The command line of one simulated vLLM server (reporting each request's drafts and
+    accepts, as `vllm_argv`'s servers do)."""
     draftgate = Path(sys.executable).parent / "draftgate"
     return [str(draftgate), "sim", "--model", model, "--method", method, "--gpu", gpu,
-            "--port", str(port), "--time-scale", str(time_scale)]  # fmt: skip
+            "--port", str(port), "--time-scale", str(time_scale),
+            "--per-request-spec-metrics"]  # fmt: skip
 
 
 def vllm_argv(
@@ -68,8 +71,12 @@ def vllm_argv(
     """`vllm serve` for `model` decoding with `spec` on 127.0.0.1:`port`.
 
     The `vllm` command is the one beside `vllm_python` (vLLM's own virtualenv), else the
-    one on PATH. `extra_args` defaults to what a CPU-only host needs.
+    one on PATH. `extra_args` defaults to what a CPU-only host needs. A speculative server
+    reports each request's own drafts and accepts in its answer (vLLM's
+    `--per-request-spec-decode-metrics summary`), which the gateway records per request.
     """
+    if render_speculative_config(spec) is not None:
+        extra_args = (*extra_args, *PER_REQUEST_SPEC_ARGS)
     argv = render_vllm_args(
         model,
         spec,

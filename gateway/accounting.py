@@ -66,6 +66,11 @@ class UsageEntry:
     cached_prompt_tokens: int | None = None
     # The id of the response the backend stored (the Responses API), so a later turn finds it
     response_id: str | None = None
+    # Its own speculative decoding, where the engine reported it (vLLM's per-request spec
+    # decode metrics): verify steps, draft tokens proposed and accepted; None: not reported
+    spec_steps: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
 
 
 def prefill_saved_by_cache_usd(entry: UsageEntry) -> float:
@@ -96,6 +101,9 @@ ROLLUP_VALUES = [
     "baseline_error_usd",
     "cached_prompt_tokens",
     "prefill_saved_by_cache_usd",
+    "spec_steps",
+    "draft_tokens",
+    "accepted_tokens",
 ]
 
 
@@ -126,7 +134,9 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
     """Increment the hourly rollup rows by these (newly inserted) records."""
     sums: dict[tuple[dt.datetime, str, str, str, int], list[float]] = {}
     for e in entries:
-        total = sums.setdefault(_rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0])
+        total = sums.setdefault(
+            _rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0, 0, 0]
+        )
         total[0] += 1
         total[1] += e.status_code >= 400
         total[2] += e.prompt_tokens
@@ -138,6 +148,9 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
         total[8] += e.baseline_error_usd or 0.0
         total[9] += e.cached_prompt_tokens or 0
         total[10] += prefill_saved_by_cache_usd(e)
+        total[11] += e.spec_steps or 0
+        total[12] += e.draft_tokens or 0
+        total[13] += e.accepted_tokens or 0
     rows = [
         dict(zip(ROLLUP_KEY, key, strict=True)) | dict(zip(ROLLUP_VALUES, values, strict=True))
         for key, values in sums.items()
@@ -190,6 +203,9 @@ def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
             func.coalesce(func.sum(r.baseline_error_usd), 0.0),
             func.coalesce(func.sum(r.cached_prompt_tokens), 0),
             func.coalesce(func.sum(r.cached_prompt_tokens * r.prompt_usd_per_mtok / 1e6), 0.0),
+            func.coalesce(func.sum(r.spec_steps), 0),
+            func.coalesce(func.sum(r.draft_tokens), 0),
+            func.coalesce(func.sum(r.accepted_tokens), 0),
         )
         .where(r.created_at >= hour, r.created_at < end)
         .group_by(*dimensions)
@@ -200,7 +216,7 @@ def _rollup_row(hour: dt.datetime, group: Sequence[Any]) -> dict[str, Any]:
     """One row of `_sums_of_hour` as the rollup row of `hour` it sets."""
     (
         method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy,
-        cost_error, baseline_error, cached, saved,
+        cost_error, baseline_error, cached, saved, spec_steps, drafted, accepted,
     ) = group  # fmt: skip
     return {
         "hour": hour,
@@ -219,6 +235,9 @@ def _rollup_row(hour: dt.datetime, group: Sequence[Any]) -> dict[str, Any]:
         "baseline_error_usd": baseline_error,
         "cached_prompt_tokens": cached,
         "prefill_saved_by_cache_usd": saved,
+        "spec_steps": spec_steps,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
     }
 
 

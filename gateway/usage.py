@@ -10,13 +10,18 @@ apart where the usage says them: `prompt_tokens_details.cached_tokens` (vLLM, wi
 `--enable-prompt-tokens-details`, on a whole response and on a stream's usage-only chunk),
 `input_tokens_details.cached_tokens` (the Responses API), `cache_read_input_tokens`
 (Anthropic-style). More cached tokens than the prompt has is set aside like a bad count.
+
+A request's own speculative decoding is read where the engine reports it: vLLM's
+`--per-request-spec-decode-metrics` block (`metrics.speculative_decoding`, on a whole
+response and on a stream's usage-only chunk): its verify steps, draft tokens proposed and
+accepted. A block whose counts do not hold together is ignored, never half-read.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -98,23 +103,59 @@ def _count(usage: dict[str, Any], keys: tuple[str, ...], rejected: list[str]) ->
     return 0
 
 
-def usage_of(content: bytes) -> dict[str, Any] | None:
-    """The `usage` object of a whole response's JSON body, if it has one."""
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """One request's speculative decoding as its engine reported it: verify steps, draft
+    tokens proposed, draft tokens accepted. Its acceptance length is 1 + accepted / steps."""
+
+    steps: int
+    drafted: int
+    accepted: int
+
+
+def json_body(content: bytes) -> dict[str, Any] | None:
+    """A whole response's JSON object, if it is one."""
     try:
         body = orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
-    usage = body.get("usage") if isinstance(body, dict) else None
+    return body if isinstance(body, dict) else None
+
+
+def usage_in(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The `usage` object of a whole response's body, if it has one."""
+    usage = body.get("usage") if body is not None else None
     return usage if isinstance(usage, dict) else None
 
 
-def response_id_of(content: bytes) -> str | None:
-    """The `id` of a whole Responses API body (`"object": "response"`), if it has one."""
-    try:
-        body = orjson.loads(content)
-    except orjson.JSONDecodeError:
+def speculation_in(body: dict[str, Any] | None) -> Speculation | None:
+    """The request's speculative decoding from a body's `metrics.speculative_decoding`
+    (at the top, or in a Responses API event's `response`), if it holds together."""
+    if body is None:
         return None
-    if not isinstance(body, dict) or body.get("object") != "response":
+    metrics = body.get("metrics")
+    if metrics is None and isinstance(inner := body.get("response"), dict):
+        metrics = inner.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    steps, drafted, accepted = (
+        spec.get(k) for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
+    )
+    if not (_whole(steps) and _whole(drafted) and _whole(accepted)):
+        return None
+    if accepted > drafted or drafted < steps:  # every step drafts at least one token
+        return None
+    return Speculation(steps, drafted, accepted)
+
+
+def _whole(n: object) -> TypeGuard[int]:
+    return type(n) is int and 0 <= n <= MAX_TOKENS
+
+
+def response_id_in(body: dict[str, Any] | None) -> str | None:
+    """The `id` of a whole Responses API body (`"object": "response"`), if it has one."""
+    if body is None or body.get("object") != "response":
         return None
     found = body.get("id")
     return found if isinstance(found, str) and len(found) <= RESPONSE_ID_CHARS else None

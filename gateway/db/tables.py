@@ -192,6 +192,11 @@ class UsageRecord(Base):
     # The Responses API's id for what the backend stored (a later turn's
     # `previous_response_id` goes to the same backend); NULL for every other request.
     response_id: Mapped[str | None] = mapped_column(String(RESPONSE_ID), index=True)
+    # Its own speculative decoding where the engine reported it (vLLM's per-request spec
+    # decode metrics): verify steps, draft tokens proposed, accepted; NULL: not reported.
+    spec_steps: Mapped[int | None]
+    draft_tokens: Mapped[int | None]
+    accepted_tokens: Mapped[int | None]
 
 
 class UsageHourly(Base):
@@ -223,6 +228,11 @@ class UsageHourly(Base):
     # price each record was given: a capacity cost the cache avoided, not money released.
     cached_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     prefill_saved_by_cache_usd: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    # Sums of the records' own speculative decoding, where reported: acceptance length is
+    # 1 + accepted_tokens / spec_steps over the requests that said.
+    spec_steps: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    draft_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    accepted_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Measurement(Base):

@@ -28,7 +28,7 @@ from gateway.relay.checks import (
     sequences,
     worst_case_tokens,
 )
-from gateway.usage import Tokens, tokens_of
+from gateway.usage import Speculation, Tokens, tokens_of
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -79,6 +79,7 @@ class Exchange:
     affinity_outcome: str | None = None  # "home", "spilled" or "stored" (routing.Route)
     attempts: int = 0  # backends tried so far
     fallback: str | None = None  # why routing left the policy's method, when it did
+    speculation: Speculation | None = None  # its own drafts and accepts, where reported
     explored: bool = False  # sent to another method for its measurements (explore_fraction)
     span: Span | None = None  # its trace span, when tracing is on
     home: BackendView | None = None  # the backend holding its `previous_response_id`, if any
@@ -224,6 +225,9 @@ def _record(
             prompt_usd_per_mtok=costs.prompt_usd_per_mtok,
             tokens_estimated=x.tokens_estimated,
             response_id=x.response_id,
+            spec_steps=x.speculation.steps if x.speculation else None,
+            draft_tokens=x.speculation.drafted if x.speculation else None,
+            accepted_tokens=x.speculation.accepted if x.speculation else None,
         )
     )
     _observe(snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)

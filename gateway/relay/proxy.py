@@ -78,7 +78,7 @@ from gateway.relay.upstream import (
 )
 from gateway.server.http_limits import STALLED
 from gateway.settings import Settings
-from gateway.usage import response_id_of, usage_of
+from gateway.usage import json_body, response_id_in, speculation_in, usage_in
 
 if TYPE_CHECKING:
     from gateway.events.tracing import Tracing
@@ -432,7 +432,7 @@ class Relay:
             await send({"type": "http.response.body", "body": event, "more_body": False})
         finally:
             tap.finish()  # a stream cut short still knows its usage from its last chunk
-            x.usage, x.chunks = tap.usage, tap.chunks
+            x.usage, x.chunks, x.speculation = tap.usage, tap.chunks, tap.speculation
             if call.path == RESPONSES_PATH:
                 x.response_id = tap.response_id()
 
@@ -453,9 +453,10 @@ class Relay:
         x.first_byte = x.last_byte = time.perf_counter()
         if x.status >= 400:
             x.outcome = "upstream_error" if x.status >= 500 else "client_error"
-        x.usage = usage_of(content)
+        body = json_body(content)
+        x.usage, x.speculation = usage_in(body), speculation_in(body)
         if call.path == RESPONSES_PATH and x.status == 200:
-            x.response_id = response_id_of(content)
+            x.response_id = response_id_in(body)
         headers.append((b"content-length", str(len(content)).encode()))
         headers += cost_headers(x, self.metrics)
         await send({"type": "http.response.start", "status": x.status, "headers": headers})

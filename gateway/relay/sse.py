@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.usage import RESPONSE_ID_CHARS
+from gateway.usage import RESPONSE_ID_CHARS, Speculation, speculation_in
 
 USAGE_KEY = b'"usage"'  # in every event that may hold usage, whatever its whitespace
 USAGE = b'"usage":{'  # a usage object, not `"usage":null`
@@ -69,7 +69,15 @@ Form = Literal["content", "compact", "other"]
 class UsageTap:
     """Watches a relayed SSE byte stream for usage."""
 
-    __slots__ = ("_carry", "_last_usage", "_strip", "_strip_chunk_usage", "chunks", "usage")
+    __slots__ = (
+        "_carry",
+        "_last_usage",
+        "_strip",
+        "_strip_chunk_usage",
+        "chunks",
+        "speculation",
+        "usage",
+    )
 
     def __init__(self, strip_usage_chunk: bool, strip_chunk_usage: bool = False) -> None:
         self._strip = strip_usage_chunk
@@ -78,6 +86,7 @@ class UsageTap:
         self._last_usage = b""  # the last chunk (or event) with a usage object, as it came
         self.chunks = 0  # events with content forwarded
         self.usage: dict[str, Any] | None = None
+        self.speculation: Speculation | None = None  # the usage-only chunk's, where reported
 
     def feed(self, data: bytes) -> bytes:
         """Return the bytes to forward for this upstream chunk."""
@@ -138,7 +147,8 @@ class UsageTap:
     def _compact_event(self, event: bytes, end: bytes = EVENT_END) -> bytes:
         """An event in vLLM's compact form, read and cut by its bytes (b"": cut out)."""
         if USAGE_ONLY in event and event.startswith(DATA) and USAGE_KEY in event:
-            self.usage = _usage(event)
+            body = _body(event)
+            self.usage, self.speculation = _usage_in(body), speculation_in(body)
             return b"" if self._strip else event + end
         self.chunks += event.count(DATA)
         if USAGE in event:
@@ -151,7 +161,7 @@ class UsageTap:
         """An event with usage in another form than vLLM's, read as JSON."""
         body = _body(event)
         if body is not None and body.get("choices") == []:  # the usage-only chunk
-            self.usage = _usage_in(body)
+            self.usage, self.speculation = _usage_in(body), speculation_in(body)
             return b"" if self._strip else event + end
         self.chunks += event.count(DATA)
         if body is None:

@@ -396,6 +396,13 @@ class UsageRow(Report):
     # The token counts are the gateway's estimate (a non-streamed request its client left:
     # the time it ran at its curve's per-request rate), not what the backend reported
     tokens_estimated: bool = False
+    # Its own speculative decoding, where the engine reported it (vLLM's
+    # --per-request-spec-decode-metrics): verify steps, draft tokens proposed and accepted,
+    # and its acceptance length 1 + accepted / steps; None: not reported
+    spec_steps: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    acceptance_length: float | None = None
 
 
 class UsagePage(Report):

@@ -106,6 +106,12 @@ def row_of(r: UsageRecord) -> UsageRow:
         cost_error_usd=r.cost_error_usd,
         baseline_error_usd=r.baseline_error_usd,
         tokens_estimated=r.tokens_estimated,
+        spec_steps=r.spec_steps,
+        draft_tokens=r.draft_tokens,
+        accepted_tokens=r.accepted_tokens,
+        acceptance_length=1 + r.accepted_tokens / r.spec_steps
+        if r.spec_steps and r.accepted_tokens is not None
+        else None,
     )
 
 

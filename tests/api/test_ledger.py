@@ -70,7 +70,9 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
         for n in range(5):
             batch = [
                 entry(10 * n + i, method=("plain", "dflash")[i % 2],
-                      cached_prompt_tokens=(None, 8)[n % 2], prompt_usd_per_mtok=0.5)
+                      cached_prompt_tokens=(None, 8)[n % 2], prompt_usd_per_mtok=0.5,
+                      **({} if i % 2 == 0 else  # dflash reported its drafts, plain none
+                         {"spec_steps": 20, "draft_tokens": 140, "accepted_tokens": 80}))
                 for i in range(7)
             ]  # fmt: skip
             write_batch(sessions, batch)
@@ -80,7 +82,8 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
                 rows = session.scalars(select(UsageHourly).order_by(UsageHourly.method)).all()
                 return [
                     (r.method, r.requests, r.completion_tokens, round(r.cost_usd, 9),
-                     r.cached_prompt_tokens, round(r.prefill_saved_by_cache_usd, 12))
+                     r.cached_prompt_tokens, round(r.prefill_saved_by_cache_usd, 12),
+                     (r.spec_steps, r.draft_tokens, r.accepted_tokens))
                     for r in rows
                 ]  # fmt: skip
 
@@ -92,8 +95,8 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
             rollups()
             == incremental
             == [
-                ("dflash", 15, 1500, 0.015, 48, 48 * 0.5e-6),
-                ("plain", 20, 2000, 0.02, 64, 64 * 0.5e-6),
+                ("dflash", 15, 1500, 0.015, 48, 48 * 0.5e-6, (300, 2100, 1200)),
+                ("plain", 20, 2000, 0.02, 64, 64 * 0.5e-6, (0, 0, 0)),
             ]
         )
     finally:

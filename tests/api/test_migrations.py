@@ -32,14 +32,14 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     try:
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
-        assert migrate.current_revision(engine) == "0018"
+        assert migrate.current_revision(engine) == "0019"
         migrate.downgrade(engine, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
         migrate.upgrade(engine)  # a second upgrade is a no-op
-        assert migrate.current_revision(engine) == "0018"
+        assert migrate.current_revision(engine) == "0019"
     finally:
         engine.dispose()
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backends.launcher import CPU_SERVE_ARGS, OFFLINE_ENV, vllm_argv, vllm_env
+from backends.launcher import (
+    CPU_SERVE_ARGS,
+    OFFLINE_ENV,
+    PER_REQUEST_SPEC_ARGS,
+    vllm_argv,
+    vllm_env,
+)
 from backends.methods import make_spec, render_vllm_args
 
 
@@ -17,6 +23,7 @@ def test_vllm_argv_is_the_catalogs_rendering_with_the_cpu_flags() -> None:
             "/models/target", spec, port=18000, host="127.0.0.1", served_model_name="tiny"
         ),
         *CPU_SERVE_ARGS,
+        *PER_REQUEST_SPEC_ARGS,  # a speculative server reports each request's drafts
     ]
     config = json.loads(argv[argv.index("--speculative-config") + 1])
     assert config == {
@@ -40,6 +47,7 @@ def test_vllm_argv_runs_the_vllm_beside_the_configured_interpreter() -> None:
     assert argv[:3] == ["/venvs/vllm/bin/vllm", "serve", "m"]
     assert argv[-2:] == ["--max-num-seqs", "4"]
     assert "--speculative-config" not in argv
+    assert "--per-request-spec-decode-metrics" not in argv  # nothing to report
     assert vllm_argv("m", make_spec("plain"), 1234)[0] == "vllm"
 
 

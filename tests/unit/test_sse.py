@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from gateway.relay.sse import UsageTap
+from gateway.usage import Speculation
 
 
 def event(body: str) -> bytes:
@@ -383,3 +384,23 @@ def test_a_crlf_stream_cut_short_takes_usage_from_its_last_chunk() -> None:
     tap = UsageTap(strip_usage_chunk=True, strip_chunk_usage=True)
     relay(tap, [ending(e, b"\r\n") for e in vllm_events(True)])
     assert tap.usage == VLLM_FINAL | {"prompt_tokens_details": {"cached_tokens": 0}}
+
+
+SPEC = {"num_spec_steps": 4, "num_draft_tokens": 28, "num_accepted_draft_tokens": 9}
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_the_requests_own_speculation_is_read_from_its_usage_chunk(spaced: bool) -> None:
+    body = {
+        "choices": [],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 13},
+        "metrics": {"speculative_decoding": SPEC | {"mean_acceptance_length": 3.25}},
+    }
+    usage = event(json.dumps(body) if spaced else orjson.dumps(body).decode())
+    tap = UsageTap(strip_usage_chunk=True)
+    assert relay(tap, [*CONTENT, usage, DONE]) == b"".join(CONTENT) + DONE
+    assert tap.speculation == Speculation(4, 28, 9)
+    assert tap.usage == {"prompt_tokens": 5, "completion_tokens": 13}
+    plain = UsageTap(strip_usage_chunk=True)
+    relay(plain, [*CONTENT, USAGE, DONE])
+    assert plain.speculation is None  # not reported: none, never zeros

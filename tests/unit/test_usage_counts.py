@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.usage import MAX_TOKENS, Tokens, tokens_of
+from gateway.usage import MAX_TOKENS, Speculation, Tokens, speculation_in, tokens_of
 
 
 @pytest.mark.parametrize(
@@ -93,3 +93,37 @@ def test_a_whole_prompt_may_be_cached() -> None:
     the prompt itself."""
     usage = {"prompt_tokens": 32, "prompt_tokens_details": {"cached_tokens": 32.0}}
     assert tokens_of(usage) == Tokens(32, 0, (), 32)
+
+
+SPEC = {"num_spec_steps": 4, "num_draft_tokens": 28, "num_accepted_draft_tokens": 9}
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"metrics": {"speculative_decoding": SPEC}}, Speculation(4, 28, 9)),
+        ({"response": {"metrics": {"speculative_decoding": SPEC}}}, Speculation(4, 28, 9)),
+        (
+            {
+                "metrics": {
+                    "speculative_decoding": SPEC
+                    | {"num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0}
+                }
+            },
+            Speculation(0, 0, 0),
+        ),
+        ({"usage": {}}, None),  # not reported
+        ({"metrics": None}, None),
+        ({"metrics": {"speculative_decoding": "summary"}}, None),
+        ({"metrics": {"speculative_decoding": SPEC | {"num_spec_steps": True}}}, None),
+        ({"metrics": {"speculative_decoding": SPEC | {"num_draft_tokens": 4.0}}}, None),
+        ({"metrics": {"speculative_decoding": SPEC | {"num_accepted_draft_tokens": -1}}}, None),
+        ({"metrics": {"speculative_decoding": SPEC | {"num_accepted_draft_tokens": 29}}}, None),
+        ({"metrics": {"speculative_decoding": SPEC | {"num_draft_tokens": 3}}}, None),
+        ({"metrics": {"speculative_decoding": SPEC | {"num_spec_steps": MAX_TOKENS + 1}}}, None),
+    ],
+)
+def test_a_requests_speculation_is_read_only_when_it_holds_together(
+    body: dict[str, Any], expected: Speculation | None
+) -> None:
+    assert speculation_in(body) == expected

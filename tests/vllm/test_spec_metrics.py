@@ -183,3 +183,48 @@ def test_the_collector_measures_real_servers_and_flags_only_liars(
         for name in [*honest, "liar-ngram", "liar-plain"]
     }
     assert flags == dict.fromkeys(honest, 0) | {"liar-ngram": 1, "liar-plain": 1}
+
+
+def test_each_requests_own_acceptance_is_recorded_and_adds_up_to_the_counters(
+    collecting_gateway: tuple[Server, str], vllm_servers: dict[str, RealServer]
+) -> None:
+    """vLLM's per-request spec decode block, read by the gateway from whole answers and
+    streams, is on each usage record; the records add up to the server's own counters."""
+    gateway, database_url = collecting_gateway
+    server = vllm_servers["ngram"]
+    before = _raw(_page(server))
+    ids = []
+    with httpx.Client(base_url=gateway.base_url, timeout=REQUEST_TIMEOUT_S) as http:
+        for i, stream in enumerate((False, True, False)):
+            request_id = f"spec-{i}-{time.time_ns()}"
+            ids.append(request_id)
+            body = {
+                "model": server.model,
+                "prompt": PROMPT * (i + 1),
+                "max_tokens": 32,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": stream,
+            }
+            answer = http.post("/v1/completions", json=body, headers={"x-request-id": request_id})
+            assert answer.status_code == 200, answer.text
+            if not stream:
+                block = answer.json()["metrics"]["speculative_decoding"]
+                assert block["num_spec_steps"] > 0
+    after = _raw(_page(server))
+    deadline = time.monotonic() + 60
+    while True:
+        rows = query_rows(
+            database_url,
+            "SELECT spec_steps, draft_tokens, accepted_tokens FROM usage_records "
+            "WHERE client_request_id IN (:a, :b, :c)",
+            a=ids[0], b=ids[1], c=ids[2],
+        )  # fmt: skip
+        if len(rows) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(rows) == 3, rows
+    assert all(r["spec_steps"] and r["spec_steps"] > 0 for r in rows), rows
+    assert sum(r["spec_steps"] for r in rows) == after.drafts - before.drafts
+    assert sum(r["accepted_tokens"] for r in rows) == after.accepted - before.accepted
+    assert all(r["draft_tokens"] <= K["ngram"] * r["spec_steps"] for r in rows), rows
