@@ -7,7 +7,8 @@ is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on
 for `min_dwell_s`. Routing serves exactly what the selector chose: until its first round
 (at once when it starts) a model serves its default (plain, or its first method by name),
 and that first choice is audited too (action `start`, with the candidates' prices and the
-default it replaces). Each move is written to the audit log with the numbers behind it, and
+default it replaces; a first choice made with no price keeps the default until the first
+priced one, a start too). Each move is written to the audit log with the numbers behind it, and
 goes in steps (gateway/policy/moves.py: `move_step_share` of the traffic every `move_step_s`);
 each step of every move under way, the selector's and an admin's, is audited as it is
 reached (within one interval).
@@ -236,7 +237,9 @@ class Selector:
         if decision is not None:
             chosen.auto[model] = decision.after
             self._start_move(decision, chosen.moves, at_once)
-            decisions.append(replace(decision, itl_ms={m: itls[m] for m in decision.usd_per_mtok}))
+            decision = replace(decision, itl_ms={m: itls[m] for m in decision.usd_per_mtok})
+            # the first priced choice is the replica's first choice still (a start, no move)
+            (starts if at_once else decisions).append(decision)
         for name, objective in (policy.classes if policy is not None else {}).items():
             current = chosen.classes.get((model, name))  # None: first choice
             scores = candidates(objective, costs, itls)

@@ -119,8 +119,8 @@ async def test_a_model_unpriced_at_start_serves_its_default_then_moves_at_once_a
     database_url: str,
 ) -> None:
     """No GPU price yet: the first choice is the default, audited with no candidates; once
-    priced, the move to the cheapest is audited and immediate (not gradual: the default
-    was no choice whose pool needed warming), and from then on moves go in steps."""
+    priced, the first priced choice is audited as a start too (the default was no choice:
+    no move, at once, not gradual), and from then on moves go in steps."""
     engine = make_engine(database_url)
     migrate.upgrade(engine)
     sessions = make_sessionmaker(engine)
@@ -132,8 +132,8 @@ async def test_a_model_unpriced_at_start_serves_its_default_then_moves_at_once_a
         await selector.step()
         assert auto_method(registry.snapshot, registry.choices, "m") == "plain"
         registry.snapshot = priced
-        [move] = await selector.step()
-        assert (move.before, move.after) == ("plain", "p-eagle")
+        assert await selector.step() == []  # the first priced choice: a start, not a move
+        assert auto_method(registry.snapshot, registry.choices, "m") == "p-eagle"
         assert "m" not in registry.choices.moves  # at once
         registry.states["a"].in_flight = registry.states["b"].in_flight = 32
         for _ in range(10):
@@ -142,7 +142,8 @@ async def test_a_model_unpriced_at_start_serves_its_default_then_moves_at_once_a
         assert registry.choices.moves["m"].target == "plain"  # a priced move goes in steps
         with sessions() as session:
             entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
-        start, first, _ = [e for e in entries if e.action in ("start", "switch")]
+        start, first, move = [e for e in entries if e.action in ("start", "switch")]
+        assert move.action == "switch"
         assert (start.action, start.before, start.after and start.after["method"]) == (
             "start",
             {"method": "plain"},
@@ -150,7 +151,7 @@ async def test_a_model_unpriced_at_start_serves_its_default_then_moves_at_once_a
         )
         assert start.after is not None
         assert start.after["usd_per_mtok"] == {}
-        assert (first.action, first.before) == ("switch", {"method": "plain"})
+        assert (first.action, first.before) == ("start", {"method": "plain"})
         assert first.after is not None
         assert first.after["method"] == "p-eagle"
     finally:

@@ -29,8 +29,10 @@ CHAT = {
 WAIT_S = 30.0  # deadline of polls: windows close and scrapes land late on a busy machine
 # Windows of 1.5 s hold a few requests each: the gate is lowered to store them (the gate
 # itself is tested in tests/e2e/test_measurement_gates.py).
+# The selector chooses every 0.5 s, and may correct a choice after 1 s.
 SETTINGS = {"COLLECT_INTERVAL_S": "0.3", "MEASUREMENT_WINDOW_S": "1.5", "REGISTRY_REFRESH_S": "0.5",
-            "MEASUREMENT_MIN_REQUESTS": "1", "MEASUREMENT_MIN_OUTPUT_TOKENS": "1"}  # fmt: skip
+            "MEASUREMENT_MIN_REQUESTS": "1", "MEASUREMENT_MIN_OUTPUT_TOKENS": "1",
+            "SELECTOR_INTERVAL_S": "0.5", "SELECTOR_MIN_DWELL_S": "1"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,15 @@ def _measured_methods(server: Server) -> set[str]:
     return {c["method"] for c in curves if c["measured"]}
 
 
+def _routed(server: Server) -> str | None:
+    admin = {"Authorization": "Bearer e2e-admin-token-0123456789abcdef"}
+    fleet = httpx.get(
+        f"{server.base_url}/admin/v1/fleet", params={"model": SIM_MODEL}, headers=admin
+    ).json()
+    routed: str | None = (fleet.get("now") or {}).get("routed_method")
+    return routed
+
+
 def test_scrapes_become_measurements_and_auto_moves_to_the_cheapest_method(
     stack: tuple[Server, str],
 ) -> None:
@@ -107,6 +118,11 @@ def test_scrapes_become_measurements_and_auto_moves_to_the_cheapest_method(
     deadline = time.monotonic() + WAIT_S
     while not _measured_methods(server) >= {"plain", "p-eagle"}:
         assert time.monotonic() < deadline, "the registry never loaded the measurements"
+        time.sleep(0.2)
+    # Routing serves the selector's audited choice: it prices the measured curves at its
+    # next round and takes the cheaper.
+    while _routed(server) != "p-eagle":
+        assert time.monotonic() < deadline, f"the selector stayed on {_routed(server)}"
         time.sleep(0.2)
     methods = _traffic(server, 1.5)
     assert methods
