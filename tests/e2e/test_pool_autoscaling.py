@@ -4,11 +4,13 @@ falls back when the load ends."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from tests.conftest import DATABASES, new_postgres_schema
 from tests.e2e.conftest import ADMIN_TOKEN, HEALTH_TIMEOUT_S, SIM_MODEL
 from tests.e2e.test_desired_replicas import POLICY, STREAMS, Streams, _wait
 from tests.e2e.test_desired_replicas import SETTINGS as SIZING
@@ -18,20 +20,25 @@ from tests.e2e.test_pools import _wait as wait_for
 MEMBERS = ADDRESSES[:4]
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+@pytest.fixture(scope="module", params=DATABASES)
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
     """Slow simulators (few tokens: little work for the machine), no measurements: the
-    curves are the planner's, as in test_desired_replicas."""
+    curves are the planner's, as in test_desired_replicas. On SQLite and PostgreSQL."""
     slow = ("--time-scale", "0.1", "--gpu", "B200")
-    fleet = Fleet(tmp_path_factory.mktemp("pool-scaling"), slow, **SIZING)
-    try:
+    with contextlib.ExitStack() as stack:
+        database_url = None
+        if request.param == "postgres":
+            database_url = stack.enter_context(new_postgres_schema())
+        directory = tmp_path_factory.mktemp(f"pool-scaling-{request.param}")
+        fleet = Fleet(directory, slow, database_url=database_url, **SIZING)
+        stack.callback(fleet.close)
         for address in MEMBERS:
             fleet.start_sim(address)
         fleet.dns.set(NAME, MEMBERS)
         fleet.start_gateway(models=[{"name": SIM_MODEL, "policy": POLICY}])
         yield fleet
-    finally:
-        fleet.close()
 
 
 def test_a_pool_asks_for_more_than_two_pods_under_load_and_falls_back(fleet: Fleet) -> None:

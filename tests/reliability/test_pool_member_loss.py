@@ -9,6 +9,7 @@ takes no request after, and the ledger holds exactly one record per client reque
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import DATABASES, new_postgres_schema
 from tests.e2e.test_pools import NAME, Fleet
 from tests.e2e.test_pools import _wait as wait_for
 from tests.reliability.conftest import run_streaming_load, wait_for_ledger
@@ -32,17 +34,22 @@ WAIT_S = 30.0
 SETTINGS = {"PROBE_INTERVAL_S": "1", "BREAKER_COOLDOWN_S": "2", "COLLECT_INTERVAL_S": "3600"}
 
 
-@pytest.fixture
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    fleet = Fleet(tmp_path_factory.mktemp("pool-loss"), SIM_OPTIONS, **SETTINGS)
-    try:
+@pytest.fixture(params=DATABASES)
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    with contextlib.ExitStack() as stack:
+        database_url = None
+        if request.param == "postgres":
+            database_url = stack.enter_context(new_postgres_schema())
+        directory = tmp_path_factory.mktemp(f"pool-loss-{request.param}")
+        fleet = Fleet(directory, SIM_OPTIONS, database_url=database_url, **SETTINGS)
+        stack.callback(fleet.close)
         for address in MEMBERS:
             fleet.start_sim(address)
         fleet.dns.set(NAME, MEMBERS)
         fleet.start_gateway()
         yield fleet
-    finally:
-        fleet.close()
 
 
 async def wait_running(url: str, count: int) -> None:
