@@ -278,7 +278,7 @@ class Snapshot:
                 errors[model].append(band.planner_error)
         return {model: sum(e) / len(e) for model, e in errors.items()}
 
-    def auto_method(self, model: str) -> str | None:
+    def default_method(self, model: str) -> str | None:
         """What an `auto` model serves before the selector's first choice for it: plain
         where a backend serves it (the baseline), else the first method by name. Never
         from the measurements: a change of method is the selector's, and audited."""
@@ -360,7 +360,7 @@ def auto_method(
 ) -> str | None:
     """The method an `auto` model uses now for `request_class`: the selector's choice for
     that class, else for the model, else the snapshot's."""
-    return choices.method(model, request_class) or snapshot.auto_method(model)
+    return choices.method(model, request_class) or snapshot.default_method(model)
 
 
 def _served(backends: Mapping[str, list[BackendView]]) -> list[Served]:

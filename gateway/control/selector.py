@@ -218,7 +218,7 @@ class Selector:
         scores = candidates(own, costs, itls)
         decision, at_once = None, False
         if current is None:  # this replica's first choice: routing serves it from now on
-            default = snapshot.auto_method(model)  # what routing served until now
+            default = snapshot.default_method(model)  # what routing served until now
             first = min(scores, key=scores.__getitem__) if scores else default
             if first is not None:
                 chosen.auto[model] = first
@@ -355,7 +355,7 @@ class Selector:
             routed = (
                 policy.method
                 if policy is not None and policy.mode == "pinned"
-                else auto.get(model) or snapshot.auto_method(model)
+                else auto.get(model) or snapshot.default_method(model)
             )
             demand = self._throughput.get(model, 0.0)
             served = {b.method for b in snapshot.backends[model]}

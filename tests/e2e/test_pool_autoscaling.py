@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import DATABASES, new_postgres_schema
+from tests.conftest import DATABASES
 from tests.e2e.conftest import ADMIN_TOKEN, HEALTH_TIMEOUT_S, SIM_MODEL
 from tests.e2e.test_desired_replicas import POLICY, STREAMS, Streams, _wait
 from tests.e2e.test_desired_replicas import SETTINGS as SIZING
-from tests.e2e.test_pools import ADDRESSES, NAME, Fleet
+from tests.e2e.test_pools import ADDRESSES, Fleet, dns_fleet
 from tests.e2e.test_pools import _wait as wait_for
 
 MEMBERS = ADDRESSES[:4]
@@ -28,15 +28,8 @@ def fleet(
     curves are the planner's, as in test_desired_replicas. On SQLite and PostgreSQL."""
     slow = ("--time-scale", "0.1", "--gpu", "B200")
     with contextlib.ExitStack() as stack:
-        database_url = None
-        if request.param == "postgres":
-            database_url = stack.enter_context(new_postgres_schema())
         directory = tmp_path_factory.mktemp(f"pool-scaling-{request.param}")
-        fleet = Fleet(directory, slow, database_url=database_url, **SIZING)
-        stack.callback(fleet.close)
-        for address in MEMBERS:
-            fleet.start_sim(address)
-        fleet.dns.set(NAME, MEMBERS)
+        fleet = dns_fleet(stack, request.param, directory, MEMBERS, slow, **SIZING)
         fleet.start_gateway(models=[{"name": SIM_MODEL, "policy": POLICY}])
         yield fleet
 

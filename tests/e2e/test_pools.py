@@ -125,6 +125,27 @@ class Fleet:
         self.dns.stop()
 
 
+def dns_fleet(
+    stack: contextlib.ExitStack,
+    database: str,
+    directory: Path,
+    members: list[str],
+    sim_options: tuple[str, ...],
+    **settings: str,
+) -> Fleet:
+    """Simulators at `members` behind the pool's DNS name, on `database` ("sqlite", or
+    "postgres": a fresh schema), closed with `stack`; the gateway is the caller's to start."""
+    database_url = None
+    if database == "postgres":
+        database_url = stack.enter_context(new_postgres_schema())
+    fleet = Fleet(directory, sim_options, database_url=database_url, **settings)
+    stack.callback(fleet.close)
+    for address in members:
+        fleet.start_sim(address)
+    fleet.dns.set(NAME, members)
+    return fleet
+
+
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1.0).status_code == 200

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import DATABASES, new_postgres_schema
-from tests.e2e.test_pools import NAME, Fleet
+from tests.conftest import DATABASES
+from tests.e2e.test_pools import NAME, Fleet, dns_fleet
 from tests.e2e.test_pools import _wait as wait_for
 from tests.reliability.conftest import run_streaming_load, wait_for_ledger
 
@@ -39,15 +39,8 @@ def fleet(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fleet]:
     with contextlib.ExitStack() as stack:
-        database_url = None
-        if request.param == "postgres":
-            database_url = stack.enter_context(new_postgres_schema())
         directory = tmp_path_factory.mktemp(f"pool-loss-{request.param}")
-        fleet = Fleet(directory, SIM_OPTIONS, database_url=database_url, **SETTINGS)
-        stack.callback(fleet.close)
-        for address in MEMBERS:
-            fleet.start_sim(address)
-        fleet.dns.set(NAME, MEMBERS)
+        fleet = dns_fleet(stack, request.param, directory, MEMBERS, SIM_OPTIONS, **SETTINGS)
         fleet.start_gateway()
         yield fleet
 
