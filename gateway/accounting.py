@@ -71,6 +71,10 @@ class UsageEntry:
     spec_steps: int | None = None
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
+    request_class: str | None = None  # None: refused before its class was known
+    rule_index: int | None = None  # the policy rule that routed it, by position; None: none
+    # Its class's acceptance priced it: the method's $/1M output times this (None: the average)
+    acceptance_factor: float | None = None
 
 
 def prefill_saved_by_cache_usd(entry: UsageEntry) -> float:
@@ -88,7 +92,10 @@ def hour_of(moment: dt.datetime) -> dt.datetime:
     return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
 
 
-ROLLUP_KEY = ["hour", "model", "method", "backend_name", "api_key_id"]  # _rollup_key's order
+# _rollup_key's order
+ROLLUP_KEY = [
+    "hour", "model", "method", "backend_name", "api_key_id", "request_class", "rule_index",
+]  # fmt: skip
 ROLLUP_VALUES = [
     "requests",
     "errors",
@@ -104,7 +111,12 @@ ROLLUP_VALUES = [
     "spec_steps",
     "draft_tokens",
     "accepted_tokens",
+    "spec_requests",
+    "accepted_sq",
+    "accepted_steps",
+    "steps_sq",
 ]
+RollupKey = tuple[dt.datetime, str, str, str, int, str, int]
 
 
 def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> None:
@@ -126,17 +138,17 @@ def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> Non
             add_to_rollups(session, fresh)
 
 
-def _rollup_key(e: UsageEntry) -> tuple[dt.datetime, str, str, str, int]:
-    return hour_of(e.created_at), e.model, e.method or "", e.backend_name or "", e.api_key_id or 0
+def _rollup_key(e: UsageEntry) -> RollupKey:
+    rule = -1 if e.rule_index is None else e.rule_index
+    method, backend, key = e.method or "", e.backend_name or "", e.api_key_id or 0
+    return hour_of(e.created_at), e.model, method, backend, key, e.request_class or "", rule
 
 
 def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
     """Increment the hourly rollup rows by these (newly inserted) records."""
-    sums: dict[tuple[dt.datetime, str, str, str, int], list[float]] = {}
+    sums: dict[RollupKey, list[float]] = {}
     for e in entries:
-        total = sums.setdefault(
-            _rollup_key(e), [0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0, 0, 0]
-        )
+        total = sums.setdefault(_rollup_key(e), [0] * len(ROLLUP_VALUES))
         total[0] += 1
         total[1] += e.status_code >= 400
         total[2] += e.prompt_tokens
@@ -151,6 +163,12 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
         total[11] += e.spec_steps or 0
         total[12] += e.draft_tokens or 0
         total[13] += e.accepted_tokens or 0
+        if e.spec_steps is not None and e.accepted_tokens is not None:
+            steps, accepted = e.spec_steps, e.accepted_tokens
+            total[14] += 1
+            total[15] += accepted * accepted
+            total[16] += accepted * steps
+            total[17] += steps * steps
     rows = [
         dict(zip(ROLLUP_KEY, key, strict=True)) | dict(zip(ROLLUP_VALUES, values, strict=True))
         for key, values in sums.items()
@@ -179,7 +197,7 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
 
 def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
     """The usage records of `hour` summed per rollup row: its dimensions (method, backend,
-    key, model), then its values in `ROLLUP_VALUES`' order."""
+    key, class, rule, model), then its values in `ROLLUP_VALUES`' order."""
     end = hour + dt.timedelta(hours=1)
     r = UsageRecord
     # The same expression objects in SELECT and GROUP BY, so PostgreSQL sees one expression.
@@ -187,8 +205,12 @@ def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
         func.coalesce(r.method, ""),
         func.coalesce(r.backend_name, ""),
         func.coalesce(r.api_key_id, 0),
+        func.coalesce(r.request_class, ""),
+        func.coalesce(r.rule_index, -1),
         r.model,
     )
+    reported = r.spec_steps.is_not(None) & r.accepted_tokens.is_not(None)
+    accepted, steps = r.accepted_tokens * 1.0, r.spec_steps * 1.0  # floats: no overflow
     return (
         select(
             *dimensions,
@@ -206,6 +228,10 @@ def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
             func.coalesce(func.sum(r.spec_steps), 0),
             func.coalesce(func.sum(r.draft_tokens), 0),
             func.coalesce(func.sum(r.accepted_tokens), 0),
+            func.sum(case((reported, 1), else_=0)),
+            func.coalesce(func.sum(accepted * accepted), 0.0),
+            func.coalesce(func.sum(accepted * steps), 0.0),
+            func.coalesce(func.sum(steps * steps), 0.0),
         )
         .where(r.created_at >= hour, r.created_at < end)
         .group_by(*dimensions)
@@ -215,14 +241,17 @@ def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
 def _rollup_row(hour: dt.datetime, group: Sequence[Any]) -> dict[str, Any]:
     """One row of `_sums_of_hour` as the rollup row of `hour` it sets."""
     (
-        method, backend, key, model, n, errors, prompt, completion, cost, baseline, busy,
-        cost_error, baseline_error, cached, saved, spec_steps, drafted, accepted,
+        method, backend, key, request_class, rule, model, n, errors, prompt, completion, cost,
+        baseline, busy, cost_error, baseline_error, cached, saved, spec_steps, drafted, accepted,
+        spec_requests, accepted_sq, accepted_steps, steps_sq,
     ) = group  # fmt: skip
     return {
         "hour": hour,
         "method": method,
         "backend_name": backend,
         "api_key_id": key,
+        "request_class": request_class,
+        "rule_index": rule,
         "model": model,
         "requests": n,
         "errors": errors or 0,
@@ -238,6 +267,10 @@ def _rollup_row(hour: dt.datetime, group: Sequence[Any]) -> dict[str, Any]:
         "spec_steps": spec_steps,
         "draft_tokens": drafted,
         "accepted_tokens": accepted,
+        "spec_requests": spec_requests or 0,
+        "accepted_sq": accepted_sq,
+        "accepted_steps": accepted_steps,
+        "steps_sq": steps_sq,
     }
 
 

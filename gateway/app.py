@@ -337,7 +337,12 @@ async def _running(
     runs once this worker leads; drain the ledger at the end."""
     sessions = make_sessionmaker(engine)
     metrics = _worker_metrics(replica)
-    registry = Registry(sessions, settings.registry_refresh_s, settings.measurement_max_age_s)
+    registry = Registry(
+        sessions,
+        settings.registry_refresh_s,
+        settings.measurement_max_age_s,
+        settings.class_acceptance_min_requests,
+    )
     await anyio.to_thread.run_sync(registry.load)
     ledger = Ledger(
         sessions,

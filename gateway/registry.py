@@ -25,6 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.acceptance import Acceptance, ClassPrice, class_price
 from gateway.curves import (
     Aggregate,
     Band,
@@ -47,6 +48,8 @@ from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
 PRICE_KIND = "on-demand"  # the price that costs requests; others are what-ifs
+# The speculation a class's price is read from: its last day of requests, whole hours
+CLASS_ACCEPTANCE_WINDOW = dt.timedelta(hours=24)
 LOAD_SMOOTHING = 0.25  # weight of each scrape in a backend's smoothed load (about 4 scrapes)
 
 
@@ -217,6 +220,9 @@ class Snapshot:
     prefill: Mapping[CurveKey, Prefill] = field(default_factory=dict)
     rejected: Rejections = field(default_factory=dict)
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
+    # By (model, method, request class): the class's price from its own acceptance, where it
+    # has enough requests that reported their speculation (gateway/acceptance.py)
+    class_prices: Mapping[tuple[str, str, str], ClassPrice] = field(default_factory=dict)
 
     @functools.cached_property
     def pools(self) -> Mapping[str, Mapping[str, tuple[BackendView, ...]]]:
@@ -295,9 +301,12 @@ def period_start(period: str, now: dt.datetime) -> dt.datetime | None:
     return None  # total
 
 
-def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Snapshot:
+def load_snapshot(
+    session: Session, scrape_max_age_s: float | None = None, class_min_requests: int = 0
+) -> Snapshot:
     """Read the registry's snapshot from the database (collector windows older than
-    `scrape_max_age_s` no longer shape the curves)."""
+    `scrape_max_age_s` no longer shape the curves; a request class is priced from its own
+    acceptance once `class_min_requests` of its requests reported theirs, 0: never)."""
     backends: dict[str, list[BackendView]] = defaultdict(list)
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
         view = BackendView(
@@ -352,6 +361,7 @@ def load_snapshot(session: Session, scrape_max_age_s: float | None = None) -> Sn
         prefill=curves.prefill,
         rejected=rejected,
         key_spend_usd=_key_spend(session, keys.values()),
+        class_prices=_class_prices(session, class_min_requests) if class_min_requests else {},
     )
 
 
@@ -371,6 +381,34 @@ def _served(backends: Mapping[str, list[BackendView]]) -> list[Served]:
     ]
     baselines = {Served(b.model, "plain", 0, b.gpu_type) for bs in backends.values() for b in bs}
     return served + sorted(baselines - set(served), key=lambda s: (s.model, s.gpu_type))
+
+
+def _class_prices(session: Session, min_requests: int) -> dict[tuple[str, str, str], ClassPrice]:
+    """Each class's price factor per (model, method), from the speculation its requests
+    reported over the last `CLASS_ACCEPTANCE_WINDOW`, against all of the method's requests
+    over the same window (hourly rollups: the refresh never scans the records)."""
+    h = UsageHourly
+    since = dt.datetime.now(dt.UTC) - CLASS_ACCEPTANCE_WINDOW
+    since = since.replace(minute=0, second=0, microsecond=0)  # its hourly rollup
+    sums = [h.spec_requests, h.spec_steps, h.accepted_tokens, h.accepted_sq, h.accepted_steps,
+            h.steps_sq]  # fmt: skip
+    query = (
+        select(h.model, h.method, h.request_class, *(func.sum(c) for c in sums))
+        .where(h.hour >= since, h.spec_requests > 0)
+        .group_by(h.model, h.method, h.request_class)
+    )
+    by_class: dict[tuple[str, str, str], Acceptance] = {}
+    for model, method, request_class, n, *rest in session.execute(query):
+        by_class[(model, method, request_class)] = Acceptance(int(n), *(float(v) for v in rest))
+    by_method: dict[tuple[str, str], Acceptance] = defaultdict(Acceptance)
+    for (model, method, _), acceptance in by_class.items():
+        by_method[(model, method)] += acceptance
+    prices = {
+        key: class_price(acceptance, by_method[key[:2]], min_requests)
+        for key, acceptance in by_class.items()
+        if key[2]  # records refused before their class was known are in the method's only
+    }
+    return {key: price for key, price in prices.items() if price is not None}
 
 
 def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
@@ -406,12 +444,14 @@ class Registry:
         sessions: sessionmaker[Session],
         refresh_s: float,
         scrape_max_age_s: float | None = None,
+        class_min_requests: int = 0,
     ) -> None:
         self.snapshot = Snapshot()
         self.states: dict[str, BackendState] = defaultdict(BackendState)
         self._sessions = sessions
         self._refresh_s = refresh_s
         self._scrape_max_age_s = scrape_max_age_s
+        self._class_min_requests = class_min_requests
         self._wake = asyncio.Event()
         self._load_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -430,7 +470,7 @@ class Registry:
             for callback in self.on_load_start:
                 callback()
             with self._sessions() as session:
-                snapshot = load_snapshot(session, self._scrape_max_age_s)
+                snapshot = load_snapshot(session, self._scrape_max_age_s, self._class_min_requests)
             self.snapshot = snapshot
             for callback in self.on_load:
                 callback()

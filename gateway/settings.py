@@ -280,6 +280,18 @@ class Settings(BaseSettings):
             "Default `interactive,batch`."
         ),
     )
+    class_acceptance_min_requests: int = Field(
+        default=200,
+        ge=0,
+        description=(
+            "A request class is priced from its own acceptance once this many of its requests "
+            "to a method reported their speculative decoding over the last 24 hours (vLLM's "
+            "per-request spec decode metrics): the method's price per output token times its "
+            "requests' mean acceptance length over the class's, with the interval of the "
+            "class's acceptance added to the curve's. Below it, and where the engine does not "
+            "report, the class pays the method's average. 0: never. Default 200."
+        ),
+    )
     move_step_share: float = Field(
         default=0.25,
         gt=0.0,

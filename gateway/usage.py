@@ -14,7 +14,9 @@ apart where the usage says them: `prompt_tokens_details.cached_tokens` (vLLM, wi
 A request's own speculative decoding is read where the engine reports it: vLLM's
 `--per-request-spec-decode-metrics` block (`metrics.speculative_decoding`, on a whole
 response and on a stream's usage-only chunk): its verify steps, draft tokens proposed and
-accepted. A block whose counts do not hold together is ignored, never half-read.
+accepted. A block whose counts do not hold together is ignored, never half-read. The gateway
+asks for the block for its own ledger, so it cuts it out of the answer unless the client
+asked for it too (`cut_speculation`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ COMPLETION_KEYS = ("completion_tokens", "output_tokens")
 CACHE_READ = "cache_read_input_tokens"
 CACHED_PROMPT_KEYS = ((CACHE_READ,), ("cache_creation_input_tokens",))
 CACHED_DETAILS = ("prompt_tokens_details", "input_tokens_details")  # each with cached_tokens
+SPECULATION = "speculative_decoding"  # in a response's `metrics`
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +139,7 @@ def speculation_in(body: dict[str, Any] | None) -> Speculation | None:
     metrics = body.get("metrics")
     if metrics is None and isinstance(inner := body.get("response"), dict):
         metrics = inner.get("metrics")
-    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    spec = metrics.get(SPECULATION) if isinstance(metrics, dict) else None
     if not isinstance(spec, dict):
         return None
     steps, drafted, accepted = (
@@ -147,6 +150,22 @@ def speculation_in(body: dict[str, Any] | None) -> Speculation | None:
     if accepted > drafted or drafted < steps:  # every step drafts at least one token
         return None
     return Speculation(steps, drafted, accepted)
+
+
+def cut_speculation(body: dict[str, Any]) -> bool:
+    """Take the speculative decoding block out of a body (at the top, or in a Responses API
+    event's `response`), and its `metrics` with it when nothing else is left there; whether
+    there was one."""
+    holder = body
+    if not isinstance(body.get("metrics"), dict) and isinstance(body.get("response"), dict):
+        holder = body["response"]
+    metrics = holder.get("metrics")
+    if not isinstance(metrics, dict) or SPECULATION not in metrics:
+        return False
+    del metrics[SPECULATION]
+    if not metrics:
+        del holder["metrics"]
+    return True
 
 
 def _whole(n: object) -> TypeGuard[int]:

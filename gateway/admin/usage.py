@@ -30,13 +30,16 @@ def get_usage(
     backend: str | None = None,
     key: int | None = None,
     status: int | None = None,
+    request_class: Annotated[str | None, Query(alias="class")] = None,
+    rule: int | None = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     format: Literal["json", "csv"] = "json",
 ) -> UsagePage | StreamingResponse:
     """Usage records over [from, to), oldest first, with the concurrency, $/1M and curve
-    source that priced each; `format=csv` streams every matching record (no paging)."""
-    where = UsageFilter(start, end, model, method, backend, key, status)
+    source that priced each, its request class and rule; `format=csv` streams every
+    matching record (no paging)."""
+    where = UsageFilter(start, end, model, method, backend, key, status, request_class, rule)
     if format == "csv":
         headers = {"content-disposition": 'attachment; filename="usage.csv"'}
         lines = csv_lines(components.sessions, where)

@@ -29,6 +29,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 NAME = 200
 URL = 500
 RESPONSE_ID = 128  # a vLLM response id is `resp_` and 32 hex digits
+CLASS_NAME = 32  # a request class, as DRAFTGATE_REQUEST_CLASSES names it
 
 
 class Timestamps:
@@ -128,7 +129,7 @@ class ApiKey(Base):
     max_concurrent_requests: Mapped[int | None]
     budget_usd: Mapped[float | None]
     budget_period: Mapped[str] = mapped_column(String(16), default="monthly")
-    request_class: Mapped[str | None] = mapped_column(String(32))
+    request_class: Mapped[str | None] = mapped_column(String(CLASS_NAME))
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
@@ -197,13 +198,26 @@ class UsageRecord(Base):
     spec_steps: Mapped[int | None]
     draft_tokens: Mapped[int | None]
     accepted_tokens: Mapped[int | None]
+    # Its request class, and the position of the policy rule that routed it (NULL: none;
+    # the policy's own choice served it, or it was refused before routing).
+    request_class: Mapped[str | None] = mapped_column(String(CLASS_NAME))
+    rule_index: Mapped[int | None]
+    # Its output tokens were priced from its class's own acceptance: the curve's $/1M output
+    # times this, the method's mean acceptance length over the class's (NULL: the average).
+    acceptance_factor: Mapped[float | None]
 
 
 class UsageHourly(Base):
-    """Usage rolled up per hour, model, method, backend and key (0 = no key)."""
+    """Usage rolled up per hour, model, method, backend, key (0 = no key), request class
+    ('' = none) and rule (-1 = none)."""
 
     __tablename__ = "usage_hourly"
-    __table_args__ = (UniqueConstraint("hour", "model", "method", "backend_name", "api_key_id"),)
+    __table_args__ = (
+        UniqueConstraint(
+            "hour", "model", "method", "backend_name", "api_key_id", "request_class",
+            "rule_index", name="uq_usage_hourly_row",
+        ),
+    )  # fmt: skip
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     hour: Mapped[datetime] = mapped_column(UtcDateTime)
@@ -233,6 +247,14 @@ class UsageHourly(Base):
     spec_steps: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     draft_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     accepted_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    request_class: Mapped[str] = mapped_column(String(CLASS_NAME), default="", server_default="")
+    rule_index: Mapped[int] = mapped_column(default=-1, server_default="-1")
+    # For the interval of a class's acceptance (a ratio estimator): the requests that
+    # reported their speculation, and the sums of accepted², accepted·steps and steps².
+    spec_requests: Mapped[int] = mapped_column(default=0, server_default="0")
+    accepted_sq: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    accepted_steps: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    steps_sq: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
 
 class Measurement(Base):

@@ -28,6 +28,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's (and OpenAI's) default for /v1/com
 # `x-draftgate-include-cost: true`: a stream ends with a comment holding its cost (its headers
 # went out before its usage was known, so they cannot say it as a whole response's do).
 INCLUDE_COST_HEADER = b"x-draftgate-include-cost"
+# `true`: keep the engine's per-request speculative decoding block in the answer
+INCLUDE_SPECULATION_HEADER = b"x-draftgate-include-speculation"
 # vLLM's own bounds (SamplingParams): a value outside is refused here, before any backend.
 SAMPLING_RANGES = {
     "temperature": (0.0, float("inf")),
@@ -160,20 +162,28 @@ class UsageAsked:
     final: bool  # include_usage: the closing usage-only chunk
     every_chunk: bool  # continuous_usage_stats: cumulative usage on each content chunk
     cost: bool = False  # INCLUDE_COST_HEADER: an SSE comment with its cost, last but [DONE]
+    # INCLUDE_SPECULATION_HEADER: the engine's per-request speculative decoding block (whole
+    # answers and streams alike)
+    speculation: bool = False
 
 
-def usage_asked(path: str, payload: dict[str, Any], cost_header: bytes = b"") -> UsageAsked:
+def usage_asked(
+    path: str, payload: dict[str, Any], cost_header: bytes = b"", speculation_header: bytes = b""
+) -> UsageAsked:
     """What usage the client asked for (other streams than completions get all they send),
-    and whether its cost (`cost_header`: the value of INCLUDE_COST_HEADER, if sent)."""
+    whether its cost (`cost_header`: the value of INCLUDE_COST_HEADER, if sent) and its
+    speculative decoding (`speculation_header`: INCLUDE_SPECULATION_HEADER's)."""
     cost = cost_header.strip().lower() == b"true"
+    speculation = speculation_header.strip().lower() == b"true"
     if path not in COMPLETION_PATHS:
-        return UsageAsked(final=True, every_chunk=True, cost=cost)
+        return UsageAsked(final=True, every_chunk=True, cost=cost, speculation=speculation)
     options = payload.get("stream_options")
     options = options if isinstance(options, dict) else {}
     return UsageAsked(
         final=options.get("include_usage") is True,
         every_chunk=options.get("continuous_usage_stats") is True,
         cost=cost,
+        speculation=speculation,
     )
 
 

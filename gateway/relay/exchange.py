@@ -8,6 +8,7 @@ reservation with the actual tokens and cost once the request ends.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -74,7 +75,8 @@ class Exchange:
     costs: Costs | None = None  # priced once the usage is known
     forward: dict[str, str] = field(default_factory=dict)  # client headers passed upstream
     rule: RuleView | None = None  # the policy rule that picked the method, if one did
-    request_class: str = "interactive"  # x-draftgate-class, else the key's, else the default
+    # x-draftgate-class, else the key's, else the default; None until it is known
+    request_class: str | None = None
     affinity: Affinity | None = None  # its session key, when it has one and affinity is on
     affinity_outcome: str | None = None  # "home", "spilled" or "stored" (routing.Route)
     attempts: int = 0  # backends tried so far
@@ -228,6 +230,9 @@ def _record(
             spec_steps=x.speculation.steps if x.speculation else None,
             draft_tokens=x.speculation.drafted if x.speculation else None,
             accepted_tokens=x.speculation.accepted if x.speculation else None,
+            request_class=x.request_class,
+            acceptance_factor=costs.acceptance_factor,
+            rule_index=x.rule.index if x.rule is not None else None,
         )
     )
     _observe(snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
@@ -246,6 +251,7 @@ class Costs:
     baseline_error: float | None = None
     source: str | None = None
     prompt_usd_per_mtok: float | None = None
+    acceptance_factor: float | None = None  # its class's price over the method's average
 
 
 def price(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetrics) -> Costs:
@@ -273,15 +279,21 @@ def _costs(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetric
     prompt_usd = (prompt - (tokens.cached or 0)) * (per_prompt or 0.0) / 1e6
     per_output = snapshot.output_usd_per_mtok(x.model, x.method, x.backend, c)
     plain = snapshot.output_usd_per_mtok(x.model, "plain", x.backend, c)
+    relative = snapshot.relative_95(x.model, x.method, gpu, c)
+    own = snapshot.class_prices.get((x.model, x.method, x.request_class or ""))
+    if own is not None and per_output is not None:  # its class's acceptance, not the average
+        per_output *= own.factor
+        relative = math.hypot(relative or 0.0, own.relative_95)  # independent errors
     cost = None if per_output is None else completion * per_output / 1e6 + prompt_usd
     baseline = None if plain is None else completion * plain / 1e6 + prompt_usd
     return Costs(
         cost,
         baseline,
-        _error(cost, snapshot.relative_95(x.model, x.method, gpu, c)),
+        _error(cost, relative),
         _error(baseline, snapshot.relative_95(x.model, "plain", gpu, c)),
         None if cost is None else snapshot.curve_source(x.model, x.method, gpu, c),
         per_prompt if cost is not None else None,
+        own.factor if own is not None and cost is not None else None,
     )
 
 

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from gateway.accounting import Ledger
 from gateway.errors import (
     GatewayError,
@@ -46,6 +48,7 @@ from gateway.relay.asgi import ClientGone, Receive, Scope, Send
 from gateway.relay.checks import (
     COMPLETION_PATHS,
     INCLUDE_COST_HEADER,
+    INCLUDE_SPECULATION_HEADER,
     UsageAsked,
     authorize,
     check_completion,
@@ -78,7 +81,7 @@ from gateway.relay.upstream import (
 )
 from gateway.server.http_limits import STALLED
 from gateway.settings import Settings
-from gateway.usage import json_body, response_id_in, speculation_in, usage_in
+from gateway.usage import cut_speculation, json_body, response_id_in, speculation_in, usage_in
 
 if TYPE_CHECKING:
     from gateway.events.tracing import Tracing
@@ -198,7 +201,12 @@ class Relay:
             x.home = await self._home(x, payload["previous_response_id"])
         self._say_how_it_routes(x, headers, payload, x.snapshot.policies.get(model))
         stream = payload.get("stream") is True
-        asked = usage_asked(path, payload, headers.get(INCLUDE_COST_HEADER, b""))
+        asked = usage_asked(
+            path,
+            payload,
+            headers.get(INCLUDE_COST_HEADER, b""),
+            headers.get(INCLUDE_SPECULATION_HEADER, b""),
+        )
         if stream and path in COMPLETION_PATHS:
             body = with_usage_options(payload)
         states, limit = self.registry.states, self.settings.default_max_model_len
@@ -242,9 +250,9 @@ class Relay:
         policy: PolicyView | None,
     ) -> None:
         """The request's class, the first of its model's rules it matches, its session."""
-        x.request_class = request_class(headers.get(CLASS_HEADER), x.key, self.classes)
+        x.request_class = own = request_class(headers.get(CLASS_HEADER), x.key, self.classes)
         if policy is not None and policy.rules:  # no rules, no cost
-            x.rule = first_match(policy.rules, RuleRequest(payload, x.request_class))
+            x.rule = first_match(policy.rules, RuleRequest(payload, own))
         if self.settings.affinity:
             header = headers.get(self.affinity_header, b"")
             found = session_key(header, payload, self.settings.affinity_prefix_chars)
@@ -398,7 +406,11 @@ class Relay:
         x, asked, send = call.x, call.asked, call.send
         x.status = response.status_code
         await send({"type": "http.response.start", "status": x.status, "headers": headers})
-        tap = UsageTap(strip_usage_chunk=not asked.final, strip_chunk_usage=not asked.every_chunk)
+        tap = UsageTap(
+            strip_usage_chunk=not asked.final,
+            strip_chunk_usage=not asked.every_chunk,
+            strip_speculation=not asked.speculation,
+        )
         held = b""  # from `data: [DONE]` on, when the cost comment is to go before it
         # Asked for identity; a compressing hop that ignores it is decoded, so the tap (and the
         # client, who gets no content-encoding header) reads text.
@@ -455,6 +467,8 @@ class Relay:
             x.outcome = "upstream_error" if x.status >= 500 else "client_error"
         body = json_body(content)
         x.usage, x.speculation = usage_in(body), speculation_in(body)
+        if body is not None and not call.asked.speculation and cut_speculation(body):
+            content = orjson.dumps(body)  # the gateway asked for the block, not the client
         if call.path == RESPONSES_PATH and x.status == 200:
             x.response_id = response_id_in(body)
         headers.append((b"content-length", str(len(content)).encode()))

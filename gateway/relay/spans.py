@@ -29,9 +29,10 @@ def request_attributes(x: Exchange) -> dict[str, str | int | float | bool]:
     found: dict[str, str | int | float | bool] = {
         "draftgate.request_id": x.request_id,
         "draftgate.outcome": x.outcome,
-        "draftgate.request_class": x.request_class,
         "draftgate.attempts": x.attempts,
     }
+    if x.request_class is not None:
+        found["draftgate.request_class"] = x.request_class
     if x.status:
         found["http.response.status_code"] = x.status
     if x.model is not None:

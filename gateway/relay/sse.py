@@ -38,9 +38,10 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.usage import RESPONSE_ID_CHARS, Speculation, speculation_in
+from gateway.usage import RESPONSE_ID_CHARS, Speculation, cut_speculation, speculation_in
 
 USAGE_KEY = b'"usage"'  # in every event that may hold usage, whatever its whitespace
+SPECULATION_KEY = b'"speculative_decoding"'  # the engine's per-request block, with usage
 USAGE = b'"usage":{'  # a usage object, not `"usage":null`
 CHUNK_USAGE = b',"usage":{'
 NULL_USAGE = b'"usage":null'
@@ -74,19 +75,27 @@ class UsageTap:
         "_last_usage",
         "_strip",
         "_strip_chunk_usage",
+        "_strip_speculation",
         "chunks",
         "speculation",
         "usage",
     )
 
-    def __init__(self, strip_usage_chunk: bool, strip_chunk_usage: bool = False) -> None:
+    def __init__(
+        self,
+        strip_usage_chunk: bool,
+        strip_chunk_usage: bool = False,
+        strip_speculation: bool = False,
+    ) -> None:
         self._strip = strip_usage_chunk
         self._strip_chunk_usage = strip_chunk_usage
+        self._strip_speculation = strip_speculation
         self._carry = b""
         self._last_usage = b""  # the last chunk (or event) with a usage object, as it came
         self.chunks = 0  # events with content forwarded
         self.usage: dict[str, Any] | None = None
-        self.speculation: Speculation | None = None  # the usage-only chunk's, where reported
+        # the request's speculative decoding, where its last usage event reported it
+        self.speculation: Speculation | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Return the bytes to forward for this upstream chunk."""
@@ -118,6 +127,8 @@ class UsageTap:
         if not usages:  # nothing to read or cut
             self.chunks += data.count(DATA)  # counted whole, however the bytes were cut
             return data
+        if self._strip_speculation and SPECULATION_KEY in data:
+            data = self._cut_speculation(data)
         form = _form(data, usages)
         if form == "content":  # read and cut in one pass, as vLLM streams
             self.chunks += data.count(DATA)
@@ -148,7 +159,7 @@ class UsageTap:
         """An event in vLLM's compact form, read and cut by its bytes (b"": cut out)."""
         if USAGE_ONLY in event and event.startswith(DATA) and USAGE_KEY in event:
             body = _body(event)
-            self.usage, self.speculation = _usage_in(body), speculation_in(body)
+            self.usage, self.speculation = _usage_in(body), speculation_in(body) or self.speculation
             return b"" if self._strip else event + end
         self.chunks += event.count(DATA)
         if USAGE in event:
@@ -161,7 +172,7 @@ class UsageTap:
         """An event with usage in another form than vLLM's, read as JSON."""
         body = _body(event)
         if body is not None and body.get("choices") == []:  # the usage-only chunk
-            self.usage, self.speculation = _usage_in(body), speculation_in(body)
+            self.usage, self.speculation = _usage_in(body), speculation_in(body) or self.speculation
             return b"" if self._strip else event + end
         self.chunks += event.count(DATA)
         if body is None:
@@ -172,6 +183,26 @@ class UsageTap:
             del body["usage"]
             event = _with_data(event, orjson.dumps(body))
         return event + end
+
+    def _cut_speculation(self, data: bytes) -> bytes:
+        """Whole events with the speculative decoding block read and cut out of each that
+        holds one (the gateway asked for it, not the client): parsed and written again,
+        compact on one `data:` line; once a stream, in its last usage event."""
+        if CR in data:
+            events, ends = _split(data)
+        else:
+            events = data.split(EVENT_END)
+            ends = [EVENT_END] * (len(events) - 1)
+        out = []
+        for event, end in zip(events, [*ends, b""], strict=True):
+            body = _body(event) if SPECULATION_KEY in event else None
+            if body is not None:
+                found = speculation_in(body)
+                if cut_speculation(body):
+                    self.speculation = found or self.speculation
+                    event = _with_data(event, orjson.dumps(body))
+            out.append(event + end)
+        return b"".join(out)
 
     def response_id(self) -> str | None:
         """The id of the response a Responses API stream's last usage event carries (its

@@ -158,7 +158,8 @@ class SpendReport(Report):
 
 
 class SavingsRow(Report):
-    """Ledger totals of one group (model, method, key or backend) over a period."""
+    """Ledger totals of one group (model, method, key, backend, class or rule) over a
+    period."""
 
     model: str | None = None
     method: str | None = None
@@ -182,6 +183,16 @@ class SavingsRow(Report):
     # Prefill is the same for every method, so it is in no saving above.
     cached_prompt_tokens: int
     prefill_saved_by_cache_usd: float
+    request_class: str | None = None  # group_by=class
+    rule: int | None = None  # group_by=rule: the policy rule's position; None: no rule
+    # The group's own speculative decoding, over the requests whose engine reported it
+    # (vLLM's per-request spec decode metrics): their acceptance length 1 + accepted / steps
+    # with its 95% interval (a ratio estimator over those requests); None: none reported.
+    spec_requests: int = 0
+    spec_steps: int = 0
+    accepted_tokens: int = 0
+    acceptance_length: float | None = None
+    acceptance_length_95: tuple[float, float] | None = None
 
 
 class SavingsReport(Report):
@@ -403,6 +414,12 @@ class UsageRow(Report):
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
     acceptance_length: float | None = None
+    request_class: str | None = None  # None: refused before its class was known
+    rule: int | None = None  # the position of the policy rule that routed it; None: none
+    # Priced from its class's own acceptance: usd_per_mtok is its curve's times this, the
+    # method's mean acceptance length over the class's (GET /admin/v1/savings?group_by=
+    # model,method,class shows both); None: priced at the method's average
+    acceptance_factor: float | None = None
 
 
 class UsagePage(Report):

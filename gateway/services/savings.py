@@ -15,12 +15,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
+from gateway.acceptance import Acceptance
 from gateway.accounting import hour_of
 from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.errors import ValidationFailed
 from gateway.schemas.reports import SavingsReport, SavingsRow
 
-GROUPS = ("model", "method", "key", "backend")
+GROUPS = ("model", "method", "key", "backend", "class", "rule")
+FIELDS = {"class": "request_class"}  # a group's name in the rows, where it is not its own
+NONE = {"class": "", "rule": -1}  # what a rollup holds for none
 DEFAULT_PERIOD = dt.timedelta(days=30)
 HOUR = dt.timedelta(hours=1)
 # Summed per group, in records and rollups alike, after the served and refused counts.
@@ -33,6 +36,12 @@ SUMMED = (
     "baseline_error_usd",
     "cached_prompt_tokens",
     "prefill_saved_by_cache_usd",
+    "spec_steps",
+    "accepted_tokens",
+    "spec_requests",
+    "accepted_sq",
+    "accepted_steps",
+    "steps_sq",
 )
 
 
@@ -49,7 +58,14 @@ def _groups(group_by: str) -> list[str]:
 def _rollup_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> Any:
     """Per group, the sums of the whole hours in [start, end) (both on the hour)."""
     h = UsageHourly
-    dims = {"model": h.model, "method": h.method, "key": h.api_key_id, "backend": h.backend_name}
+    dims = {
+        "model": h.model,
+        "method": h.method,
+        "key": h.api_key_id,
+        "backend": h.backend_name,
+        "class": h.request_class,
+        "rule": h.rule_index,
+    }
     served = h.backend_name != ""
     return _sums(
         [dims[n] for n in names],
@@ -68,10 +84,20 @@ def _record_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         "method": func.coalesce(r.method, ""),
         "key": func.coalesce(r.api_key_id, 0),
         "backend": backend,
+        "class": func.coalesce(r.request_class, ""),
+        "rule": func.coalesce(r.rule_index, -1),
     }
     served = backend != ""
     saved = r.cached_prompt_tokens * r.prompt_usd_per_mtok / 1e6  # NULL unpriced: not summed
-    columns = {"prefill_saved_by_cache_usd": saved}
+    reported = r.spec_steps.is_not(None) & r.accepted_tokens.is_not(None)
+    accepted, steps = r.accepted_tokens * 1.0, r.spec_steps * 1.0  # floats: no overflow
+    columns = {
+        "prefill_saved_by_cache_usd": saved,
+        "spec_requests": case((reported, 1), else_=0),
+        "accepted_sq": accepted * accepted,
+        "accepted_steps": accepted * steps,
+        "steps_sq": steps * steps,
+    }
     return _sums(
         [dims[n] for n in names],
         func.sum(case((served, 1), else_=0)),
@@ -91,9 +117,13 @@ def _sums(
 
 def _row(names: Sequence[str], group: tuple[Any, ...], sums: list[float]) -> SavingsRow:
     requests, refused, prompt, completion, cost, baseline, cost_error, baseline_error = sums[:8]
-    cached, saved_by_cache = sums[8:]
+    cached, saved_by_cache, steps, accepted = sums[8:12]
+    acceptance = Acceptance(int(sums[12]), steps, accepted, *sums[13:16])
+    dims = {
+        FIELDS.get(n, n): None if v == NONE.get(n) else v for n, v in zip(names, group, strict=True)
+    }
     return SavingsRow(
-        **dict(zip(names, group, strict=True)),
+        **dims,
         requests=int(requests),
         refused=int(refused),
         prompt_tokens=int(prompt),
@@ -106,6 +136,11 @@ def _row(names: Sequence[str], group: tuple[Any, ...], sums: list[float]) -> Sav
         savings_usd_95=_interval(baseline - cost, cost_error + baseline_error),
         cached_prompt_tokens=int(cached),
         prefill_saved_by_cache_usd=saved_by_cache,
+        spec_requests=acceptance.requests,
+        spec_steps=int(steps),
+        accepted_tokens=int(accepted),
+        acceptance_length=acceptance.length,
+        acceptance_length_95=acceptance.interval_95(),
     )
 
 

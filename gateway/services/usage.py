@@ -26,7 +26,8 @@ CSV_BATCH = 1000
 
 @dataclass(frozen=True)
 class UsageFilter:
-    """Which records: [start, end), and optionally one model, method, backend, key, status."""
+    """Which records: [start, end), and optionally one model, method, backend, key, status,
+    request class and rule."""
 
     start: dt.datetime | None = None
     end: dt.datetime | None = None
@@ -35,6 +36,8 @@ class UsageFilter:
     backend: str | None = None
     key: int | None = None
     status: int | None = None
+    request_class: str | None = None
+    rule: int | None = None
 
     def query(self, after_id: int, limit: int) -> Select[Any]:
         r = UsageRecord
@@ -45,6 +48,8 @@ class UsageFilter:
             (r.backend_name, self.backend),
             (r.api_key_id, self.key),
             (r.status_code, self.status),
+            (r.request_class, self.request_class),
+            (r.rule_index, self.rule),
         ):
             if value is not None:
                 query = query.where(column == value)
@@ -112,6 +117,9 @@ def row_of(r: UsageRecord) -> UsageRow:
         acceptance_length=1 + r.accepted_tokens / r.spec_steps
         if r.spec_steps and r.accepted_tokens is not None
         else None,
+        request_class=r.request_class,
+        rule=r.rule_index,
+        acceptance_factor=r.acceptance_factor,
     )
 
 

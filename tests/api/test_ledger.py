@@ -71,19 +71,28 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
             batch = [
                 entry(10 * n + i, method=("plain", "dflash")[i % 2],
                       cached_prompt_tokens=(None, 8)[n % 2], prompt_usd_per_mtok=0.5,
+                      request_class="interactive",
                       **({} if i % 2 == 0 else  # dflash reported its drafts, plain none
-                         {"spec_steps": 20, "draft_tokens": 140, "accepted_tokens": 80}))
+                         {"spec_steps": 20, "draft_tokens": 140, "accepted_tokens": 80 + n}))
                 for i in range(7)
+            ] + [  # a batch-class request routed by rule 0, and one refused before its class
+                entry(100 + n, method="dflash", request_class="batch", rule_index=0,
+                      spec_steps=30 + n, draft_tokens=210, accepted_tokens=20),
+                entry(200 + n, method=None, backend_name=None, status_code=401),
             ]  # fmt: skip
             write_batch(sessions, batch)
 
         def rollups() -> list[tuple[object, ...]]:
             with sessions() as session:
-                rows = session.scalars(select(UsageHourly).order_by(UsageHourly.method)).all()
+                rows = session.scalars(
+                    select(UsageHourly).order_by(UsageHourly.method, UsageHourly.request_class)
+                ).all()
                 return [
-                    (r.method, r.requests, r.completion_tokens, round(r.cost_usd, 9),
-                     r.cached_prompt_tokens, round(r.prefill_saved_by_cache_usd, 12),
-                     (r.spec_steps, r.draft_tokens, r.accepted_tokens))
+                    (r.method, r.request_class, r.rule_index, r.requests, r.completion_tokens,
+                     round(r.cost_usd, 9), r.cached_prompt_tokens,
+                     round(r.prefill_saved_by_cache_usd, 12),
+                     (r.spec_steps, r.draft_tokens, r.accepted_tokens),
+                     (r.spec_requests, r.accepted_sq, r.accepted_steps, r.steps_sq))
                     for r in rows
                 ]  # fmt: skip
 
@@ -91,14 +100,23 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
         with transaction(sessions) as session:
             recompute_hour(session, HOUR)
         # Batches 1 and 3 said 8 cached tokens a record: 6 dflash and 8 plain records.
+        interactive = [80 + n for n in range(5) for _ in range(3)]
+        batch_steps = [30 + n for n in range(5)]
         assert (
             rollups()
             == incremental
             == [
-                ("dflash", 15, 1500, 0.015, 48, 48 * 0.5e-6, (300, 2100, 1200)),
-                ("plain", 20, 2000, 0.02, 64, 64 * 0.5e-6, (0, 0, 0)),
+                ("", "", -1, 5, 500, 0.005, 0, 0.0, (0, 0, 0), (0, 0.0, 0.0, 0.0)),
+                ("dflash", "batch", 0, 5, 500, 0.005, 0, 0.0, (160, 1050, 100),
+                 (5, 5 * 400.0, 20.0 * sum(batch_steps), float(sum(s * s for s in batch_steps)))),
+                ("dflash", "interactive", -1, 15, 1500, 0.015, 48, 48 * 0.5e-6,
+                 (300, 2100, sum(interactive)),
+                 (15, float(sum(a * a for a in interactive)), 20.0 * sum(interactive),
+                  15 * 400.0)),
+                ("plain", "interactive", -1, 20, 2000, 0.02, 64, 64 * 0.5e-6, (0, 0, 0),
+                 (0, 0.0, 0.0, 0.0)),
             ]
-        )
+        )  # fmt: skip
     finally:
         engine.dispose()
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
+from gateway.accounting import UsageEntry, write_batch
 from gateway.db import migrate
 from gateway.db.base import Base
-from gateway.db.session import make_engine
+from gateway.db.session import make_engine, make_sessionmaker
 
 TABLES = {
     "alembic_version",
@@ -32,14 +35,14 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     try:
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
-        assert migrate.current_revision(engine) == "0019"
+        assert migrate.current_revision(engine) == "0020"
         migrate.downgrade(engine, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
         migrate.upgrade(engine)  # a second upgrade is a no-op
-        assert migrate.current_revision(engine) == "0019"
+        assert migrate.current_revision(engine) == "0020"
     finally:
         engine.dispose()
 
@@ -51,5 +54,32 @@ def test_models_and_migrations_agree(database_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_going_back_before_classes_folds_their_rollup_rows_together(database_url: str) -> None:
+    """0020 keeps rollups per class and rule; going back to 0019 adds them up again."""
+    engine = make_engine(database_url)
+    hour = dt.datetime(2026, 12, 6, 7, tzinfo=dt.UTC)
+    try:
+        migrate.upgrade(engine)
+        sessions = make_sessionmaker(engine)
+        rows = [
+            UsageEntry(f"r{n}", None, hour, None, "m", "dflash", "b", 10, 100, 200, "ok", 50.0,
+                       None, 1.0, 0.001, 0.002, request_class=("interactive", "batch")[n % 2],
+                       rule_index=(None, 0)[n % 2], spec_steps=10, draft_tokens=30,
+                       accepted_tokens=n)
+            for n in range(4)
+        ]  # fmt: skip
+        write_batch(sessions, rows)
+        migrate.downgrade(engine, "0019")
+        with engine.connect() as connection:
+            folded = connection.execute(
+                text("SELECT requests, completion_tokens, accepted_tokens FROM usage_hourly")
+            ).all()
+        assert [tuple(r) for r in folded] == [(4, 400, 0 + 1 + 2 + 3)]
+        migrate.upgrade(engine)
+        assert migrate.current_revision(engine) == "0020"
     finally:
         engine.dispose()

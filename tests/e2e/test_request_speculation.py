@@ -1,7 +1,8 @@
 """Each speculative request's own acceptance, as its engine reported it, on its usage record:
 the simulator answers vLLM's `--per-request-spec-decode-metrics` block, the official
 `openai` client reads it, and the gateway's ledger keeps the same counts, whole or streamed
-(with or without the usage chunk the client may not have asked for)."""
+(with or without the usage chunk the client may not have asked for). The block is cut out of
+the answers of clients that did not ask for it with `x-draftgate-include-speculation`."""
 
 from __future__ import annotations
 
@@ -53,12 +54,13 @@ def _record(gateway: Server, request_id: str) -> dict[str, Any]:
     pytest.fail(f"no usage record of {request_id}")
 
 
-def _client(gateway: Server, request_id: str) -> openai.OpenAI:
+def _client(gateway: Server, request_id: str, include: bool = True) -> openai.OpenAI:
+    """A client that asks for the speculative decoding block in its answers (`include`)."""
+    headers = {"x-request-id": request_id}
+    if include:
+        headers["x-draftgate-include-speculation"] = "true"
     return openai.OpenAI(
-        base_url=f"{gateway.base_url}/v1",
-        api_key="none",
-        max_retries=0,
-        default_headers={"x-request-id": request_id},
+        base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0, default_headers=headers
     )
 
 
@@ -112,3 +114,33 @@ def test_a_stream_records_its_own_acceptance_whether_the_client_asked_for_usage(
     # each step makes one token and its accepted drafts (the last may pass max_tokens)
     assert record["spec_steps"] < record["completion_tokens"]
     assert record["completion_tokens"] <= record["spec_steps"] + record["accepted_tokens"] + 1
+
+
+def test_a_client_that_did_not_ask_gets_no_block_and_the_ledger_still_has_it(
+    gateway: Server,
+) -> None:
+    whole_id, stream_id = str(uuid.uuid4()), str(uuid.uuid4())
+    answer = _client(gateway, whole_id, include=False).chat.completions.create(
+        model=SIM_MODEL, messages=MESSAGES, max_tokens=64
+    )
+    assert answer.model_extra is not None
+    assert "metrics" not in answer.model_extra, answer.model_extra
+    assert answer.choices[0].message.content
+    chunks = list(
+        _client(gateway, stream_id, include=False).chat.completions.create(
+            model=SIM_MODEL,
+            messages=MESSAGES,
+            max_tokens=64,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    last = chunks[-1]
+    assert last.usage is not None
+    assert last.usage.completion_tokens > 0
+    assert last.model_extra is not None
+    assert "metrics" not in last.model_extra, last.model_extra
+    for request_id in (whole_id, stream_id):
+        record = _record(gateway, request_id)
+        assert record["spec_steps"] > 0, record
+        assert record["draft_tokens"] == 7 * record["spec_steps"]

@@ -404,3 +404,46 @@ def test_the_requests_own_speculation_is_read_from_its_usage_chunk(spaced: bool)
     plain = UsageTap(strip_usage_chunk=True)
     relay(plain, [*CONTENT, USAGE, DONE])
     assert plain.speculation is None  # not reported: none, never zeros
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n"])
+def test_the_block_is_cut_from_the_usage_chunk_the_client_asked_for_but_still_read(
+    spaced: bool, line_end: bytes
+) -> None:
+    timing = {"time_to_first_token_ms": 12.5}  # other per-request metrics stay
+    body = {
+        "choices": [],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 13},
+        "metrics": {"speculative_decoding": SPEC} | timing,
+    }
+    usage = event(json.dumps(body) if spaced else orjson.dumps(body).decode())
+    stream = [ending(e, line_end) for e in [*CONTENT, usage, DONE]]
+    tap = UsageTap(strip_usage_chunk=False, strip_speculation=True)
+    relayed = relay(tap, stream)
+    assert b"speculative_decoding" not in relayed
+    assert tap.speculation == Speculation(4, 28, 9)
+    assert tap.usage == {"prompt_tokens": 5, "completion_tokens": 13}
+    last = relayed.split(line_end * 2)[-3]
+    assert orjson.loads(last.removeprefix(b"data: ")) == {**body, "metrics": timing}
+    kept = UsageTap(strip_usage_chunk=False)  # asked for: the stream as it came
+    assert relay(kept, stream) == b"".join(stream)
+
+
+def test_the_block_is_cut_from_a_responses_stream_with_its_empty_metrics() -> None:
+    completed = named(
+        "response.completed",
+        orjson.dumps(
+            {"type": "response.completed", "response": {
+                "status": "completed", "usage": {"input_tokens": 5, "output_tokens": 3},
+                "metrics": {"speculative_decoding": SPEC}}}
+        ).decode(),
+    )  # fmt: skip
+    tap = UsageTap(strip_usage_chunk=True, strip_speculation=True)
+    relayed = relay(tap, [*RESPONSES[:2], completed])
+    assert relayed.startswith(b"".join(RESPONSES[:2]))
+    assert relayed.endswith(b"\n\n")
+    assert b"metrics" not in relayed
+    assert b"event: response.completed\n" in relayed
+    assert tap.speculation == Speculation(4, 28, 9)
+    assert tap.usage == {"input_tokens": 5, "output_tokens": 3}
