@@ -90,6 +90,8 @@ class Served:
     step: int
     method: str
     tokens: int
+    start: float  # monotonic seconds
+    end: float
 
 
 @dataclass
@@ -100,6 +102,7 @@ class Load:
     key: str
     target: int = 0
     step: int = 0
+    step_starts: list[float] = field(default_factory=list)  # monotonic, and the end last
     served: list[Served] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -111,7 +114,7 @@ class Load:
             "ignore_eos": True,
         }
         while index < self.target:
-            step = self.step
+            step, start = self.step, time.monotonic()
             try:
                 response = await http.post("/v1/chat/completions", json=body)
             except httpx.HTTPError as exc:
@@ -121,7 +124,8 @@ class Load:
                 self.failures.append(f"{response.status_code} {response.text[:200]}")
                 continue
             tokens = response.json()["usage"]["completion_tokens"]
-            self.served.append(Served(step, response.headers["x-draftgate-method"], tokens))
+            method = response.headers["x-draftgate-method"]
+            self.served.append(Served(step, method, tokens, start, time.monotonic()))
 
     async def run(self, levels: list[int], step_s: float) -> None:
         headers = {"Authorization": f"Bearer {self.key}"}
@@ -132,21 +136,39 @@ class Load:
             workers: dict[int, asyncio.Task[None]] = {}
             for step, level in enumerate(levels):
                 self.step, self.target = step, level
+                self.step_starts.append(time.monotonic())
                 for index in range(level):
                     if index not in workers or workers[index].done():
                         workers[index] = asyncio.create_task(self.worker(http, index))
                 await asyncio.sleep(step_s)
+            self.step_starts.append(time.monotonic())
             self.target = 0
             await asyncio.gather(*workers.values())
 
+    def levels_served(self) -> dict[tuple[int, str], int]:
+        """Per step and method, the mean streams its backend served over the step: the
+        requests' time on it within the step's window, over the window (at least 1)."""
+        busy: dict[tuple[int, str], float] = {}
+        edges = self.step_starts
+        for s in self.served:
+            for step in range(len(edges) - 1):
+                overlap = min(s.end, edges[step + 1]) - max(s.start, edges[step])
+                if overlap > 0:
+                    busy[(step, s.method)] = busy.get((step, s.method), 0.0) + overlap
+        return {
+            (step, method): max(1, round(seconds / (edges[step + 1] - edges[step])))
+            for (step, method), seconds in busy.items()
+        }
 
-def start_up(directory: Path) -> tuple[Server, str, str]:
+
+def start_up(directory: Path, spill: bool) -> tuple[Server, str, str]:
     env = draftgate_env(
         DRAFTGATE_DATABASE_URL=f"sqlite:///{directory}/regret.db",
         DRAFTGATE_SELECTOR_INTERVAL_S="0.5",
         DRAFTGATE_SELECTOR_MIN_DWELL_S="4",
         DRAFTGATE_COLLECT_INTERVAL_S="1",
         DRAFTGATE_MEASUREMENT_WINDOW_S="4",
+        DRAFTGATE_SPILL=str(spill).lower(),
     )
     server = spawn_server(
         ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", str(TIME_SCALE),
@@ -168,47 +190,131 @@ def switches(admin: httpx.Client, since: float) -> int:
     )
 
 
-def report(
-    name: str, levels: list[int], load: Load, usd_per_gpu_hour: float, objective_ms: float,
-    prompt_tokens: int, moves: int,
-) -> None:  # fmt: skip
-    def usd_per_mtok(method: str, streams: int) -> float:
-        tokens_per_s, _ = truth(method, streams, prompt_tokens)
-        return usd_per_gpu_hour / 3600 / tokens_per_s * 1e6
+@dataclass
+class Run:
+    """One trace served through one gateway: what each request was served by, and when."""
 
-    def within(method: str, streams: int) -> bool:
-        return truth(method, streams, prompt_tokens)[1] <= objective_ms
+    levels: list[int]
+    load: Load
+    moves: int
+    spills: int
 
-    def oracle(streams: int) -> str:
-        meeting = [m for m in METHODS if within(m, streams)]
+
+@dataclass
+class Truth:
+    """The simulator's model at the bench's price, prompt and objective."""
+
+    usd_per_gpu_hour: float
+    objective_ms: float
+    prompt_tokens: int
+
+    def usd_per_mtok(self, method: str, streams: int) -> float:
+        tokens_per_s, _ = truth(method, streams, self.prompt_tokens)
+        return self.usd_per_gpu_hour / 3600 / tokens_per_s * 1e6
+
+    def within(self, method: str, streams: int) -> bool:
+        return truth(method, streams, self.prompt_tokens)[1] <= self.objective_ms
+
+    def oracle(self, streams: int) -> str:
+        meeting = [m for m in METHODS if self.within(m, streams)]
         if not meeting:
-            return min(METHODS, key=lambda m: truth(m, streams, prompt_tokens)[1])
-        return min(meeting, key=lambda m: usd_per_mtok(m, streams))
+            return min(METHODS, key=lambda m: truth(m, streams, self.prompt_tokens)[1])
+        return min(meeting, key=lambda m: self.usd_per_mtok(m, streams))
 
-    served = [s for s in load.served if s.step < len(levels)]
-    total = sum(s.tokens for s in served)
-    rows: dict[str, tuple[float, float]] = {}  # policy: (usd, tokens within)
-
-    def add(policy: str, pick: Callable[[Served], str]) -> None:
+    def cost(self, run: Run, pick: Callable[[Served], tuple[str, int]]) -> tuple[float, float, int]:
+        """($, tokens within the objective, tokens) of the run's tokens served as `pick` says
+        (method, streams on its backend)."""
         usd = within_tokens = 0.0
+        served = [s for s in run.load.served if s.step < len(run.levels)]
         for s in served:
-            method, streams = pick(s), levels[s.step]
-            usd += s.tokens * usd_per_mtok(method, streams) / 1e6
-            within_tokens += s.tokens * within(method, streams)
-        rows[policy] = (usd, within_tokens)
+            method, streams = pick(s)
+            usd += s.tokens * self.usd_per_mtok(method, streams) / 1e6
+            within_tokens += s.tokens * self.within(method, streams)
+        return usd, within_tokens, sum(s.tokens for s in served)
 
-    add("auto", lambda s: s.method)
-    add("oracle", lambda s: oracle(levels[s.step]))
+
+def report(name: str, runs: dict[str, Run], ground: Truth) -> None:
+    """Side by side: auto (with spill, and without where it ran), the oracle, each static
+    method and plain; regret against the oracle serving the same run's tokens."""
+    first = runs["auto"]
+    levels = first.levels
+    rows: dict[str, tuple[float, float, float, int]] = {}  # usd, within, regret, tokens
+    for label, run in runs.items():
+        served_at = run.load.levels_served()
+        usd, within, total = ground.cost(
+            run,
+            lambda s, r=run, at=served_at: (s.method, at.get((s.step, s.method), r.levels[s.step])),
+        )
+        best, _, _ = ground.cost(
+            run, lambda s, r=run: (ground.oracle(r.levels[s.step]), r.levels[s.step])
+        )
+        moves = f" ({run.moves} moves, {run.spills} spilled)"
+        rows[label + moves] = (usd, within, usd / best - 1, total)
+    oracle, within, total = ground.cost(
+        first, lambda s: (ground.oracle(levels[s.step]), levels[s.step])
+    )
+    rows["oracle"] = (oracle, within, 0.0, total)
     for method in METHODS:
-        add(f"static {method}" if method != "plain" else "plain", lambda s, m=method: m)
-    best = rows["oracle"][0]
-    print(f"\n{name}: levels {levels}; {len(served)} requests, {total} output tokens")
-    print(f"{'policy':<16} {'$/1M out':>9} {'regret':>8} {'within ITL':>11}")
-    for policy, (usd, within_tokens) in rows.items():
-        per_mtok = usd / total * 1e6
-        print(f"{policy:<16} {per_mtok:9.4f} {usd / best - 1:8.1%} {within_tokens / total:11.1%}")
-    print(f"auto's moves: {moves}; served by method: "
-          f"{ {m: sum(s.tokens for s in served if s.method == m) for m in METHODS} }")  # fmt: skip
+        usd, within, total = ground.cost(first, lambda s, m=method: (m, levels[s.step]))
+        rows[f"static {method}" if method != "plain" else "plain"] = (
+            usd,
+            within,
+            usd / oracle - 1,
+            total,
+        )
+    print(f"\n{name}: levels {levels}; {len(first.load.served)} requests")
+    print(f"{'policy':<36} {'$/1M out':>9} {'regret':>8} {'within ITL':>11}")
+    for policy, (usd, within_tokens, regret, total) in rows.items():
+        print(f"{policy:<36} {usd / total * 1e6:9.4f} {regret:8.1%} {within_tokens / total:11.1%}")
+    for label, run in runs.items():
+        by_method = {m: sum(s.tokens for s in run.load.served if s.method == m) for m in METHODS}
+        print(f"{label}: tokens by method {by_method}")
+        if run.load.failures:
+            print(f"{label}: failures: {len(run.load.failures)}: {run.load.failures[:3]}")
+
+
+def spills(server: Server) -> int:
+    found = httpx.get(f"{server.base_url}/metrics").text
+    return int(sum(
+        float(line.rsplit(" ", 1)[1]) for line in found.splitlines()
+        if line.startswith("draftgate_fallbacks_total{") and 'reason="spill"' in line
+    ))  # fmt: skip
+
+
+def serve(directory: Path, spill: bool, traces: list[str], step_s: float, objective_ms: float
+          ) -> tuple[dict[str, Run], Truth]:  # fmt: skip
+    """Run `traces` through a fresh `draftgate up` with spill on or off."""
+    directory.mkdir()
+    server, token, key = start_up(directory, spill)
+    runs: dict[str, Run] = {}
+    try:
+        with httpx.Client(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {token}"}
+        ) as admin:
+            policy = {"mode": "auto", "itl_objective_ms": objective_ms}
+            admin.put(f"/admin/v1/models/{MODEL}/policy", json=policy).raise_for_status()
+            prices = admin.get("/admin/v1/prices").json()["data"]
+            price = min(p["usd_per_gpu_hour"] for p in prices if p["gpu_type"] == GPU)
+            probe = httpx.post(
+                f"{server.base_url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+                      "max_tokens": 1},
+                timeout=60,
+            )  # fmt: skip
+            ground = Truth(price, objective_ms, probe.json()["usage"]["prompt_tokens"])
+            for name in traces:
+                make, relative = TRACES[name]
+                levels = make()
+                since, spilled_before = time.time(), spills(server)
+                load = Load(server.base_url, key)
+                asyncio.run(load.run(levels, step_s * relative))
+                runs[name] = Run(
+                    levels, load, switches(admin, since), spills(server) - spilled_before
+                )
+    finally:
+        server.close()
+    return runs, ground
 
 
 def main() -> None:
@@ -216,42 +322,26 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=12.0, help="seconds per diurnal step")
     parser.add_argument("--itl-objective-ms", type=float, default=6.0)
     parser.add_argument("--traces", default="diurnal,bursty")
+    parser.add_argument(
+        "--without-spill", default="bursty", help="traces also run with spill off ('' none)"
+    )
     args = parser.parse_args()
     print("command: .venv/bin/python bench/regret.py " + " ".join(sys.argv[1:]))
+    traces = args.traces.split(",")
+    plain_traces = [t for t in args.without_spill.split(",") if t in traces]
     with tempfile.TemporaryDirectory() as directory:
-        server, token, key = start_up(Path(directory))
-        try:
-            with httpx.Client(
-                base_url=server.base_url, headers={"Authorization": f"Bearer {token}"}
-            ) as admin:
-                policy = {"mode": "auto", "itl_objective_ms": args.itl_objective_ms}
-                answer = admin.put(f"/admin/v1/models/{MODEL}/policy", json=policy)
-                answer.raise_for_status()
-                prices = admin.get("/admin/v1/prices").json()["data"]
-                price = min(p["usd_per_gpu_hour"] for p in prices if p["gpu_type"] == GPU)
-                probe = httpx.post(
-                    f"{server.base_url}/v1/chat/completions",
-                    headers={"Authorization": f"Bearer {key}"},
-                    json={"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
-                          "max_tokens": 1},
-                    timeout=60,
-                )  # fmt: skip
-                prompt_tokens = probe.json()["usage"]["prompt_tokens"]
-                print(f"B200 at ${price}/GPU-hour (the demo's price); ITL objective "
-                      f"{args.itl_objective_ms} ms; prompt {prompt_tokens} tokens, "
-                      f"answers {ANSWER_TOKENS}")  # fmt: skip
-                for name in args.traces.split(","):
-                    make, relative = TRACES[name]
-                    levels = make()
-                    since = time.time()
-                    load = Load(server.base_url, key)
-                    asyncio.run(load.run(levels, args.step_s * relative))
-                    report(name, levels, load, price, args.itl_objective_ms, prompt_tokens,
-                           switches(admin, since))  # fmt: skip
-                    if load.failures:
-                        print(f"failures: {len(load.failures)}: {load.failures[:3]}")
-        finally:
-            server.close()
+        runs, ground = serve(Path(directory, "spill"), True, traces, args.step_s,
+                             args.itl_objective_ms)  # fmt: skip
+        without: dict[str, Run] = {}
+        if plain_traces:
+            without, _ = serve(Path(directory, "no-spill"), False, plain_traces, args.step_s,
+                               args.itl_objective_ms)  # fmt: skip
+    print(f"B200 at ${ground.usd_per_gpu_hour}/GPU-hour (the demo's price); ITL objective "
+          f"{ground.objective_ms} ms; prompt {ground.prompt_tokens} tokens, answers "
+          f"{ANSWER_TOKENS}")  # fmt: skip
+    for name in traces:
+        both = {"auto": runs[name]} | ({"auto, no spill": without[name]} if name in without else {})
+        report(name, both, ground)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 PRICE_KIND = "on-demand"  # the price that costs requests; others are what-ifs
 # The speculation a class's price is read from: its last day of requests, whole hours
 CLASS_ACCEPTANCE_WINDOW = dt.timedelta(hours=24)
+MAX_STREAMS = 4096  # the most streams on one backend routing considers
 LOAD_SMOOTHING = 0.25  # weight of each scrape in a backend's smoothed load (about 4 scrapes)
 
 
@@ -223,6 +224,10 @@ class Snapshot:
     # By (model, method, request class): the class's price from its own acceptance, where it
     # has enough requests that reported their speculation (gateway/acceptance.py)
     class_prices: Mapping[tuple[str, str, str], ClassPrice] = field(default_factory=dict)
+    # Filled as routing asks: (model, method, GPU type, GPU count, objective) -> streams
+    _within: dict[tuple[str, str, str, int, float], int] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @functools.cached_property
     def pools(self) -> Mapping[str, Mapping[str, tuple[BackendView, ...]]]:
@@ -274,6 +279,26 @@ class Snapshot:
         """Mean time per output token a request sees at concurrency c (c over tokens/s)."""
         curve = self.curves.get((model, method, backend.gpu_type))
         return None if curve is None else 1000 * max(c, 1.0) / (curve.at(c) * backend.gpu_count)
+
+    def streams_within(
+        self, model: str, method: str, backend: BackendView, objective_ms: float
+    ) -> int | None:
+        """The most streams one backend of `method` serves within the ITL objective, by its
+        curve (0: not even one; None: no curve). Worked out once per snapshot and backend
+        shape, so routing reads a number."""
+        key = (model, method, backend.gpu_type, backend.gpu_count, objective_ms)
+        if key not in self._within:
+            if (model, method, backend.gpu_type) not in self.curves:
+                return None
+            low, high = 0, MAX_STREAMS  # the ITL grows with the streams: bisect
+            while low < high:
+                mid = (low + high + 1) // 2
+                itl = self.itl_ms(model, method, backend, mid)
+                low, high = (
+                    (mid, high) if itl is not None and itl <= objective_ms else (low, mid - 1)
+                )
+            self._within[key] = low
+        return self._within[key]
 
     def planner_error(self) -> dict[str, float]:
         """The planner's mean error on each model's measured points: the mean over its

@@ -280,6 +280,18 @@ class Settings(BaseSettings):
             "Default `interactive,batch`."
         ),
     )
+    spill: bool = Field(
+        default=True,
+        description=(
+            "Per-request burst spill under `auto` with an ITL objective (the model's, or its "
+            "class's): a request whose backend already serves the most streams its method "
+            "can within the objective (by the curves, at the backend's live load) goes to the "
+            "cheapest other method whose lightest backend still has room; never a rule's "
+            "request, an explored one or a session its affinity holds. Counted in "
+            "`draftgate_fallbacks_total{reason=\"spill\"}` and said by `x-draftgate-fallback: "
+            "spill`. Default true."
+        ),
+    )
     class_acceptance_min_requests: int = Field(
         default=200,
         ge=0,

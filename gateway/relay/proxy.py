@@ -265,7 +265,7 @@ class Relay:
         x = call.x
         plan = route_request(
             x, self.registry.states, self.rng, time.monotonic(), time.time(),
-            self.settings.max_attempts,
+            self.settings.max_attempts, spill=self.settings.spill,
         )  # fmt: skip
         self._count_route(x, plan)
         last_error: GatewayError | None = None

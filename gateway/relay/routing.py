@@ -8,11 +8,18 @@ without, or on a fallback method, goes to the lighter of two random backends (po
 choices). When no backend of the model looks healthy, every one is tried anyway (a panic
 route, as Envoy's panic threshold does): probes and breakers judge from a distance, and an
 overloaded fleet that answers late is better served slowly than refused whole.
+
+A burst shorter than the selector's dwell time spills (`spill`): under `auto` with an ITL
+objective, a request whose backend is already at the most streams its method serves within
+the objective goes to the cheapest other method whose lightest backend still has room within
+it, by the curves at each backend's live load. Spill never moves a rule's request, an
+explored one, or a session its affinity holds; it is reported as the fallback `spill`.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +28,14 @@ from operator import attrgetter
 from gateway.policy.affinity import Affinity, by_affinity
 from gateway.policy.moves import position_of
 from gateway.policy.rules import RuleView
-from gateway.registry import BackendState, BackendView, PolicyView, auto_method, by_method
+from gateway.registry import (
+    BackendState,
+    BackendView,
+    PolicyView,
+    Snapshot,
+    auto_method,
+    by_method,
+)
 from gateway.relay.exchange import Exchange
 
 WAITING_WEIGHT = 2.0  # a queued request at the backend weighs more than one in flight
@@ -34,7 +48,8 @@ class Route:
 
     backends: tuple[BackendView, ...]
     method: str | None
-    fallback: str | None = None  # "no_healthy_backend" when another method serves
+    # why another method serves: "no_healthy_backend", or "spill" (the chosen one is full)
+    fallback: str | None = None
     explored: bool = False
     panic: bool = False  # no backend looked healthy: all are tried
     # "home": the key's own backend; "spilled": it was full; "stored": the backend holding
@@ -171,9 +186,12 @@ def route_request(
     now: float,
     wall: float,
     limit: int | None = None,
+    *,
+    spill: bool = False,
 ) -> Route:
     """Route one request by what it captured (its snapshot and the selector's choices), its
-    model, class, rule and session key, at `now` (monotonic) and `wall` (epoch seconds)."""
+    model, class, rule and session key, at `now` (monotonic) and `wall` (epoch seconds);
+    past its method's room within the objective, to another method's (`spill`)."""
     snapshot, model = x.snapshot, x.model
     assert snapshot is not None
     assert model is not None
@@ -190,7 +208,7 @@ def route_request(
         if not move.goes_to_target(wall, position_of(key, rng.random())):
             held_back = (move.target, move.source)
     backends, pools = snapshot.backends[model], snapshot.pools[model]
-    return route(
+    plan = route(
         backends,
         policy,
         chosen,
@@ -203,3 +221,47 @@ def route_request(
         pools=pools,
         limit=limit,
     )
+    objective = policy.classes[own].itl_objective_ms if own else policy.itl_objective_ms
+    if not spill or policy.mode != "auto" or x.rule is not None or objective is None:
+        return plan
+    return spilled(plan, snapshot, model, objective, states, now)
+
+
+def streams(state: BackendState) -> float:
+    """The requests a backend is serving now: this process's in flight, or every replica's
+    as last scraped (smoothed), whichever is more."""
+    return max(float(state.in_flight), state.scraped_running or 0.0)
+
+
+def spilled(
+    plan: Route,
+    snapshot: Snapshot,
+    model: str,
+    objective_ms: float,
+    states: Mapping[str, BackendState],
+    now: float,
+) -> Route:
+    """`plan`, or, when its first backend has no room left within the objective, the same
+    request led by the lightest backend of the cheapest other method that has (None of
+    them: `plan` as it is, slow rather than refused)."""
+    if plan.explored or plan.fallback or plan.panic or plan.affinity == "home" or not plan.backends:
+        return plan
+    first = plan.backends[0]
+    room = snapshot.streams_within(model, first.method, first, objective_ms)
+    if room is None or streams(states[first.name]) + 1 <= room:
+        return plan  # the common case: one comparison
+    best, best_usd = None, math.inf
+    for method, pool in snapshot.pools[model].items():
+        healthy = [b for b in pool if method != first.method and states[b.name].available(now)]
+        if not healthy:
+            continue
+        lightest = min(healthy, key=lambda b: streams(states[b.name]))
+        load = streams(states[lightest.name]) + 1
+        within = snapshot.streams_within(model, method, lightest, objective_ms)
+        usd = snapshot.usd_per_mtok(model, method, lightest, load)
+        if within is not None and load <= within and usd is not None and usd < best_usd:
+            best, best_usd = lightest, usd
+    if best is None:
+        return plan
+    rest = tuple(b for b in plan.backends if b is not best)[: len(plan.backends) - 1]
+    return Route((best, *rest), best.method, "spill", affinity=plan.affinity)

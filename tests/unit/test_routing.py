@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from dataclasses import replace
 
-from gateway.registry import BackendState, BackendView, PolicyView
-from gateway.relay.routing import route
+from gateway.registry import BackendState, BackendView, PolicyView, Snapshot
+from gateway.relay.routing import route, spilled
+from planner.cost import ThroughputCurve
 
 
 def backend(name: str, method: str) -> BackendView:
@@ -141,3 +143,52 @@ def test_a_request_reads_only_its_pool_while_it_has_enough_healthy_members() -> 
         # what follows the pool's members is the lightest of the rest
         rest = [b for b in plan.backends[own_first:] if b.method != "p-eagle"]
         assert len(set(rest)) == len(rest)
+
+
+def spill_snapshot() -> Snapshot:
+    """p-eagle fast at low load and slow at high; eagle3 scales further; plain dearest."""
+    line = lambda low, high: ThroughputCurve((1.0, 64.0), (low, high))  # noqa: E731
+    curves = {
+        ("m", "p-eagle", "B200"): line(400.0, 6400.0),  # 2.5 ms ITL at 1 stream, 10 at 64
+        ("m", "eagle3", "B200"): line(300.0, 12800.0),  # 3.3 ms, 5 ms
+        ("m", "plain", "B200"): line(200.0, 11000.0),  # 5 ms, 5.8 ms
+    }
+    backends = (PEAGLE, backend("e", "eagle3"), PLAIN_A)
+    return Snapshot(backends={"m": backends}, prices={"B200": 4.5}, curves=curves)
+
+
+def test_a_request_spills_only_past_its_methods_room_within_the_objective() -> None:
+    snapshot = spill_snapshot()
+    room = snapshot.streams_within("m", "p-eagle", PEAGLE, 6.0)
+    assert room is not None
+    assert 1 < room < 64
+    assert snapshot.itl_ms("m", "p-eagle", PEAGLE, room) <= 6.0  # type: ignore[operator]
+    assert snapshot.itl_ms("m", "p-eagle", PEAGLE, room + 1) > 6.0  # type: ignore[operator]
+    plan = route(snapshot.backends["m"], PolicyView(), "p-eagle", states(), 0.0, random.Random(1))
+    assert plan.backends[0] == PEAGLE
+    roomy = states(p=BackendState(in_flight=room - 1))  # this request makes `room`
+    assert spilled(plan, snapshot, "m", 6.0, roomy, 0.0) is plan
+    full = states(p=BackendState(in_flight=room))
+    moved = spilled(plan, snapshot, "m", 6.0, full, 0.0)
+    # eagle3 and plain both have room; eagle3 is cheaper at its load
+    assert (moved.backends[0].method, moved.method, moved.fallback) == ("eagle3", "eagle3", "spill")
+    assert PEAGLE in moved.backends[1:]  # still tried should eagle3 fail before answering
+    scraped = states(p=BackendState(in_flight=0, scraped_running=float(room)))  # other replicas'
+    assert spilled(plan, snapshot, "m", 6.0, scraped, 0.0).fallback == "spill"
+
+
+def test_no_spill_for_a_session_its_affinity_holds_or_when_no_method_has_room() -> None:
+    snapshot = spill_snapshot()
+    room = snapshot.streams_within("m", "p-eagle", PEAGLE, 6.0) or 0
+    plan = route(snapshot.backends["m"], PolicyView(), "p-eagle", states(), 0.0, random.Random(1))
+    full = states(p=BackendState(in_flight=room))
+    held = replace(plan, affinity="home")
+    assert spilled(held, snapshot, "m", 6.0, full, 0.0) is held
+    everyone_full = states(
+        p=BackendState(in_flight=room),
+        e=BackendState(in_flight=4096),
+        a=BackendState(in_flight=4096),
+    )
+    assert spilled(plan, snapshot, "m", 6.0, everyone_full, 0.0) is plan  # slow, not refused
+    down = states(p=BackendState(in_flight=room), e=BackendState(healthy=False))
+    assert spilled(plan, snapshot, "m", 6.0, down, 0.0).backends[0] == PLAIN_A
