@@ -338,33 +338,8 @@ def load_snapshot(
             b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count, b.api_key, b.pool or ""
         )  # fmt: skip
         backends[b.model].append(view)
-    policies = {
-        m.name: PolicyView(
-            m.mode,
-            m.method,
-            m.k,
-            m.explore_fraction,
-            m.itl_objective_ms,
-            compile_rules(m.rules),
-            stored_move(m.move, m.method) if m.mode == "pinned" else None,
-            compile_classes(m.classes),
-        )
-        for m in session.scalars(select(ModelPolicy))
-    }
-    keys = {
-        k.key_hash: KeyView(
-            k.id,
-            k.name,
-            k.requests_per_minute,
-            k.tokens_per_minute,
-            k.budget_usd,
-            k.budget_period,
-            frozenset(k.allowed_models) if k.allowed_models is not None else None,
-            k.max_concurrent_requests,
-            k.request_class,
-        )
-        for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
-    }
+    policies = _policies(session)
+    keys = _keys(session)
     prices = {
         p.gpu_type: p.usd_per_gpu_hour
         for p in session.scalars(select(GpuPrice).where(GpuPrice.kind == PRICE_KIND))
@@ -388,6 +363,39 @@ def load_snapshot(
         key_spend_usd=_key_spend(session, keys.values()),
         class_prices=_class_prices(session, class_min_requests) if class_min_requests else {},
     )
+
+
+def _policies(session: Session) -> dict[str, PolicyView]:
+    return {
+        m.name: PolicyView(
+            m.mode,
+            m.method,
+            m.k,
+            m.explore_fraction,
+            m.itl_objective_ms,
+            compile_rules(m.rules),
+            stored_move(m.move, m.method) if m.mode == "pinned" else None,
+            compile_classes(m.classes),
+        )
+        for m in session.scalars(select(ModelPolicy))
+    }
+
+
+def _keys(session: Session) -> dict[str, KeyView]:
+    return {
+        k.key_hash: KeyView(
+            k.id,
+            k.name,
+            k.requests_per_minute,
+            k.tokens_per_minute,
+            k.budget_usd,
+            k.budget_period,
+            frozenset(k.allowed_models) if k.allowed_models is not None else None,
+            k.max_concurrent_requests,
+            k.request_class,
+        )
+        for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
+    }
 
 
 def auto_method(

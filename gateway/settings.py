@@ -288,7 +288,7 @@ class Settings(BaseSettings):
             "can within the objective (by the curves, at the backend's live load) goes to the "
             "cheapest other method whose lightest backend still has room; never a rule's "
             "request, an explored one or a session its affinity holds. Counted in "
-            "`draftgate_fallbacks_total{reason=\"spill\"}` and said by `x-draftgate-fallback: "
+            '`draftgate_fallbacks_total{reason="spill"}` and said by `x-draftgate-fallback: '
             "spill`. Default true."
         ),
     )

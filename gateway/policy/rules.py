@@ -19,7 +19,10 @@ The vocabulary, read from the request body (chat, completions and the Responses 
 - `n_gt_1`: `n` or `best_of` above 1;
 - `temperature_above:<x>`: `temperature` above x (absent, it is 1, the OpenAI default);
 - `class:<name>`: the request's class (gateway/policy/classes.py): the `x-draftgate-class` header,
-  else its key's class, else the first of `DRAFTGATE_REQUEST_CLASSES` (`interactive`).
+  else its key's class, else the first of `DRAFTGATE_REQUEST_CLASSES` (`interactive`);
+- `prompt_tokens_above:<n>`: a prompt of more than n tokens, estimated before routing as the
+  admission estimate is (the body's bytes over 4, or its token ids counted). Long contexts are
+  memory-bound and change what speculation gains; some drafters accept less deep into one.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Request:
 
     body: Mapping[str, Any]
     request_class: str
+    prompt_tokens: int = 0  # estimated before routing
 
 
 Test = Callable[[Request], bool]
@@ -93,6 +97,13 @@ def _temperature_above(limit: float) -> Test:
     return test
 
 
+def _prompt_tokens_above(limit: int) -> Test:
+    def test(r: Request) -> bool:
+        return r.prompt_tokens > limit
+
+    return test
+
+
 def _class_is(name: str) -> Test:
     def test(r: Request) -> bool:
         return r.request_class == name
@@ -106,7 +117,7 @@ FEATURES: dict[str, Test] = {
     "penalties": penalties,
     "n_gt_1": n_gt_1,
 }
-PARAMETERIZED = ("temperature_above:<number>", "class:<name>")
+PARAMETERIZED = ("temperature_above:<number>", "class:<name>", "prompt_tokens_above:<n>")
 
 
 def feature_test(feature: str) -> Test:
@@ -122,6 +133,10 @@ def feature_test(feature: str) -> Test:
         if not math.isfinite(limit):
             raise ValueError(f"temperature_above takes a number, got {argument!r}")
         return _temperature_above(limit)
+    if sep and kind == "prompt_tokens_above":
+        if not (argument.isdigit() and len(argument) <= 9):  # isdigit: no sign, no point
+            raise ValueError(f"prompt_tokens_above takes a whole number, got {argument!r}")
+        return _prompt_tokens_above(int(argument))
     if sep and kind == "class" and argument and argument.isprintable() and len(argument) <= 64:
         return _class_is(argument)
     known = ", ".join([*FEATURES, *PARAMETERIZED])

@@ -54,6 +54,7 @@ from gateway.relay.checks import (
     check_completion,
     keyless_door,
     parse_body,
+    prompt_estimate,
     read_body,
     request_class,
     usage_asked,
@@ -199,7 +200,9 @@ class Relay:
             check_completion(path, payload)
         elif path == RESPONSES_PATH and payload.get("previous_response_id") is not None:
             x.home = await self._home(x, payload["previous_response_id"])
-        self._say_how_it_routes(x, headers, payload, x.snapshot.policies.get(model))
+        self._say_how_it_routes(
+            x, headers, path, payload, len(body), x.snapshot.policies.get(model)
+        )
         stream = payload.get("stream") is True
         asked = usage_asked(
             path,
@@ -246,13 +249,16 @@ class Relay:
         self,
         x: Exchange,
         headers: dict[bytes, bytes],
+        path: str,
         payload: dict[str, Any],
+        body_bytes: int,
         policy: PolicyView | None,
     ) -> None:
         """The request's class, the first of its model's rules it matches, its session."""
         x.request_class = own = request_class(headers.get(CLASS_HEADER), x.key, self.classes)
         if policy is not None and policy.rules:  # no rules, no cost
-            x.rule = first_match(policy.rules, RuleRequest(payload, own))
+            prompt = prompt_estimate(path, payload, body_bytes, self.settings.default_max_model_len)
+            x.rule = first_match(policy.rules, RuleRequest(payload, own, prompt))
         if self.settings.affinity:
             header = headers.get(self.affinity_header, b"")
             found = session_key(header, payload, self.settings.affinity_prefix_chars)

@@ -1,10 +1,11 @@
 """Policy rules end to end: a gateway pinned to P-EAGLE sends structured-output requests to
 plain by rule (declared in fleet.yaml), says which rule matched and counts it, while the rest
-of the traffic stays on P-EAGLE; a class header picks a rule too. The official openai client
-talks to a real gateway in front of two simulators."""
+of the traffic stays on P-EAGLE; a class header and a long prompt pick rules too. The official
+openai client talks to a real gateway in front of two simulators."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import httpx
@@ -12,6 +13,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import (
+    ADMIN_TOKEN,
     SIM_MODEL,
     ModuleGatewayStarter,
     ModuleServerStarter,
@@ -28,6 +30,7 @@ POLICY = {
     "rules": [
         {"when": ["structured_output"], "method": "plain"},
         {"when": ["class:batch"], "method": "plain"},
+        {"when": ["prompt_tokens_above:2000"], "method": "plain"},
     ],
 }
 REQUESTS = 12
@@ -101,3 +104,32 @@ def test_a_class_header_picks_its_rule(gateway: Server) -> None:
         )
     assert raw.headers["x-draftgate-method"] == "p-eagle"
     assert "x-draftgate-rule" not in raw.headers
+
+
+def test_a_long_prompt_picks_its_rule_and_the_record_names_it(gateway: Server) -> None:
+    long = [{"role": "user", "content": "lighthouse " * 1000}]  # 11 kB: about 2,750 tokens
+    with _client(gateway, **{"x-request-id": "long-prompt"}) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=SIM_MODEL, messages=long, max_tokens=8
+        )
+        short = client.chat.completions.with_raw_response.create(
+            model=SIM_MODEL, messages=CHAT, max_tokens=8
+        )
+    assert (raw.headers["x-draftgate-method"], raw.headers["x-draftgate-rule"]) == ("plain", "2")
+    assert short.headers["x-draftgate-method"] == "p-eagle"
+    assert "x-draftgate-rule" not in short.headers
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        page = httpx.get(f"{gateway.base_url}/admin/v1/usage", params={"rule": 2}, headers=admin)
+        found = [r for r in page.json()["data"] if r["client_request_id"] == "long-prompt"]
+        if found:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("no usage record of the long prompt under rule 2")
+    assert (found[0]["rule"], found[0]["request_class"], found[0]["method"]) == (
+        2,
+        "interactive",
+        "plain",
+    )

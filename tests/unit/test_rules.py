@@ -65,12 +65,21 @@ def test_the_class_feature_reads_the_request_class() -> None:
     assert not has("class:batch", {}, "interactive")
 
 
+def test_the_prompt_length_feature_reads_the_estimate_made_before_routing() -> None:
+    long = feature_test("prompt_tokens_above:8000")
+    assert long(Request({}, "interactive", 8001))
+    assert not long(Request({}, "interactive", 8000))
+    assert not long(Request({}, "interactive"))  # no estimate: 0
+
+
 @pytest.mark.parametrize(
     "feature", ["", "json", "temperature_above:", "temperature_above:hot",
-                "temperature_above:nan", "class:", "class:a\nb", "logprobs:1"]
+                "temperature_above:nan", "class:", "class:a\nb", "logprobs:1",
+                "prompt_tokens_above:", "prompt_tokens_above:-1", "prompt_tokens_above:1.5",
+                "prompt_tokens_above:1e9", "prompt_tokens_above:1234567890"]
 )  # fmt: skip
 def test_an_unknown_feature_is_refused_naming_the_vocabulary(feature: str) -> None:
-    with pytest.raises(ValueError, match=r"structured_output|temperature_above|feature"):
+    with pytest.raises(ValueError, match=r"structured_output|takes a|feature"):
         feature_test(feature)
 
 
