@@ -145,30 +145,61 @@ class Load:
             self.target = 0
             await asyncio.gather(*workers.values())
 
-    def levels_served(self) -> dict[tuple[int, str], int]:
-        """Per step and method, the mean streams its backend served over the step: the
-        requests' time on it within the step's window, over the window (at least 1)."""
-        busy: dict[tuple[int, str], float] = {}
+    def levels(self) -> list[tuple[Served, int, int]]:
+        """Each request served in the trace with the streams its method's backend served
+        over its life, and the streams all backends served (what one method would have had
+        alone): per step the requests' time on each backend within the step's window over
+        the window, weighted by the request's time in each step (at least 1)."""
         edges = self.step_starts
+        busy: dict[tuple[int, str], float] = {}
         for s in self.served:
-            for step in range(len(edges) - 1):
-                overlap = min(s.end, edges[step + 1]) - max(s.start, edges[step])
-                if overlap > 0:
-                    busy[(step, s.method)] = busy.get((step, s.method), 0.0) + overlap
-        return {
-            (step, method): max(1, round(seconds / (edges[step + 1] - edges[step])))
-            for (step, method), seconds in busy.items()
-        }
+            for step, overlap in _overlaps(s, edges):
+                busy[(step, s.method)] = busy.get((step, s.method), 0.0) + overlap
+        pool = {key: seconds / (edges[key[0] + 1] - edges[key[0]]) for key, seconds in busy.items()}
+        total: dict[int, float] = {}
+        for (step, _), streams in pool.items():
+            total[step] = total.get(step, 0.0) + streams
+        found = []
+        for s in self.served:
+            weights = _overlaps(s, edges)
+            if not weights:
+                continue
+            life = sum(w for _, w in weights)
+            own = sum(w * pool[(step, s.method)] for step, w in weights) / life
+            every = sum(w * total[step] for step, w in weights) / life
+            found.append((s, max(1, round(own)), max(1, round(every))))
+        return found
 
 
-def start_up(directory: Path, spill: bool) -> tuple[Server, str, str]:
+def _overlaps(s: Served, edges: list[float]) -> list[tuple[int, float]]:
+    """The seconds of the request's life within each step's window (the trace's only)."""
+    found = []
+    for step in range(len(edges) - 1):
+        overlap = min(s.end, edges[step + 1]) - max(s.start, edges[step])
+        if overlap > 0:
+            found.append((step, overlap))
+    return found
+
+
+# The gateway's configurations side by side: `auto` as recommended (spill on, a load window
+# of 20 s: five dwell times, as 300 s is to production's 60 s), then each without one part,
+# on the traces it matters for.
+CONFIGS = {
+    "auto": {"DRAFTGATE_SPILL": "true", "DRAFTGATE_SELECTOR_LOAD_WINDOW_S": "20"},
+    "auto, no spill": {"DRAFTGATE_SPILL": "false", "DRAFTGATE_SELECTOR_LOAD_WINDOW_S": "20"},
+    "auto, no load window": {"DRAFTGATE_SPILL": "true", "DRAFTGATE_SELECTOR_LOAD_WINDOW_S": "0"},
+}
+
+
+def start_up(directory: Path, config: dict[str, str]) -> tuple[Server, str, str]:
     env = draftgate_env(
         DRAFTGATE_DATABASE_URL=f"sqlite:///{directory}/regret.db",
         DRAFTGATE_SELECTOR_INTERVAL_S="0.5",
         DRAFTGATE_SELECTOR_MIN_DWELL_S="4",
         DRAFTGATE_COLLECT_INTERVAL_S="1",
         DRAFTGATE_MEASUREMENT_WINDOW_S="4",
-        DRAFTGATE_SPILL=str(spill).lower(),
+        DRAFTGATE_MOVE_STEP_S="1",
+        **config,
     )
     server = spawn_server(
         ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", str(TIME_SCALE),
@@ -221,48 +252,45 @@ class Truth:
             return min(METHODS, key=lambda m: truth(m, streams, self.prompt_tokens)[1])
         return min(meeting, key=lambda m: self.usd_per_mtok(m, streams))
 
-    def cost(self, run: Run, pick: Callable[[Served], tuple[str, int]]) -> tuple[float, float, int]:
-        """($, tokens within the objective, tokens) of the run's tokens served as `pick` says
-        (method, streams on its backend)."""
+    def cost(
+        self, served: list[tuple[Served, int, int]], pick: Callable[[Served, int, int], str]
+    ) -> tuple[float, float, int]:
+        """($, tokens within the objective, tokens) of the requests served by the method
+        `pick` names for each (from the request, its pool's streams and all streams): `auto`'s
+        own method at its pool's streams, any other at all the streams (it would have served
+        them alone)."""
         usd = within_tokens = 0.0
-        served = [s for s in run.load.served if s.step < len(run.levels)]
-        for s in served:
-            method, streams = pick(s)
+        for s, own, every in served:
+            method = pick(s, own, every)
+            streams = own if pick is _served_by else every
             usd += s.tokens * self.usd_per_mtok(method, streams) / 1e6
             within_tokens += s.tokens * self.within(method, streams)
-        return usd, within_tokens, sum(s.tokens for s in served)
+        return usd, within_tokens, sum(s.tokens for s, _, _ in served)
+
+
+def _served_by(s: Served, own: int, every: int) -> str:
+    return s.method
 
 
 def report(name: str, runs: dict[str, Run], ground: Truth) -> None:
     """Side by side: auto (with spill, and without where it ran), the oracle, each static
-    method and plain; regret against the oracle serving the same run's tokens."""
-    first = runs["auto"]
-    levels = first.levels
+    method and plain; regret against the oracle serving the same run's requests."""
     rows: dict[str, tuple[float, float, float, int]] = {}  # usd, within, regret, tokens
+    first = runs["auto"].load.levels()
+    oracle = lambda s, own, every: ground.oracle(every)  # noqa: E731
     for label, run in runs.items():
-        served_at = run.load.levels_served()
-        usd, within, total = ground.cost(
-            run,
-            lambda s, r=run, at=served_at: (s.method, at.get((s.step, s.method), r.levels[s.step])),
-        )
-        best, _, _ = ground.cost(
-            run, lambda s, r=run: (ground.oracle(r.levels[s.step]), r.levels[s.step])
-        )
+        served = first if label == "auto" else run.load.levels()
+        usd, within, total = ground.cost(served, _served_by)
+        best, _, _ = ground.cost(served, oracle)
         moves = f" ({run.moves} moves, {run.spills} spilled)"
         rows[label + moves] = (usd, within, usd / best - 1, total)
-    oracle, within, total = ground.cost(
-        first, lambda s: (ground.oracle(levels[s.step]), levels[s.step])
-    )
-    rows["oracle"] = (oracle, within, 0.0, total)
+    best, within, total = ground.cost(first, oracle)
+    rows["oracle"] = (best, within, 0.0, total)
     for method in METHODS:
-        usd, within, total = ground.cost(first, lambda s, m=method: (m, levels[s.step]))
-        rows[f"static {method}" if method != "plain" else "plain"] = (
-            usd,
-            within,
-            usd / oracle - 1,
-            total,
-        )
-    print(f"\n{name}: levels {levels}; {len(first.load.served)} requests")
+        usd, within, total = ground.cost(first, lambda s, own, every, m=method: m)
+        label = f"static {method}" if method != "plain" else "plain"
+        rows[label] = (usd, within, usd / best - 1, total)
+    print(f"\n{name}: levels {runs['auto'].levels}; {len(first)} requests")
     print(f"{'policy':<36} {'$/1M out':>9} {'regret':>8} {'within ITL':>11}")
     for policy, (usd, within_tokens, regret, total) in rows.items():
         print(f"{policy:<36} {usd / total * 1e6:9.4f} {regret:8.1%} {within_tokens / total:11.1%}")
@@ -281,11 +309,11 @@ def spills(server: Server) -> int:
     ))  # fmt: skip
 
 
-def serve(directory: Path, spill: bool, traces: list[str], step_s: float, objective_ms: float
-          ) -> tuple[dict[str, Run], Truth]:  # fmt: skip
-    """Run `traces` through a fresh `draftgate up` with spill on or off."""
+def serve(directory: Path, config: dict[str, str], traces: list[str], step_s: float,
+          objective_ms: float) -> tuple[dict[str, Run], Truth]:  # fmt: skip
+    """Run `traces` through a fresh `draftgate up` in one configuration."""
     directory.mkdir()
-    server, token, key = start_up(directory, spill)
+    server, token, key = start_up(directory, config)
     runs: dict[str, Run] = {}
     try:
         with httpx.Client(
@@ -322,26 +350,29 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=12.0, help="seconds per diurnal step")
     parser.add_argument("--itl-objective-ms", type=float, default=6.0)
     parser.add_argument("--traces", default="diurnal,bursty")
-    parser.add_argument(
-        "--without-spill", default="bursty", help="traces also run with spill off ('' none)"
-    )
+    parser.add_argument("--without-spill", default="bursty", help="traces ('' none)")
+    parser.add_argument("--without-load-window", default="diurnal,bursty", help="traces")
     args = parser.parse_args()
     print("command: .venv/bin/python bench/regret.py " + " ".join(sys.argv[1:]))
     traces = args.traces.split(",")
-    plain_traces = [t for t in args.without_spill.split(",") if t in traces]
+    each = {
+        "auto": traces,
+        "auto, no spill": [t for t in args.without_spill.split(",") if t in traces],
+        "auto, no load window": [t for t in args.without_load_window.split(",") if t in traces],
+    }
+    runs: dict[str, dict[str, Run]] = {name: {} for name in traces}  # by trace, then config
     with tempfile.TemporaryDirectory() as directory:
-        runs, ground = serve(Path(directory, "spill"), True, traces, args.step_s,
-                             args.itl_objective_ms)  # fmt: skip
-        without: dict[str, Run] = {}
-        if plain_traces:
-            without, _ = serve(Path(directory, "no-spill"), False, plain_traces, args.step_s,
-                               args.itl_objective_ms)  # fmt: skip
+        for n, (label, its_traces) in enumerate(each.items()):
+            if its_traces:
+                done, ground = serve(Path(directory, str(n)), CONFIGS[label], its_traces,
+                                     args.step_s, args.itl_objective_ms)  # fmt: skip
+                for name, run in done.items():
+                    runs[name][label] = run
     print(f"B200 at ${ground.usd_per_gpu_hour}/GPU-hour (the demo's price); ITL objective "
           f"{ground.objective_ms} ms; prompt {ground.prompt_tokens} tokens, answers "
           f"{ANSWER_TOKENS}")  # fmt: skip
     for name in traces:
-        both = {"auto": runs[name]} | ({"auto, no spill": without[name]} if name in without else {})
-        report(name, both, ground)
+        report(name, runs[name], ground)
 
 
 if __name__ == "__main__":

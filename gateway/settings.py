@@ -478,6 +478,20 @@ class Settings(BaseSettings):
             "so a burst does not make traffic flap between methods."
         ),
     )
+    selector_load_window_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=86400,
+        description=(
+            "Seconds of load an `auto` model's method is chosen for: every selector round's "
+            "in-flight count over this window, each priced on every method's curve and "
+            "weighted by its load (the tokens it asks for), so the choice is the method "
+            "cheapest for the recent load mix, not the moving average's. Bursts shorter than "
+            "the dwell time then do not make the model chase each one a round late, at the "
+            "price of leaving a high-load method later after the load falls (its few "
+            "low-load tokens weigh little). 0: the moving average alone. Default 0."
+        ),
+    )
     selector_switch_margin: float = Field(
         default=0.05,
         ge=0,

@@ -79,6 +79,7 @@ class Leader:
             webhooks=self.webhooks,
             prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
             in_flight=metrics.in_flight_by_backend,
+            load_window_s=settings.selector_load_window_s,
         )
         ready = metrics.ready
         discovery = Discovery(

@@ -2,7 +2,11 @@
 
 Every `selector_interval_s` the selector averages each auto model's in-flight requests (an
 exponential moving average), prices every method with a healthy backend at that concurrency
-from the measured throughput curves, and moves the model to the cheapest one — only when it
+from the measured throughput curves, and moves the model to the cheapest one. With a load
+window (`selector_load_window_s`), it prices each method over the window's samples instead,
+each weighted by its load (the tokens it asks for, in proportion): the method cheapest for
+the load mix of the last window, so bursts shorter than the dwell time do not make it chase
+each one a round late. It moves — only when it
 is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on its method
 for `min_dwell_s`. Routing serves exactly what the selector chose: until its first round
 (at once when it starts) a model serves its default (plain, or its first method by name),
@@ -35,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -142,6 +146,7 @@ class Selector:
         webhooks: WebhookSender | None = None,  # told of each move, with its candidates
         prices: PriceGauges | None = None,
         in_flight: Callable[[], Mapping[str, float] | None] | None = None,
+        load_window_s: float = 0.0,
     ) -> None:
         self.webhooks = webhooks
         # Requests in flight per backend over the replica's worker processes (None: this
@@ -155,6 +160,8 @@ class Selector:
         )
         self.sizing, self.desired_replicas = sizing, desired_replicas
         self._load: dict[str, float] = {}
+        self.load_window_s = load_window_s  # 0: price at the moving average alone
+        self._samples: dict[str, deque[tuple[float, float]]] = {}  # (when, in flight)
         self._throughput: dict[str, float] = {}
         self._switched_at: dict[tuple[str, str | None], float] = {}
         self.move_steps = move_steps  # (share per step, seconds between steps)
@@ -185,10 +192,11 @@ class Selector:
             policy = snapshot.policies.get(model)
             model_in_flight = sum(in_flight.get(b.name, 0) for b in backends)
             load = self._smooth(self._load, model, float(model_in_flight))
+            loads = self._window(model, float(model_in_flight), load, now)
             delivering = self._delivering(snapshot, model, backends, in_flight)
             self._smooth(self._throughput, model, delivering)
             if policy is None or policy.mode == "auto":
-                self._choose(snapshot, model, policy, load, now, chosen, starts, decisions)
+                self._choose(snapshot, model, policy, loads, now, chosen, starts, decisions)
         fleet_now = {**was.fleet_now, **self._publish_desired(snapshot, chosen.auto)}
         steps = self._steps_reached(snapshot, time.time(), chosen.moves)
         self.registry.choices = Choices(chosen.auto, chosen.classes, chosen.moves, fleet_now)
@@ -204,15 +212,17 @@ class Selector:
         snapshot: Snapshot,
         model: str,
         policy: PolicyView | None,
-        load: float,
+        loads: Sequence[tuple[float, float]],
         now: float,
         chosen: _Chosen,
         starts: list[Decision],
         decisions: list[Decision],
     ) -> None:
         """Choose an auto model's method, and each of its classes' with an objective of its
-        own, at `load`: into `chosen`, and the moves made (and a first choice) into the lists."""
-        costs, itls = self._prices(snapshot, model, snapshot.backends[model], load, now)
+        own, at `loads` ((load, weight) pairs): into `chosen`, and the moves made (and a
+        first choice) into the lists."""
+        costs, itls = self._prices(snapshot, model, snapshot.backends[model], loads, now)
+        load = sum(c * w for c, w in loads) / sum(w for _, w in loads)  # what the audit says
         own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
         current = chosen.auto.get(model)
         scores = candidates(own, costs, itls)
@@ -321,6 +331,20 @@ class Selector:
                 del moves[model]  # over: the auto choice serves alone
         return reached
 
+    def _window(
+        self, model: str, sample: float, average: float, now: float
+    ) -> list[tuple[float, float]]:
+        """The loads to price at, each with its weight: the moving average alone, or with a
+        load window every sample in it, weighted by its load (at least 1: a request runs
+        with itself)."""
+        if self.load_window_s <= 0:
+            return [(average, 1.0)]
+        samples = self._samples.setdefault(model, deque())
+        samples.append((now, sample))
+        while samples[0][0] < now - self.load_window_s:
+            samples.popleft()
+        return [(c, max(c, 1.0)) for _, c in samples]
+
     @staticmethod
     def _smooth(averages: dict[str, float], model: str, sample: float) -> float:
         """The exponential moving average of `sample`, starting at the first one."""
@@ -421,22 +445,29 @@ class Selector:
         snapshot: Snapshot,
         model: str,
         backends: Sequence[BackendView],
-        load: float,
+        loads: Sequence[tuple[float, float]],
         now: float,
     ) -> tuple[dict[str, float], dict[str, float]]:
-        """$/1M output tokens and ITL ms per method with a healthy backend, at this load
-        split over the method's replicas (gateway/policy/classes.py chooses among them)."""
+        """$/1M output tokens and ITL ms per method with a healthy backend, at these loads
+        split over the method's replicas, averaged by their weights (gateway/policy/classes.py
+        chooses among them)."""
         healthy = [b for b in backends if self.registry.states[b.name].available(now)]
         replicas = Counter(b.method for b in healthy)  # a method's load is split over these
         costs: dict[str, float] = {}
         itls: dict[str, float] = {}
+        total = sum(w for _, w in loads)
         for b in healthy:
-            c = max(load / replicas[b.method], 1.0)
-            cost, itl = (
-                snapshot.usd_per_mtok(model, b.method, b, c),
-                snapshot.itl_ms(model, b.method, b, c),
-            )
-            if cost is not None and itl is not None:
+            cost = itl = 0.0
+            for load, weight in loads:
+                c = max(load / replicas[b.method], 1.0)
+                usd, ms = (
+                    snapshot.usd_per_mtok(model, b.method, b, c),
+                    snapshot.itl_ms(model, b.method, b, c),
+                )
+                if usd is None or ms is None:
+                    break
+                cost, itl = cost + usd * weight / total, itl + ms * weight / total
+            else:
                 costs[b.method] = min(cost, costs.get(b.method, cost))
                 itls[b.method] = min(itl, itls.get(b.method, itl))
         return costs, itls

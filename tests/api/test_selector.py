@@ -52,6 +52,7 @@ def crossover(
     sessions: sessionmaker[Session],
     policy: PolicyView | None = None,
     metrics: GatewayMetrics | None = None,
+    load_window_s: float = 0.0,
 ) -> tuple[Registry, Selector]:
     """A model (auto unless `policy` says otherwise) on plain and P-EAGLE backends, and a
     selector without dwell: speculation wins at low load, plain scales better at high load
@@ -76,6 +77,7 @@ def crossover(
         sizing=Sizing(0.2, 1),
         desired_replicas=metrics.desired_replicas,
         prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
+        load_window_s=load_window_s,
     )
     return registry, selector
 
@@ -336,3 +338,34 @@ def test_candidates_fall_back_to_the_nearest_when_none_is_within() -> None:
     assert candidates(ClassView("latency", max_usd_per_mtok=0.5), costs, itls) == {"plain": 10.0}
     assert candidates(ClassView("latency"), costs, itls) == itls
     assert candidates(ClassView("cost"), {}, {}) == {}
+
+
+@pytest.mark.parametrize(("window_s", "moves"), [(0.0, 6), (3600.0, 1)])
+async def test_a_load_window_holds_the_method_cheapest_for_the_burst_mix(
+    database_url: str, window_s: float, moves: int
+) -> None:
+    """Bursts of 128 streams between rounds at 2: the moving average chases each (a move up
+    and one down per burst); priced over the window, weighted by load, the bursts' tokens
+    decide: plain, the cheaper at 128, once and for good."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        registry, selector = crossover(sessions, load_window_s=window_s)
+        curves = {  # plain cheaper past about 14.5 streams
+            ("m", "plain", "B200"): ThroughputCurve((1, 8, 64), (400, 3000, 20000)),
+            ("m", "p-eagle", "B200"): ThroughputCurve((1, 8, 64), (900, 5000, 15000)),
+        }
+        registry.snapshot = dataclasses.replace(registry.snapshot, curves=curves)
+        assert await selector.step() == []  # idle: p-eagle, the cheaper at low load
+        made = []
+        for _ in range(3):
+            for streams in (64,) * 8 + (1,) * 8:  # on each backend
+                registry.states["a"].in_flight = registry.states["b"].in_flight = streams
+                made += await selector.step()
+        expected = ["plain", "p-eagle"] * 3 if moves == 6 else ["plain"]
+        assert [d.after for d in made] == expected, [(d.after, d.concurrency) for d in made]
+        if window_s:  # the audit says the load-weighted mean load it priced at
+            assert made[0].concurrency > 64
+    finally:
+        engine.dispose()
