@@ -32,10 +32,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Affinity:
-    """A request's session key and the load bound's slack (`affinity_balance`)."""
+    """A request's session key and the load bound's slack (`affinity_balance`); `held`: a
+    session its backend's cache holds (named by a header or `user`, or a later turn of a
+    conversation), which a burst spill never moves."""
 
     key: int
     balance: float
+    held: bool = False
 
 
 def stable_hash(data: bytes) -> int:
@@ -82,6 +85,15 @@ def _opening(payload: Mapping[str, Any], chars: int) -> str:
     if isinstance(prompt, list):  # token ids
         return ",".join(str(t) for t in prompt[:chars])
     return prompt[:chars] if isinstance(prompt, str) else ""
+
+
+def later_turn(payload: Mapping[str, Any]) -> bool:
+    """Whether the request continues a conversation: an assistant turn among its messages
+    (or the Responses API's input items), whose prefix a backend's cache holds."""
+    messages = payload.get("messages", payload.get("input"))
+    if not isinstance(messages, list):
+        return False
+    return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
 
 
 def mix(x: int) -> int:

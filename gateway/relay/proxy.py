@@ -40,7 +40,7 @@ from gateway.errors import (
 from gateway.homes import RESPONSES_PATH, Home, ResponseHomes, checked_id, not_found
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.policy.affinity import Affinity, session_key
+from gateway.policy.affinity import Affinity, later_turn, session_key
 from gateway.policy.rules import CLASS_HEADER, first_match
 from gateway.policy.rules import Request as RuleRequest
 from gateway.registry import BackendState, BackendView, PolicyView, Registry
@@ -263,7 +263,8 @@ class Relay:
             header = headers.get(self.affinity_header, b"")
             found = session_key(header, payload, self.settings.affinity_prefix_chars)
             if found is not None:
-                x.affinity = Affinity(found[0], self.settings.affinity_balance)
+                held = found[1] != "prefix" or later_turn(payload)
+                x.affinity = Affinity(found[0], self.settings.affinity_balance, held)
 
     async def _forward(self, call: Call) -> None:
         """Try the route's backends in order until one serves: a failure before anything

@@ -13,7 +13,9 @@ A burst shorter than the selector's dwell time spills (`spill`): under `auto` wi
 objective, a request whose backend is already at the most streams its method serves within
 the objective goes to the cheapest other method whose lightest backend still has room within
 it, by the curves at each backend's live load. Spill never moves a rule's request, an
-explored one, or a session its affinity holds; it is reported as the fallback `spill`.
+explored one, or a session its home backend's cache holds (named by a header or `user`, or
+a later turn of a conversation: `Affinity.held`); the first turn of a conversation keyed only
+by its opening may go. It is reported as the fallback `spill`.
 """
 
 from __future__ import annotations
@@ -224,7 +226,8 @@ def route_request(
     objective = policy.classes[own].itl_objective_ms if own else policy.itl_objective_ms
     if not spill or policy.mode != "auto" or x.rule is not None or objective is None:
         return plan
-    return spilled(plan, snapshot, model, objective, states, now)
+    held = x.affinity is not None and x.affinity.held
+    return spilled(plan, snapshot, model, objective, states, now, held)
 
 
 def streams(state: BackendState) -> float:
@@ -240,11 +243,15 @@ def spilled(
     objective_ms: float,
     states: Mapping[str, BackendState],
     now: float,
+    held: bool = False,
 ) -> Route:
     """`plan`, or, when its first backend has no room left within the objective, the same
     request led by the lightest backend of the cheapest other method that has (None of
-    them: `plan` as it is, slow rather than refused)."""
-    if plan.explored or plan.fallback or plan.panic or plan.affinity == "home" or not plan.backends:
+    them: `plan` as it is, slow rather than refused). A session its home backend's cache
+    holds (`held`, and routed home) stays."""
+    if plan.explored or plan.fallback or plan.panic or not plan.backends:
+        return plan
+    if held and plan.affinity == "home":
         return plan
     first = plan.backends[0]
     room = snapshot.streams_within(model, first.method, first, objective_ms)

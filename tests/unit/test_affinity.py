@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gateway.policy.affinity import by_affinity, load_bound, session_key, stable_hash
+from gateway.policy.affinity import by_affinity, later_turn, load_bound, session_key, stable_hash
 
 SYSTEM = {"role": "system", "content": "You are terse. " * 100}
 NAMES = ("a", "b", "c")
@@ -92,3 +92,14 @@ def test_a_backend_past_its_bound_passes_the_key_to_its_next_choice() -> None:
     assert (kept[0], own) == (first, True)
     # The next choice full too: the third.
     assert rank(key, {first: 8, second: 8})[0][0] == third
+
+
+def test_a_later_turn_is_one_with_an_assistant_message() -> None:
+    first = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}
+    later = {"messages": [*first["messages"], {"role": "assistant", "content": "a"},
+                          {"role": "user", "content": "q2"}]}  # fmt: skip
+    responses = {"input": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}]}
+    assert not later_turn(first)
+    assert later_turn(later)
+    assert later_turn(responses)
+    assert not later_turn({"prompt": "text"})

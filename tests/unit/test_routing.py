@@ -177,13 +177,15 @@ def test_a_request_spills_only_past_its_methods_room_within_the_objective() -> N
     assert spilled(plan, snapshot, "m", 6.0, scraped, 0.0).fallback == "spill"
 
 
-def test_no_spill_for_a_session_its_affinity_holds_or_when_no_method_has_room() -> None:
+def test_no_spill_for_a_session_its_cache_holds_or_when_no_method_has_room() -> None:
     snapshot = spill_snapshot()
     room = snapshot.streams_within("m", "p-eagle", PEAGLE, 6.0) or 0
     plan = route(snapshot.backends["m"], PolicyView(), "p-eagle", states(), 0.0, random.Random(1))
     full = states(p=BackendState(in_flight=room))
-    held = replace(plan, affinity="home")
-    assert spilled(held, snapshot, "m", 6.0, full, 0.0) is held
+    home = replace(plan, affinity="home")
+    assert spilled(home, snapshot, "m", 6.0, full, 0.0, held=True) is home
+    # a first turn keyed only by its opening holds nothing in a cache yet: it may go
+    assert spilled(home, snapshot, "m", 6.0, full, 0.0).fallback == "spill"
     everyone_full = states(
         p=BackendState(in_flight=room),
         e=BackendState(in_flight=4096),
