@@ -361,13 +361,14 @@ def main() -> None:
         "auto, no load window": [t for t in args.without_load_window.split(",") if t in traces],
     }
     runs: dict[str, dict[str, Run]] = {name: {} for name in traces}  # by trace, then config
-    with tempfile.TemporaryDirectory() as directory:
-        for n, (label, its_traces) in enumerate(each.items()):
-            if its_traces:
-                done, ground = serve(Path(directory, str(n)), CONFIGS[label], its_traces,
-                                     args.step_s, args.itl_objective_ms)  # fmt: skip
-                for name, run in done.items():
-                    runs[name][label] = run
+    with tempfile.TemporaryDirectory() as directory:  # a fresh stack for every run
+        for name in traces:
+            for label, its_traces in each.items():
+                if name in its_traces:
+                    done, ground = serve(Path(directory, f"{name}-{len(runs[name])}"),
+                                         CONFIGS[label], [name], args.step_s,
+                                         args.itl_objective_ms)  # fmt: skip
+                    runs[name][label] = done[name]
     print(f"B200 at ${ground.usd_per_gpu_hour}/GPU-hour (the demo's price); ITL objective "
           f"{ground.objective_ms} ms; prompt {ground.prompt_tokens} tokens, answers "
           f"{ANSWER_TOKENS}")  # fmt: skip

@@ -287,7 +287,8 @@ class Settings(BaseSettings):
             "class's): a request whose backend already serves the most streams its method "
             "can within the objective (by the curves, at the backend's live load) goes to the "
             "cheapest other method whose lightest backend still has room; never a rule's "
-            "request, an explored one or a session its affinity holds. Counted in "
+            "request, an explored one or a session its cache holds (an affinity header or "
+            "`user`, or a later turn). Counted in "
             '`draftgate_fallbacks_total{reason="spill"}` and said by `x-draftgate-fallback: '
             "spill`. Default true."
         ),

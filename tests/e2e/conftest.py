@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
 import pytest
@@ -24,6 +24,8 @@ from sqlalchemy import create_engine, text
 
 DRAFTGATE = Path(sys.executable).parent / "draftgate"
 ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+T = TypeVar("T")
 READ_TOKEN = "e2e-read-token-0123456789abcdef"
 HEALTH_TIMEOUT_S = 60.0  # a deadline, not a wait: a busy 2-core machine starts slowly
 EXIT_TIMEOUT_S = 10.0
@@ -373,6 +375,36 @@ def wait_for_metric(
         if time.monotonic() > deadline:
             pytest.fail(f"{name}{labels} is {seen}, not {value}, after {timeout_s} s")
         time.sleep(POLL_INTERVAL_S)
+
+
+def until(condition: Callable[[], T], what: str, timeout_s: float = 60.0) -> T:
+    """Poll `condition` until it returns something true, and return that; fail naming `what`
+    after `timeout_s` (a deadline for a busy machine, not a wait)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = condition()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout_s} s")
+        time.sleep(POLL_INTERVAL_S * 4)
+
+
+def price_gpu(gateway: Server, methods: Collection[str], usd_per_gpu_hour: float = 6.0) -> None:
+    """Price B200s on the gateway and wait until the curves of `methods` are priced."""
+    price = {"gpu_type": "B200", "usd_per_gpu_hour": usd_per_gpu_hour, "source": "test",
+             "date": "2026-11-01"}  # fmt: skip
+    created = httpx.post(f"{gateway.base_url}/admin/v1/prices", json=price, headers=ADMIN)
+    assert created.status_code == 201, created.text
+
+    def priced() -> bool:
+        curves = httpx.get(
+            f"{gateway.base_url}/admin/v1/curves", params={"model": SIM_MODEL}, headers=ADMIN
+        ).json()["curves"]
+        found = {c["method"] for c in curves if all(p["usd_per_mtok"] for p in c["line"])}
+        return set(methods) <= found
+
+    until(priced, f"priced curves of {', '.join(methods)}")
 
 
 def query_rows(database_url: str, sql: str, **params: object) -> list[dict[str, Any]]:

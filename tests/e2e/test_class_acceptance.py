@@ -6,7 +6,6 @@ the method's total is only redistributed, not changed."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -16,17 +15,17 @@ import openai
 import pytest
 
 from tests.e2e.conftest import (
-    ADMIN_TOKEN,
+    ADMIN,
     SIM_MODEL,
     ModuleGatewayStarter,
     ModuleServerStarter,
     Server,
     fleet_backend,
+    price_gpu,
     sim_args,
+    until,
 )
 
-ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-WAIT_S = 90.0  # a deadline, not a wait
 MIN_REQUESTS = 24
 WORKLOAD = {"interactive": "code", "batch": "mixed"}  # p-eagle: 3.94 and 3.38 at K=7
 
@@ -43,18 +42,8 @@ def gateway(
         CLASS_ACCEPTANCE_MIN_REQUESTS=str(MIN_REQUESTS),
         REGISTRY_REFRESH_S="0.5",
     )
-    price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
-    created = httpx.post(f"{server.base_url}/admin/v1/prices", json=price, headers=ADMIN)
-    assert created.status_code == 201, created.text
-    _until(lambda: _priced(server), "priced p-eagle curve")
+    price_gpu(server, ["p-eagle"])
     return server
-
-
-def _priced(gateway: Server) -> bool:
-    curves = httpx.get(
-        f"{gateway.base_url}/admin/v1/curves", params={"model": SIM_MODEL}, headers=ADMIN
-    ).json()["curves"]
-    return any(p["usd_per_mtok"] for c in curves if c["method"] == "p-eagle" for p in c["line"])
 
 
 def _ask(gateway: Server, request_class: str) -> str:
@@ -90,7 +79,7 @@ def _record(gateway: Server, request_class: str, request_id: str) -> dict[str, A
         rows = _records(gateway, request_class)
         return [r for r in rows if r["client_request_id"] == request_id]
 
-    return _until(mine, f"usage record of {request_id}")[0]
+    return until(mine, f"usage record of {request_id}")[0]
 
 
 def _by_class(gateway: Server) -> dict[str | None, dict[str, Any]]:
@@ -103,21 +92,11 @@ def _by_class(gateway: Server) -> dict[str | None, dict[str, Any]]:
     return {r["request_class"]: r for r in report.json()["data"] if r["method"] == "p-eagle"}
 
 
-def _until(condition: Any, what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.1)
-    pytest.fail(f"no {what} within {WAIT_S} s")
-
-
 def test_a_class_pays_for_its_own_acceptance(gateway: Server) -> None:
     first = {c: _ask(gateway, c) for c in WORKLOAD}
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda c: _ask(gateway, c), [c for c in WORKLOAD] * MIN_REQUESTS))
-    reported = _until(
+    reported = until(
         lambda: all(
             len([r for r in _records(gateway, c) if r["spec_steps"]]) > MIN_REQUESTS
             for c in WORKLOAD
@@ -139,7 +118,7 @@ def test_a_class_pays_for_its_own_acceptance(gateway: Server) -> None:
                 found[request_class] = record
         return found if len(found) == len(WORKLOAD) else {}
 
-    records = _until(priced, "request priced from its class's acceptance")
+    records = until(priced, "request priced from its class's acceptance")
     rows = _by_class(gateway)
     interactive, batch = rows["interactive"], rows["batch"]
     low, high = interactive["acceptance_length_95"]

@@ -8,25 +8,24 @@ pressure (one stream at a time) nothing spills."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import (
-    ADMIN_TOKEN,
+    ADMIN,
     SIM_MODEL,
     ModuleGatewayStarter,
     ModuleServerStarter,
     Server,
     fleet_backend,
     metric_value,
+    price_gpu,
     sim_args,
+    until,
 )
 
-ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 WAIT_S = 60.0  # a deadline, not a wait
 BURST = 16
 ROOM = 4  # streams P-EAGLE's backend serves within the objective the test sets
@@ -52,10 +51,8 @@ def gateway(
         ],
         SELECTOR_INTERVAL_S="0.5",
     )
-    price = {"gpu_type": "B200", "usd_per_gpu_hour": 6.0, "source": "test", "date": "2026-11-01"}
-    created = httpx.post(f"{server.base_url}/admin/v1/prices", json=price, headers=ADMIN)
-    assert created.status_code == 201, created.text
-    lines = _until(lambda: _lines(server), "priced curves of both methods")
+    price_gpu(server, ["p-eagle", "eagle3"])
+    lines = _lines(server)
     # ITL = streams / tokens/s: just above P-EAGLE's at ROOM streams, and EAGLE-3's at one
     itl = {m: {c: 1000 * c / tps for c, tps in points} for m, points in lines.items()}
     objective = 1.05 * max(itl["p-eagle"][ROOM], itl["eagle3"][1])
@@ -65,20 +62,18 @@ def gateway(
         f"{server.base_url}/admin/v1/models/{SIM_MODEL}/policy", json=policy, headers=ADMIN
     )
     assert answer.status_code == 200, answer.text
-    _until(lambda: _routed(server) == "p-eagle", "auto on P-EAGLE at low load")
+    until(lambda: _routed(server) == "p-eagle", "auto on P-EAGLE at low load")
     return server
 
 
-def _lines(gateway: Server) -> dict[str, list[tuple[float, float]]] | None:
+def _lines(gateway: Server) -> dict[str, list[tuple[float, float]]]:
     curves = httpx.get(
         f"{gateway.base_url}/admin/v1/curves", params={"model": SIM_MODEL}, headers=ADMIN
     ).json()["curves"]
-    found = {
+    return {
         c["method"]: [(p["concurrency"], p["output_tokens_per_s"]) for p in c["line"]]
         for c in curves
-        if c["method"] in ("p-eagle", "eagle3") and all(p["usd_per_mtok"] for p in c["line"])
     }
-    return found if len(found) == 2 else None
 
 
 def _routed(gateway: Server) -> str:
@@ -89,16 +84,6 @@ def _routed(gateway: Server) -> str:
     )
     answer.raise_for_status()
     return answer.headers["x-draftgate-method"]
-
-
-def _until(condition: Any, what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.2)
-    pytest.fail(f"no {what} within {WAIT_S} s")
 
 
 async def _burst(gateway: Server, streams: int) -> list[tuple[str, str | None]]:
