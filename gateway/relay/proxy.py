@@ -417,6 +417,7 @@ class Relay:
             strip_usage_chunk=not asked.final,
             strip_chunk_usage=not asked.every_chunk,
             strip_speculation=not asked.speculation,
+            named_events=call.path not in COMPLETION_PATHS,
         )
         held = b""  # from `data: [DONE]` on, when the cost comment is to go before it
         # Asked for identity; a compressing hop that ignores it is decoded, so the tap (and the

@@ -73,6 +73,7 @@ class UsageTap:
     __slots__ = (
         "_carry",
         "_last_usage",
+        "_scan_speculation",
         "_strip",
         "_strip_chunk_usage",
         "_strip_speculation",
@@ -86,10 +87,15 @@ class UsageTap:
         strip_usage_chunk: bool,
         strip_chunk_usage: bool = False,
         strip_speculation: bool = False,
+        named_events: bool = False,
     ) -> None:
         self._strip = strip_usage_chunk
         self._strip_chunk_usage = strip_chunk_usage
+        # The block is cut where it comes: a completion stream's usage-only chunk, parsed
+        # anyway; in a stream of named events (`named_events`: the Responses API's
+        # `response.completed`) any event with usage, looked for by its bytes.
         self._strip_speculation = strip_speculation
+        self._scan_speculation = strip_speculation and named_events
         self._carry = b""
         self._last_usage = b""  # the last chunk (or event) with a usage object, as it came
         self.chunks = 0  # events with content forwarded
@@ -127,7 +133,7 @@ class UsageTap:
         if not usages:  # nothing to read or cut
             self.chunks += data.count(DATA)  # counted whole, however the bytes were cut
             return data
-        if self._strip_speculation and SPECULATION_KEY in data:
+        if self._scan_speculation and SPECULATION_KEY in data:
             data = self._cut_speculation(data)
         form = _form(data, usages)
         if form == "content":  # read and cut in one pass, as vLLM streams
@@ -158,9 +164,7 @@ class UsageTap:
     def _compact_event(self, event: bytes, end: bytes = EVENT_END) -> bytes:
         """An event in vLLM's compact form, read and cut by its bytes (b"": cut out)."""
         if USAGE_ONLY in event and event.startswith(DATA) and USAGE_KEY in event:
-            body = _body(event)
-            self.usage, self.speculation = _usage_in(body), speculation_in(body) or self.speculation
-            return b"" if self._strip else event + end
+            return self._usage_only(event, _body(event), end)
         self.chunks += event.count(DATA)
         if USAGE in event:
             self._last_usage = event
@@ -172,8 +176,7 @@ class UsageTap:
         """An event with usage in another form than vLLM's, read as JSON."""
         body = _body(event)
         if body is not None and body.get("choices") == []:  # the usage-only chunk
-            self.usage, self.speculation = _usage_in(body), speculation_in(body) or self.speculation
-            return b"" if self._strip else event + end
+            return self._usage_only(event, body, end)
         self.chunks += event.count(DATA)
         if body is None:
             return event + end
@@ -184,10 +187,21 @@ class UsageTap:
             event = _with_data(event, orjson.dumps(body))
         return event + end
 
+    def _usage_only(self, event: bytes, body: dict[str, Any] | None, end: bytes) -> bytes:
+        """The usage-only chunk, read; cut out unless the client asked for it, and its
+        speculative decoding block cut out of it unless the client asked for that."""
+        self.usage, self.speculation = _usage_in(body), speculation_in(body) or self.speculation
+        if self._strip:
+            return b""
+        if self._strip_speculation and body is not None and cut_speculation(body):
+            event = _with_data(event, orjson.dumps(body))
+        return event + end
+
     def _cut_speculation(self, data: bytes) -> bytes:
         """Whole events with the speculative decoding block read and cut out of each that
         holds one (the gateway asked for it, not the client): parsed and written again,
-        compact on one `data:` line; once a stream, in its last usage event."""
+        compact on one `data:` line; once a stream, in its last usage event (streams of
+        named events only: a completion stream's is in its usage-only chunk)."""
         if CR in data:
             events, ends = _split(data)
         else:

@@ -439,7 +439,7 @@ def test_the_block_is_cut_from_a_responses_stream_with_its_empty_metrics() -> No
                 "metrics": {"speculative_decoding": SPEC}}}
         ).decode(),
     )  # fmt: skip
-    tap = UsageTap(strip_usage_chunk=True, strip_speculation=True)
+    tap = UsageTap(strip_usage_chunk=True, strip_speculation=True, named_events=True)
     relayed = relay(tap, [*RESPONSES[:2], completed])
     assert relayed.startswith(b"".join(RESPONSES[:2]))
     assert relayed.endswith(b"\n\n")
