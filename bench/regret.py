@@ -1,6 +1,7 @@
 """How much the `auto` policy's decisions cost against an oracle: regret on load traces.
 
-Run: .venv/bin/python bench/regret.py [--step-s 12] [--itl-objective-ms 6] [--traces diurnal,bursty]
+Run: .venv/bin/python bench/regret.py [--step-s 12] [--itl-objective-ms 6]
+     [--traces diurnal,bursty] [--without-spill bursty] [--without-load-window diurnal,bursty]
 
 A real `draftgate up` (five simulated backends of GPT-OSS-20B on B200, one per method: plain,
 EAGLE-3, P-EAGLE, DFlash, DSpark; simulators at a fifth of real time) serves closed-loop
@@ -11,20 +12,25 @@ clients whose number follows a trace, one level per step:
   peak several times the trough, which this follows.
 - `bursty`: 24 short steps at 4 streams, with a seeded quarter of them bursts of 96.
 Each request asks 256 output tokens (`ignore_eos`) of a short prompt. The gateway's loops
-are compressed with the trace: selector every 0.5 s, dwell 4 s, collector every 1 s over 4 s
-windows (production: 10 s, 60 s, 5 s): a step is to the selector what an hour or a burst
-is in production.
+are compressed with the trace: selector every 0.5 s, dwell 4 s, move steps 1 s, collector
+every 1 s over 4 s windows (production: 10 s, 60 s, 15 s, 5 s): a step is to the selector
+what an hour or a burst is in production. `auto` runs with per-request spill and a 20 s
+load window (`CONFIGS`), and beside it without spill and without the window, every run on a
+fresh stack.
 
 Ground truth is the simulator's own model, not what the gateway measured: each method's
 output tokens/s at each level, in virtual time (backends/sim/calibrate.run_closed_loop, the
 same engine and step-time model the servers run, 256-token answers), gives its capacity cost
 in $ per 1M output tokens at the demo's B200 price and its per-token latency (ITL = streams /
-tokens/s). Every request `auto` served is priced at the method that served it, at its step's
-level; the oracle serves each step's tokens on the method cheapest at that level among those
-within the ITL objective (none within it: the fastest); each static method and plain serve
-the same tokens at the same levels. Figures per trace, side by side: $ per 1M output tokens,
-regret (policy / oracle - 1), the share of tokens served within the objective, and `auto`'s
-moves (audit entries `switch`). Levels are per method's one backend (the demo has one each).
+tokens/s). Every request `auto` served is priced at the method that served it, at the
+streams its backend served over the request's life (the requests' time on it in each step
+over the step: a move leaves two pools half loaded while the old one drains); the oracle
+serves each request on the method cheapest at all the streams of its life among those within
+the ITL objective (none within it: the fastest); each static method and plain serve the same
+requests at all the streams. Figures per trace, side by side: $ per 1M output tokens, regret
+(policy / its own run's oracle - 1), the share of tokens served within the objective, and
+`auto`'s moves (audit entries `switch`) and spilled requests. Levels are per method's one
+backend (the demo has one each).
 """
 
 from __future__ import annotations
