@@ -163,7 +163,7 @@ def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
         total[11] += e.spec_steps or 0
         total[12] += e.draft_tokens or 0
         total[13] += e.accepted_tokens or 0
-        if e.spec_steps is not None and e.accepted_tokens is not None:
+        if e.spec_steps and e.accepted_tokens is not None:  # a step or more: a sample
             steps, accepted = e.spec_steps, e.accepted_tokens
             total[14] += 1
             total[15] += accepted * accepted
@@ -209,7 +209,7 @@ def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
         func.coalesce(r.rule_index, -1),
         r.model,
     )
-    reported = r.spec_steps.is_not(None) & r.accepted_tokens.is_not(None)
+    reported = (r.spec_steps > 0) & r.accepted_tokens.is_not(None)
     accepted, steps = r.accepted_tokens * 1.0, r.spec_steps * 1.0  # floats: no overflow
     return (
         select(

@@ -250,7 +250,9 @@ class UsageHourly(Base):
     request_class: Mapped[str] = mapped_column(String(CLASS_NAME), default="", server_default="")
     rule_index: Mapped[int] = mapped_column(default=-1, server_default="-1")
     # For the interval of a class's acceptance (a ratio estimator): the requests that
-    # reported their speculation, and the sums of accepted², accepted·steps and steps².
+    # reported a verify step or more (a one-token answer has none: no sample, so a stream of
+    # them cannot bring a class to its minimum), and the sums of accepted², accepted·steps
+    # and steps².
     spec_requests: Mapped[int] = mapped_column(default=0, server_default="0")
     accepted_sq: Mapped[float] = mapped_column(default=0.0, server_default="0")
     accepted_steps: Mapped[float] = mapped_column(default=0.0, server_default="0")

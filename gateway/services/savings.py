@@ -89,7 +89,7 @@ def _record_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
     }
     served = backend != ""
     saved = r.cached_prompt_tokens * r.prompt_usd_per_mtok / 1e6  # NULL unpriced: not summed
-    reported = r.spec_steps.is_not(None) & r.accepted_tokens.is_not(None)
+    reported = (r.spec_steps > 0) & r.accepted_tokens.is_not(None)
     accepted, steps = r.accepted_tokens * 1.0, r.spec_steps * 1.0  # floats: no overflow
     columns = {
         "prefill_saved_by_cache_usd": saved,

@@ -79,6 +79,9 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
                 entry(100 + n, method="dflash", request_class="batch", rule_index=0,
                       spec_steps=30 + n, draft_tokens=210, accepted_tokens=20),
                 entry(200 + n, method=None, backend_name=None, status_code=401),
+                # a one-token answer: no verify step, no sample of the class's acceptance
+                entry(300 + n, method="dflash", request_class="batch", rule_index=0,
+                      completion_tokens=1, spec_steps=0, draft_tokens=0, accepted_tokens=0),
             ]  # fmt: skip
             write_batch(sessions, batch)
 
@@ -107,7 +110,7 @@ def test_recomputing_an_hour_reproduces_the_incremental_rollups(database_url: st
             == incremental
             == [
                 ("", "", -1, 5, 500, 0.005, 0, 0.0, (0, 0, 0), (0, 0.0, 0.0, 0.0)),
-                ("dflash", "batch", 0, 5, 500, 0.005, 0, 0.0, (160, 1050, 100),
+                ("dflash", "batch", 0, 10, 505, 0.01, 0, 0.0, (160, 1050, 100),
                  (5, 5 * 400.0, 20.0 * sum(batch_steps), float(sum(s * s for s in batch_steps)))),
                 ("dflash", "interactive", -1, 15, 1500, 0.015, 48, 48 * 0.5e-6,
                  (300, 2100, sum(interactive)),
