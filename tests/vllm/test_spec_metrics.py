@@ -189,7 +189,8 @@ def test_each_requests_own_acceptance_is_recorded_and_adds_up_to_the_counters(
     collecting_gateway: tuple[Server, str], vllm_servers: dict[str, RealServer]
 ) -> None:
     """vLLM's per-request spec decode block, read by the gateway from whole answers and
-    streams, is on each usage record; the records add up to the server's own counters."""
+    streams, is on each usage record; the records add up to the server's own counters. The
+    block reaches only the client that asked for it."""
     gateway, database_url = collecting_gateway
     server = vllm_servers["ngram"]
     before = _raw(_page(server))
@@ -206,11 +207,17 @@ def test_each_requests_own_acceptance_is_recorded_and_adds_up_to_the_counters(
                 "ignore_eos": True,
                 "stream": stream,
             }
-            answer = http.post("/v1/completions", json=body, headers={"x-request-id": request_id})
+            headers = {"x-request-id": request_id}
+            if i == 0:  # the first asks for the block; the third did not, and gets none
+                headers["x-draftgate-include-speculation"] = "true"
+            answer = http.post("/v1/completions", json=body, headers=headers)
             assert answer.status_code == 200, answer.text
-            if not stream:
+            if i == 0:
                 block = answer.json()["metrics"]["speculative_decoding"]
                 assert block["num_spec_steps"] > 0
+            elif not stream:
+                metrics = answer.json().get("metrics") or {}
+                assert "speculative_decoding" not in metrics, answer.json()
     after = _raw(_page(server))
     deadline = time.monotonic() + 60
     while True:
