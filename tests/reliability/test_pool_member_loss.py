@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DATABASES
-from tests.e2e.test_pools import NAME, Fleet, dns_fleet
+from tests.e2e.test_pools import NAME, Fleet, dns_fleet, ready_members
 from tests.e2e.test_pools import _wait as wait_for
 from tests.reliability.conftest import run_streaming_load, wait_for_ledger
 
@@ -62,6 +62,8 @@ async def test_an_evicted_member_fails_no_request_that_had_not_started(fleet: Fl
     gateway = fleet.gateway
     assert gateway is not None
     wait_for(lambda: len(fleet.members()) == len(MEMBERS), "three members")
+    # in the database is not yet in the gateway's snapshot: wait until it routes to all three
+    wait_for(lambda: ready_members(gateway) == len(MEMBERS), "three members routed")
     doomed_address = MEMBERS[1]
     doomed = f"sims:{doomed_address}:{fleet.port}"
     stop = asyncio.Event()
