@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from backends.methods import MethodSpec, render_vllm_args
+from backends.methods import VLLM_VERSION, MethodSpec, render_vllm_args
 
-# The release whose `--speculative-config` fields (dflash, dspark, parallel_drafting) and
-# `vllm:*` metrics this project renders and reads; move it with backends/methods.py.
-VLLM_VERSION = "0.32.0"
 VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 VLLM_PORT = 8000
 # Where the vLLM image keeps Hugging Face downloads: a named volume keeps them across restarts.

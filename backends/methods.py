@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeGuard
 
+# The release whose `--speculative-config` fields (dflash, dspark, parallel_drafting) and
+# `vllm:*` metrics this project renders and reads (and the simulator's `/version`).
+VLLM_VERSION = "0.32.0"
+
 
 class InvalidMethodSpec(ValueError):
     """A method spec that vLLM would reject or that draftgate cannot render."""

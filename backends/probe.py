@@ -53,3 +53,22 @@ async def probe_max_model_len(
         if card.get("id") == model and isinstance(length, int) and length > 0:
             return length
     return 0
+
+
+async def probe_version(
+    client: httpx.AsyncClient,
+    base_url: str,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+) -> str | None:
+    """The engine version the server's `/version` reports (vLLM serves `{"version": ...}`):
+    "" when it answers without one (not vLLM, or too old), None when it does not answer."""
+    try:
+        response = await client.get(f"{base_url}/version", timeout=timeout_s, headers=headers)
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if response.status_code >= 500:
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return version[:64] if isinstance(version, str) and version else ""

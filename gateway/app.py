@@ -24,10 +24,11 @@ from gateway import health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
 from gateway.control.benchmarks import BenchmarkManager
-from gateway.control.collector import Collector, Gate
+from gateway.control.collector import Collector
 from gateway.control.leader import Leader
 from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
+from gateway.control.windows import Gate
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Components, authorize_admin

@@ -44,6 +44,7 @@ from planner.recommend import CONCURRENCY
 
 WORKLOAD = "chat"  # the traffic the planner assumes for live requests
 CurveKey = tuple[str, str, str]  # (model, method, GPU type)
+Variant = tuple[str | None, str | None]  # (drafter, engine version); None: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,8 @@ class Sample:
     mean_output_tokens: float | None = None
     source: str = "scrape"
     mean_prompt_tokens: float | None = None
+    drafter: str | None = None  # None: not known (an import, a row from before it was kept)
+    engine_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,17 +124,22 @@ UNPREDICTED = 1.0
 ANCHOR_SPAN = 2.0
 
 
-def pool(samples: Iterable[Sample]) -> tuple[list[Aggregate], Rejections]:
-    """Samples pooled per (model, method, GPU, K, concurrency bin), after the shape and
-    outlier rules; what each rule kept out, per curve and K (pure)."""
+def pool(
+    samples: Iterable[Sample], live: Mapping[CurveKey, set[Variant]] | None = None
+) -> tuple[list[Aggregate], Rejections]:
+    """Samples pooled per (model, method, GPU, K, concurrency bin), after the superseded,
+    shape and outlier rules; what each rule kept out, per curve and K (pure). `live`: the
+    (drafter, engine version) each curve's enabled backends run now."""
     by_curve: dict[tuple[CurveKey, int], list[Sample]] = defaultdict(list)
     for sample in samples:
         by_curve[(sample.key, sample.k)].append(sample)
     pooled: list[Aggregate] = []
     rejected: Rejections = {}
-    for (key, k), group in by_curve.items():
+    for (key, k), every in by_curve.items():
+        group = current(every, (live or {}).get(key))
         kept = _same_shape(group)
-        counts = {"shape": len(group) - len(kept), "outlier": 0, "noise": 0}
+        counts = {"superseded": len(every) - len(group), "shape": len(group) - len(kept)}
+        counts |= {"outlier": 0, "noise": 0}
         bins: dict[float, list[Sample]] = defaultdict(list)
         for sample in kept:
             bins[concurrency_bin(sample.concurrency)].append(sample)
@@ -146,6 +154,25 @@ def pool(samples: Iterable[Sample]) -> tuple[list[Aggregate], Rejections]:
         if any(counts.values()):
             rejected[(key, k)] = {reason: n for reason, n in counts.items() if n}
     return pooled, rejected
+
+
+def current(samples: list[Sample], live: set[Variant] | None) -> list[Sample]:
+    """The samples taken with a drafter and engine version that a backend of their curve
+    runs now. A drafter or engine upgrade changes the speed and the acceptance: the old
+    points would price the new server, so the curve is measured again (the planner's
+    estimate, with its wider band, stands in meanwhile). What does not say (a sample or a
+    backend whose drafter or version is not known) matches any; a curve no backend serves
+    keeps all its points (a sweep, an import: what the planner compares)."""
+    if not live:
+        return samples
+    return [s for s in samples if any(_matches(s, variant) for variant in live)]
+
+
+def _matches(sample: Sample, variant: Variant) -> bool:
+    drafter, version = variant
+    return (sample.drafter is None or drafter is None or sample.drafter == drafter) and (
+        sample.engine_version is None or version is None or sample.engine_version == version
+    )
 
 
 def _weight(sample: Sample) -> int:

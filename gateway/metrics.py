@@ -206,7 +206,8 @@ class GatewayMetrics:
         self.windows_rejected = Counter(
             "draftgate_measurement_windows_rejected",
             "Collector windows not stored as measurements, by reason: too few requests or "
-            "output tokens, no request in flight, a rate above the hardware's ceiling.",
+            "output tokens, no request in flight, a rate above the hardware's ceiling, the "
+            "drafter or engine version changed mid-window.",
             [*BACKEND, "reason"],
             registry=r,
         )

@@ -34,6 +34,7 @@ from gateway.curves import (
     Rejections,
     Sample,
     Served,
+    Variant,
     build_curves,
     pool,
 )
@@ -67,6 +68,8 @@ class BackendView:
     gpu_count: int
     api_key: str | None = field(default=None, repr=False)
     pool: str = ""  # the pool it is a member of; a backend without one is a pool of one
+    drafter: str | None = None
+    engine_version: str | None = None  # its `/version`, as the leader last read it
     seed: int = field(init=False, repr=False, compare=False)  # its rendezvous-hash seed
 
     def __post_init__(self) -> None:
@@ -117,6 +120,9 @@ class BackendState:
     mismatch: str | None = None  # the scraped counters contradict the declared method
     # The context length its `/v1/models` reports: 0 when it reports none, None before asked.
     max_model_len: int | None = None
+    # The engine version its `/version` reports: "" when it serves none, None before asked
+    # (and again after a restart, which may have been an upgrade).
+    engine_version: str | None = None
     # Mean acceptance length and per-position acceptance of the last scrape interval in
     # which the backend drafted; None for plain or before it drafted.
     acceptance_length: float | None = None
@@ -335,7 +341,8 @@ def load_snapshot(
     backends: dict[str, list[BackendView]] = defaultdict(list)
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
         view = BackendView(
-            b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count, b.api_key, b.pool or ""
+            b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count, b.api_key,
+            b.pool or "", b.drafter, b.engine_version,
         )  # fmt: skip
         backends[b.model].append(view)
     policies = _policies(session)
@@ -347,7 +354,11 @@ def load_snapshot(
     since = None
     if scrape_max_age_s is not None:
         since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=scrape_max_age_s)
-    points, rejected = pool(Sample((r[0], r[1], r[2]), *r[3:]) for r in usable(session, since))
+    live: dict[CurveKey, set[Variant]] = defaultdict(set)
+    for v in (v for group in backends.values() for v in group):
+        live[(v.model, v.method, v.gpu_type)].add((v.drafter, v.engine_version))
+    samples = (Sample((r[0], r[1], r[2]), *r[3:]) for r in usable(session, since))
+    points, rejected = pool(samples, live)
     curves = build_curves(points, _served(backends))
     return Snapshot(
         backends={m: tuple(v) for m, v in backends.items()},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from backends.methods import METHODS, method_info
+from backends.methods import METHODS, VLLM_VERSION, method_info
 from backends.sim.engine import EngineCore, EngineLimits
 from backends.sim.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
 from planner import calibration, catalog
@@ -83,6 +83,7 @@ class SimConfig:
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
     api_key: str | None = field(default=None, repr=False)  # as vLLM's --api-key: /v1 only
+    engine_version: str = VLLM_VERSION  # what its `/version` says (an upgrade, simulated)
 
     @property
     def name(self) -> str:

@@ -41,7 +41,6 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-VLLM_VERSION = "0.32.0"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -129,7 +128,7 @@ class SimServer:
         elif method == "GET" and path == "/health":
             await _respond(send, 200, b"")
         elif method == "GET" and path == "/version":
-            await _respond(send, 200, json.dumps({"version": VLLM_VERSION}).encode())
+            await _respond(send, 200, json.dumps({"version": self.config.engine_version}).encode())
         elif method == "GET" and path == "/v1/models":
             await _respond(send, 200, self._models())
         elif method == "GET" and path == "/metrics":

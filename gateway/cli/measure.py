@@ -166,7 +166,7 @@ def _store_levels(
 ) -> None:
     from gateway.cli.common import settings_from_env
     from gateway.control.benchmarks import level_measurement
-    from gateway.control.collector import above_ceiling
+    from gateway.control.windows import above_ceiling
 
     backend = {"model": model, "method": method, "k": k, "gpu_type": gpu, "gpu_count": count}
     margin = settings_from_env().measurement_ceiling_margin

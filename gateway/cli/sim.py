@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 import uvicorn
 
+from backends.methods import VLLM_VERSION
 from gateway.cli.common import LOG_FORMAT, fail
 from gateway.cli.serve import Port, exit_zero
 
@@ -33,6 +34,7 @@ PromptTokensDetails = Annotated[
 Delay = Annotated[
     float, typer.Option(min=0, help="Seconds every completion waits before answering.")
 ]
+EngineVersion = Annotated[str, typer.Option(help="What /version says (simulate an upgrade).")]
 ApiKey = Annotated[str | None, typer.Option(help="As vLLM's --api-key: required on /v1 routes.")]
 
 
@@ -65,12 +67,12 @@ def sim(
     startup_delay_s: Annotated[float, typer.Option(min=0)] = 0.0,
     delay_s: Delay = 0.0,
     api_key: ApiKey = None,
+    engine_version: EngineVersion = VLLM_VERSION,
 ) -> None:
     """Run one simulated vLLM server (vLLM's API and /metrics over a modelled engine)."""
     if ctx.invoked_subcommand is not None:
         return
-    if model is None:
-        fail("--model is required (e.g. --model openai/gpt-oss-20b)")
+    model = model or fail("--model is required (e.g. --model openai/gpt-oss-20b)")
     from backends.sim.config import Faults, SimConfig
 
     faults = Faults(error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s, delay_s)
@@ -94,6 +96,7 @@ def sim(
         seed=seed,
         faults=faults,
         api_key=api_key,
+        engine_version=engine_version,
     )
     _serve_simulator(config, host, port)
 

@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from backends.bench import BenchConfig, LevelResult, run_sweep
-from gateway.control.collector import above_ceiling
+from gateway.control.windows import above_ceiling
 from gateway.db import queries
 from gateway.db.base import utcnow
 from gateway.db.session import transaction
@@ -42,7 +42,9 @@ ORPHANED = (
     f"the gateway worker running it stopped without a word (no heartbeat for "
     f"{ORPHAN_AFTER_S:g} s); start it again"
 )
-BACKEND_FIELDS = ("name", "model", "method", "k", "gpu_type", "gpu_count")
+BACKEND_FIELDS = (
+    "name", "model", "method", "k", "gpu_type", "gpu_count", "drafter", "engine_version"
+)  # fmt: skip
 
 
 def sweep_config(params: Mapping[str, Any], url: str, model: str) -> BenchConfig:
@@ -289,6 +291,8 @@ def level_measurement(level: LevelResult, backend: dict[str, Any]) -> Measuremen
         itl_ms=figures["mean_itl_ms"],
         source="bench",
         backend_name=backend.get("name"),
+        drafter=backend.get("drafter"),
+        engine_version=backend.get("engine_version"),
         requests=level.completed,
         mean_prompt_tokens=level.input_tokens / level.completed if level.completed else None,
         mean_output_tokens=level.output_tokens / level.completed if level.completed else None,

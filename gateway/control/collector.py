@@ -14,7 +14,9 @@ stored, only counted: a few short test requests would otherwise move the curves 
 every request; nor is one whose rate is above what the hardware can deliver (the planner's
 ceiling, times a margin). A backend whose declared method disagrees with its counters is
 flagged. Several replicas scrape the same backends; a window another replica already stored
-is not stored again.
+is not stored again. Each backend's engine version is read from its `/version` at the first
+scrape and after each restart; each window keeps the drafter and version it was served by,
+and the leader stores a backend's version where it changed (audited).
 """
 
 from __future__ import annotations
@@ -24,28 +26,26 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, field
 
 import httpx
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from backends.vllm_metrics import Observation, VllmSnapshot, difference, parse_metrics
+from backends.probe import probe_version
+from backends.vllm_metrics import VllmSnapshot, difference, parse_metrics
+from gateway.control.windows import Gate, Tally
 from gateway.db.base import utcnow
 from gateway.db.session import transaction
 from gateway.db.tables import Measurement
 from gateway.events.webhooks import WebhookSender, backend_mismatch
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, InFlightClock, Registry
-from planner.ceiling import ceiling_exceeded
+from gateway.services.backends import record_engine_versions
 
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 2.0
-# The backend finished more requests than this replica sent it (beyond what a scrape
-# boundary shifts between windows): it has other clients.
-FOREIGN_RATIO = 1.1
-FOREIGN_SLACK = 2
+ACTOR = "collector"  # who the audit log says changed a backend's engine version
 MEASUREMENTS_LOCK = 0x6D656173  # PostgreSQL advisory lock key of scrape measurement writes
 
 
@@ -56,138 +56,6 @@ def method_mismatch(backend: BackendView, snapshot: VllmSnapshot) -> str | None:
     if backend.method != "plain" and snapshot.drafts is None:
         return f"declared {backend.method} but exposes no spec-decode counters"
     return None
-
-
-@dataclass(frozen=True)
-class Gate:
-    """The least a collector window must hold to become a measurement."""
-
-    min_requests: int
-    min_output_tokens: int
-    # A window above the hardware's ceiling times this is not stored (None: never checked).
-    ceiling_margin: float | None = None
-
-    def above_ceiling(self, m: Measurement) -> bool:
-        """Whether `m` is faster than its hardware can be, margin included."""
-        return above_ceiling(m, self.ceiling_margin)
-
-
-def above_ceiling(m: Measurement, margin: float | None) -> bool:
-    """Whether `m` is faster than its model can run on its GPUs, `margin` times over (never
-    for a model or GPU the planner's catalog does not know, nor without a margin)."""
-    if margin is None:
-        return False
-    acceptance = m.mean_acceptance_length or (1 + m.k if m.method != "plain" else 1.0)
-    rate, c = m.output_tokens_per_s, m.concurrency
-    args = (m.model, m.gpu_type, m.gpu_count, c, acceptance, rate, margin)
-    return ceiling_exceeded(*args) is not None
-
-
-@dataclass
-class Tally:
-    """Observations of one backend, summed over a window: the backend's counters, and what
-    this replica's gateway sent it (its in-flight clock) over the same scrapes."""
-
-    seconds: float = 0.0
-    output_tokens: float = 0.0
-    drafts: float = 0.0
-    accepted: float = 0.0
-    accepted_per_position: list[float] = field(default_factory=list)
-    finished: float | None = 0.0  # requests the backend finished (None: it does not say)
-    prompt_tokens: float = 0.0
-    sent: InFlightClock = field(default_factory=InFlightClock)
-    gauge_in_flight_s: float = 0.0  # Σ running + waiting at each scrape, times its interval
-    gauge_busy_s: float = 0.0  # Σ intervals that ended with a request running or waiting
-    own_sampled_s: float = 0.0  # Σ this replica's requests on it at each scrape, times alike
-
-    def add(self, o: Observation, sent: InFlightClock, in_flight_now: float = 0.0) -> None:
-        """Add one scrape interval: the backend's counters, what this replica sent it over
-        the interval, and what it had in flight on it at the scrape."""
-        self.seconds += o.seconds
-        self.output_tokens += o.output_tokens
-        self.prompt_tokens += o.prompt_tokens
-        self.finished = (
-            None if o.finished is None or self.finished is None else (self.finished + o.finished)
-        )
-        self.drafts += o.drafts
-        self.accepted += o.accepted
-        self.sent = InFlightClock(
-            self.sent.in_flight_s + sent.in_flight_s,
-            self.sent.busy_s + sent.busy_s,
-            self.sent.ended + sent.ended,
-        )
-        self.gauge_in_flight_s += o.running * o.seconds
-        self.gauge_busy_s += o.seconds if o.running > 0 else 0.0
-        self.own_sampled_s += in_flight_now * o.seconds
-        grow = len(o.accepted_per_position) - len(self.accepted_per_position)
-        self.accepted_per_position += [0.0] * max(0, grow)
-        for i, value in enumerate(o.accepted_per_position):
-            self.accepted_per_position[i] += value
-
-    def foreign(self) -> bool:
-        """Whether the backend finished requests this replica did not send it (other
-        replicas' or other clients'): then the gateway's clock misses some of its load."""
-        if self.finished is None:
-            return True
-        return self.finished > FOREIGN_RATIO * self.sent.ended + FOREIGN_SLACK
-
-    def in_flight(self) -> tuple[float, float]:
-        """The window's request-seconds in flight and busy seconds at the backend.
-
-        The gateway's clock is exact for what it sent. When the backend also served others,
-        their share is estimated from the backend's gauges (an instant per scrape): the
-        gauges less this replica's own requests at the same instants, so that only the
-        others' part is sampled; its busy time is the larger of the two. Another's traffic
-        can only raise the concurrency a rate is stored at, never lower it.
-        """
-        in_flight_s, busy_s = self.sent.in_flight_s, self.sent.busy_s
-        if self.foreign():
-            in_flight_s += max(0.0, self.gauge_in_flight_s - self.own_sampled_s)
-            busy_s = max(busy_s, self.gauge_busy_s)
-        busy_s = min(busy_s, self.seconds)
-        return max(in_flight_s, busy_s), busy_s
-
-    def rejection(self, gate: Gate) -> str | None:
-        """Why the window is too thin to be a measurement, if it is."""
-        if self.finished is not None and self.finished < gate.min_requests:
-            return "too_few_requests"
-        if self.output_tokens < gate.min_output_tokens:
-            return "too_few_tokens"
-        if self.in_flight()[1] <= 0:
-            return "nothing_in_flight"
-        return None
-
-    def measurement(self, backend: BackendView) -> Measurement:
-        """The window as one `scrape` measurement: the output tokens generated in it over the
-        time the backend had requests in flight, at their time-average over that time.
-
-        A request that spans windows counts in each the tokens and the time it spent there.
-        When the backend was busy all the window this is its tokens over the window at its
-        mean requests in flight; when it sat idle part of it, the rate while it was busy
-        (an idle backend generates nothing) at the requests in flight while busy (at least
-        one). Only time measured in flight divides the tokens, never a figure derived from
-        the requests that finished.
-        """
-        spec = self.drafts > 0
-        in_flight_s, busy_s = self.in_flight()
-        return Measurement(
-            model=backend.model,
-            method=backend.method,
-            k=backend.k or 0,
-            gpu_type=backend.gpu_type,
-            gpu_count=backend.gpu_count,
-            concurrency=in_flight_s / busy_s,
-            output_tokens_per_s=self.output_tokens / busy_s,
-            mean_acceptance_length=1 + self.accepted / self.drafts if spec else None,
-            acceptance_per_position=[a / self.drafts for a in self.accepted_per_position]
-            if spec
-            else None,
-            source="scrape",
-            backend_name=backend.name,
-            requests=None if self.finished is None else round(self.finished),
-            mean_prompt_tokens=self.prompt_tokens / self.finished if self.finished else None,
-            mean_output_tokens=self.output_tokens / self.finished if self.finished else None,
-        )
 
 
 class Collector:
@@ -222,6 +90,7 @@ class Collector:
         self._tallies: dict[str, tuple[BackendView, Tally]] = {}
         self._window_start = time.monotonic()
         self._own_rows: dict[str, int] = {}  # the last measurement this collector stored
+        self._versions_stored: dict[str, str | None] = {}  # the engine versions written
 
     async def run(self, stop: asyncio.Event) -> None:
         """Collect until `stop`, then write what the current window holds."""
@@ -248,6 +117,31 @@ class Collector:
             elif snapshot is not None:
                 clock = clocks.get(backend.name, InFlightClock())
                 self._absorb(backend, snapshot, now, clock, instants.get(backend.name, 0.0))
+        if self.stores:
+            await self._store_versions(backends)
+
+    async def _store_versions(self, backends: list[BackendView]) -> None:
+        """Write each backend's engine version where it changed (audited, by the leader)."""
+        changed = {}
+        for backend in backends:
+            read = self.registry.states[backend.name].engine_version
+            known = self._versions_stored.get(backend.name, backend.engine_version)
+            if read is not None and (read or None) != known:  # "": it serves no version
+                changed[backend.name] = read or None
+        if not changed:
+            return
+        try:
+            await asyncio.to_thread(self._write_versions, changed)
+        except SQLAlchemyError as exc:
+            logger.warning("could not store engine versions: %s", exc)
+            return
+        self._versions_stored.update(changed)
+        for name, version in changed.items():
+            logger.info("%s: engine version %s", name, version or "not served")
+
+    def _write_versions(self, versions: dict[str, str | None]) -> None:
+        with transaction(self.sessions) as session:
+            record_engine_versions(session, versions, ACTOR)
 
     def _in_flight_clocks(
         self, backends: list[BackendView], now: float
@@ -263,14 +157,20 @@ class Collector:
         return self.metrics.in_flight_clocks() or own
 
     async def _scrape(self, backend: BackendView) -> VllmSnapshot | None:
+        """The backend's counters; and its engine version, when not known since it started."""
         try:
             url, auth = f"{backend.url}/metrics", backend.auth()
             response = await self.client.get(url, timeout=SCRAPE_TIMEOUT_S, headers=auth)
             response.raise_for_status()
-            return parse_metrics(response.text)
+            snapshot = parse_metrics(response.text)
         except (httpx.HTTPError, ValueError) as exc:
             logger.debug("scrape of %s failed: %s", backend.name, exc)
             return None
+        state = self.registry.states[backend.name]
+        if state.engine_version is None:
+            version = await probe_version(self.client, backend.url, SCRAPE_TIMEOUT_S, auth)
+            state.engine_version = version
+        return snapshot
 
     def _absorb(
         self,
@@ -310,11 +210,28 @@ class Collector:
             )
         if observation is not None:  # the load, from every replica, that prices its requests
             state.scraped(observation.running)
-        if observation is None or min(sent.in_flight_s, sent.busy_s, sent.ended) < 0:
-            return  # a restart (of the backend, or of a worker whose counts were lost)
+        if observation is None:  # the backend restarted: perhaps as another version
+            state.engine_version = None
+            return
+        if min(sent.in_flight_s, sent.busy_s, sent.ended) < 0:
+            return  # a worker restarted: its counts were lost
         if observation.output_tokens > 0 or sent.busy_s > 0:
-            tally = self._tallies.setdefault(backend.name, (backend, Tally()))[1]
-            tally.add(observation, sent, in_flight_now)
+            self._tally(backend, state.engine_version or None).add(observation, sent, in_flight_now)
+
+    def _tally(self, backend: BackendView, version: str | None) -> Tally:
+        """The backend's window, a new one when its drafter or engine version changed (the
+        old one is not stored: its points would be priced as the new drafter's or engine's)."""
+        entry = self._tallies.get(backend.name)
+        if entry is not None and (entry[1].drafter, entry[1].engine_version) != (
+            backend.drafter,
+            version,
+        ):
+            self.metrics.windows_rejected.labels(backend.name, backend.pool, "changed").inc()
+            entry = None
+        if entry is None:
+            tally = Tally(drafter=backend.drafter, engine_version=version)
+            entry = self._tallies[backend.name] = (backend, tally)
+        return entry[1]
 
     async def flush(self) -> None:
         """Write one measurement per backend of the window; start a new window."""

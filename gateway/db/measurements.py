@@ -48,15 +48,16 @@ def by_hardware(session: Session) -> dict[tuple[str, str], list[Measurement]]:
 
 
 UsableRow = tuple[
-    str, str, str, int, float, float, float | None, int | None, float | None, str, float | None
-]
+    str, str, str, int, float, float, float | None, int | None, float | None, str, float | None,
+    str | None, str | None,
+]  # fmt: skip
 
 
 def usable(session: Session, scrape_since: dt.datetime | None = None) -> list[UsableRow]:
     """Every measurement the curves may use, as (model, method, GPU type, K, concurrency,
     output tokens/s per GPU, mean acceptance length, requests, mean output tokens, source,
-    mean prompt tokens); collector windows older than `scrape_since` no longer count (sweeps
-    and imports count until deleted)."""
+    mean prompt tokens, drafter, engine version); collector windows older than
+    `scrape_since` no longer count (sweeps and imports count until deleted)."""
     m = Measurement
     query = select(
         m.model,
@@ -70,6 +71,8 @@ def usable(session: Session, scrape_since: dt.datetime | None = None) -> list[Us
         m.mean_output_tokens,
         m.source,
         m.mean_prompt_tokens,
+        m.drafter,
+        m.engine_version,
     ).where(m.concurrency > 0, m.output_tokens_per_s > 0)
     if scrape_since is not None:
         query = query.where(or_(m.source != "scrape", m.measured_at >= scrape_since))

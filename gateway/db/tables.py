@@ -28,6 +28,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 NAME = 200
 URL = 500
+VERSION = 64
 RESPONSE_ID = 128  # a vLLM response id is `resp_` and 32 hex digits
 CLASS_NAME = 32  # a request class, as DRAFTGATE_REQUEST_CLASSES names it
 
@@ -52,6 +53,8 @@ class Backend(Timestamps, Base):
     method: Mapped[str] = mapped_column(String(32))
     k: Mapped[int | None]
     drafter: Mapped[str | None] = mapped_column(String(URL))
+    # The vLLM version its `/version` reports (None before it was read, or where it serves none).
+    engine_version: Mapped[str | None] = mapped_column(String(VERSION))
     # vLLM speculative-config keys beyond method, model and K (schedule, adaptive verification…).
     speculative_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     gpu_type: Mapped[str] = mapped_column(String(32))
@@ -282,6 +285,9 @@ class Measurement(Base):
     itl_ms: Mapped[float | None]
     source: Mapped[str] = mapped_column(String(16))
     backend_name: Mapped[str | None] = mapped_column(String(NAME))
+    # What served it: the drafter and the engine's version (None: not known).
+    drafter: Mapped[str | None] = mapped_column(String(URL))
+    engine_version: Mapped[str | None] = mapped_column(String(VERSION))
     measured_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     # The sample: requests finished in it, and their mean prompt and answer lengths (NULL
     # where the source does not say: weighted as one request, shape unknown).

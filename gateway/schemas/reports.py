@@ -360,7 +360,9 @@ class Curve(Report):
     # output token of the traffic the line was measured (else predicted) at
     prompt_usd_per_mtok: float | None
     prompt_tokens_per_output_token: float | None
-    rejected: dict[str, int]  # measurements kept out of it: shape, outlier, noise
+    # measurements kept out of it: superseded (another drafter or engine version), shape,
+    # outlier, noise
+    rejected: dict[str, int]
 
 
 class CurvesReport(Report):

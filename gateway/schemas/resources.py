@@ -270,6 +270,8 @@ class BackendPublic(Public):
     managed: bool
     has_api_key: bool = False  # the key itself is write-only
     pool: str | None = None  # the pool whose discovery added it
+    # The vLLM version the backend's `/version` reported last (None: not read, or none served)
+    engine_version: str | None = None
     created_at: dt.datetime
     updated_at: dt.datetime
     runtime: BackendRuntime | None = None  # on reads, for enabled backends this replica knows

@@ -7,7 +7,7 @@ are merged by one rule, `with_runtime`: the scrape when there is one, else the m
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from sqlalchemy.orm import Session
@@ -146,6 +146,24 @@ def pricing(snapshot: Snapshot, row: Backend) -> Literal["curve", "gpu_time", "u
     if (row.model, row.method, row.gpu_type) in snapshot.curves:
         return "curve"
     return "gpu_time" if row.gpu_type in snapshot.prices else "unpriced"
+
+
+def record_engine_versions(
+    session: Session, versions: Mapping[str, str | None], actor: str
+) -> list[str]:
+    """Store each backend's engine version as read; a change (an upgrade, a downgrade, the
+    first read) is audited. The backends whose version changed."""
+    changed = []
+    for name, version in versions.items():
+        row = queries.find_backend(session, name)
+        if row is None or row.engine_version == version:
+            continue
+        before = _snapshot(row)
+        row.engine_version = version
+        session.flush()
+        _audit(session, actor, "update", name, before, _snapshot(row))
+        changed.append(name)
+    return changed
 
 
 def shift_backend(session: Session, old_name: str, target: BackendCreate, actor: str) -> str:

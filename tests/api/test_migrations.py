@@ -35,14 +35,14 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     try:
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
-        assert migrate.current_revision(engine) == "0020"
+        assert migrate.current_revision(engine) == "0021"
         migrate.downgrade(engine, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
         migrate.upgrade(engine)  # a second upgrade is a no-op
-        assert migrate.current_revision(engine) == "0020"
+        assert migrate.current_revision(engine) == "0021"
     finally:
         engine.dispose()
 
@@ -80,6 +80,6 @@ def test_going_back_before_classes_folds_their_rollup_rows_together(database_url
             ).all()
         assert [tuple(r) for r in folded] == [(4, 400, 0 + 1 + 2 + 3)]
         migrate.upgrade(engine)
-        assert migrate.current_revision(engine) == "0020"
+        assert migrate.current_revision(engine) == "0021"
     finally:
         engine.dispose()

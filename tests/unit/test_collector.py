@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from backends.vllm_metrics import Observation, VllmSnapshot, difference, parse_metrics
-from gateway.control.collector import Gate, Tally, method_mismatch
+from gateway.control.collector import method_mismatch
+from gateway.control.windows import Gate, Tally
 from gateway.registry import BackendView, InFlightClock
 
 BEFORE = VllmSnapshot(1000, 50, 4, 0, 0.1, 100, 700, 250, (90, 70, 50, 25, 10, 5, 0))

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 
 from backends.vllm_metrics import VllmSnapshot
-from gateway.control.collector import Collector, Gate
+from gateway.control.collector import Collector
+from gateway.control.windows import Gate
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, InFlightClock, Registry
 from tests.unit.test_collector import AFTER, BEFORE, PEAGLE, PLAIN

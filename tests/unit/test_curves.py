@@ -164,3 +164,22 @@ def test_answers_of_another_shape_and_outliers_are_kept_out_and_counted() -> Non
     assert rejected == {(key, 0): {"shape": 1, "outlier": 1}}
     assert point.points == 6
     assert 1000 <= point.output_tokens_per_s <= 1004
+
+
+def test_points_of_another_drafter_or_engine_version_are_superseded_and_counted() -> None:
+    """After an upgrade to 0.33.1 the 0.32.0 windows no longer price the curve; a row that
+    does not say (an import) still counts, and a curve no backend serves keeps every point."""
+    key, drafter = (MODEL, "p-eagle", GPU), "amazon/GPT-OSS-20B-P-EAGLE"
+    old = [Sample(key, 7, 4.0, 900.0, 3.4, 50, drafter=drafter, engine_version="0.32.0")] * 3
+    new = [Sample(key, 7, 4.0, 1200.0, 3.9, 50, drafter=drafter, engine_version="0.33.1")] * 2
+    retrained = Sample(key, 7, 4.0, 1500.0, 4.4, 50, drafter="mine/p-eagle-v2")
+    unknown = Sample(key, 7, 4.0, 1200.0, 3.9, 50)
+    samples = [*old, *new, retrained, unknown]
+    [point], rejected = pool(samples, {key: {(drafter, "0.33.1")}})
+    assert (point.points, point.output_tokens_per_s) == (3, 1200.0)
+    assert rejected == {(key, 7): {"superseded": 4}}
+    # the version not read yet: every version of the drafter matches, never another drafter
+    [point], rejected = pool(samples, {key: {(drafter, None)}})
+    assert (point.points, rejected) == (6, {(key, 7): {"superseded": 1}})
+    _, rejected = pool(samples, {})
+    assert rejected == {}
