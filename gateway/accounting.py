@@ -75,6 +75,7 @@ class UsageEntry:
     rule_index: int | None = None  # the policy rule that routed it, by position; None: none
     # Its class's acceptance priced it: the method's $/1M output times this (None: the average)
     acceptance_factor: float | None = None
+    drafter: str | None = None  # the drafter of the backend that served it
 
 
 def prefill_saved_by_cache_usd(entry: UsageEntry) -> float:
@@ -95,6 +96,7 @@ def hour_of(moment: dt.datetime) -> dt.datetime:
 # _rollup_key's order
 ROLLUP_KEY = [
     "hour", "model", "method", "backend_name", "api_key_id", "request_class", "rule_index",
+    "drafter",
 ]  # fmt: skip
 ROLLUP_VALUES = [
     "requests",
@@ -116,7 +118,7 @@ ROLLUP_VALUES = [
     "accepted_steps",
     "steps_sq",
 ]
-RollupKey = tuple[dt.datetime, str, str, str, int, str, int]
+RollupKey = tuple[dt.datetime, str, str, str, int, str, int, str]
 
 
 def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> None:
@@ -141,7 +143,8 @@ def write_batch(sessions: sessionmaker[Session], batch: list[UsageEntry]) -> Non
 def _rollup_key(e: UsageEntry) -> RollupKey:
     rule = -1 if e.rule_index is None else e.rule_index
     method, backend, key = e.method or "", e.backend_name or "", e.api_key_id or 0
-    return hour_of(e.created_at), e.model, method, backend, key, e.request_class or "", rule
+    hour, kind = hour_of(e.created_at), e.request_class or ""
+    return hour, e.model, method, backend, key, kind, rule, e.drafter or ""
 
 
 def add_to_rollups(session: Session, entries: list[UsageEntry]) -> None:
@@ -197,7 +200,7 @@ def recompute_hour(session: Session, hour: dt.datetime) -> None:
 
 def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
     """The usage records of `hour` summed per rollup row: its dimensions (method, backend,
-    key, class, rule, model), then its values in `ROLLUP_VALUES`' order."""
+    key, class, rule, drafter, model), then its values in `ROLLUP_VALUES`' order."""
     end = hour + dt.timedelta(hours=1)
     r = UsageRecord
     # The same expression objects in SELECT and GROUP BY, so PostgreSQL sees one expression.
@@ -207,6 +210,7 @@ def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
         func.coalesce(r.api_key_id, 0),
         func.coalesce(r.request_class, ""),
         func.coalesce(r.rule_index, -1),
+        func.coalesce(r.drafter, ""),
         r.model,
     )
     reported = (r.spec_steps > 0) & r.accepted_tokens.is_not(None)
@@ -241,9 +245,9 @@ def _sums_of_hour(hour: dt.datetime) -> Select[*tuple[Any, ...]]:
 def _rollup_row(hour: dt.datetime, group: Sequence[Any]) -> dict[str, Any]:
     """One row of `_sums_of_hour` as the rollup row of `hour` it sets."""
     (
-        method, backend, key, request_class, rule, model, n, errors, prompt, completion, cost,
-        baseline, busy, cost_error, baseline_error, cached, saved, spec_steps, drafted, accepted,
-        spec_requests, accepted_sq, accepted_steps, steps_sq,
+        method, backend, key, request_class, rule, drafter, model, n, errors, prompt,
+        completion, cost, baseline, busy, cost_error, baseline_error, cached, saved, spec_steps,
+        drafted, accepted, spec_requests, accepted_sq, accepted_steps, steps_sq,
     ) = group  # fmt: skip
     return {
         "hour": hour,
@@ -252,6 +256,7 @@ def _rollup_row(hour: dt.datetime, group: Sequence[Any]) -> dict[str, Any]:
         "api_key_id": key,
         "request_class": request_class,
         "rule_index": rule,
+        "drafter": drafter,
         "model": model,
         "requests": n,
         "errors": errors or 0,

@@ -45,6 +45,7 @@ from gateway.policy.choices import Choices
 from gateway.policy.classes import ClassView, compile_classes
 from gateway.policy.moves import Move, stored_move
 from gateway.policy.rules import RuleView, compile_rules
+from gateway.policy.trials import DrafterTrial, stored_trial
 from planner.cost import ThroughputCurve, usd_per_mtok
 
 logger = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ class PolicyView:
     rules: tuple[RuleView, ...] = ()  # checked before the policy's own choice
     move: Move | None = None  # a gradual move to the pinned method (maybe already over)
     classes: Mapping[str, ClassView] = field(default_factory=dict)  # objectives for auto
+    drafter_trial: DrafterTrial | None = None  # an A/B of two drafters of one method
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,6 +389,7 @@ def _policies(session: Session) -> dict[str, PolicyView]:
             compile_rules(m.rules),
             stored_move(m.move, m.method) if m.mode == "pinned" else None,
             compile_classes(m.classes),
+            stored_trial(m.drafter_trial),
         )
         for m in session.scalars(select(ModelPolicy))
     }

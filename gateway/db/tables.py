@@ -116,6 +116,8 @@ class ModelPolicy(Timestamps, Base):
     move: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # {class name: {"objective", "itl_objective_ms", "max_usd_per_mtok"}} for `auto`
     classes: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # An A/B of two drafters of one method: {"drafter", "share"} (None: no trial)
+    drafter_trial: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ApiKey(Base):
@@ -208,17 +210,18 @@ class UsageRecord(Base):
     # Its output tokens were priced from its class's own acceptance: the curve's $/1M output
     # times this, the method's mean acceptance length over the class's (NULL: the average).
     acceptance_factor: Mapped[float | None]
+    drafter: Mapped[str | None] = mapped_column(String(URL))  # its backend's, when served
 
 
 class UsageHourly(Base):
     """Usage rolled up per hour, model, method, backend, key (0 = no key), request class
-    ('' = none) and rule (-1 = none)."""
+    ('' = none), rule (-1 = none) and drafter ('' = none)."""
 
     __tablename__ = "usage_hourly"
     __table_args__ = (
         UniqueConstraint(
             "hour", "model", "method", "backend_name", "api_key_id", "request_class",
-            "rule_index", name="uq_usage_hourly_row",
+            "rule_index", "drafter", name="uq_usage_hourly_row",
         ),
     )  # fmt: skip
 
@@ -252,6 +255,7 @@ class UsageHourly(Base):
     accepted_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     request_class: Mapped[str] = mapped_column(String(CLASS_NAME), default="", server_default="")
     rule_index: Mapped[int] = mapped_column(default=-1, server_default="-1")
+    drafter: Mapped[str] = mapped_column(String(URL), default="", server_default="")
     # For the interval of a class's acceptance (a ratio estimator): the requests that
     # reported a verify step or more (a one-token answer has none: no sample, so a stream of
     # them cannot bring a class to its minimum), and the sums of accepted², accepted·steps

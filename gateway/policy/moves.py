@@ -63,9 +63,10 @@ class Move:
         return position < self.share(now)
 
 
-def position_of(key: int | None, draw: float) -> float:
-    """A request's place in [0, 1): its session key's, else the random `draw`."""
-    return draw if key is None else mix(key ^ 0x6D6F7665) / (MASK + 1)  # "move"
+def position_of(key: int | None, draw: float, salt: int = 0x6D6F7665) -> float:
+    """A request's place in [0, 1): its session key's, else the random `draw` (`salt`:
+    whose place; a gradual move's, "move", by default)."""
+    return draw if key is None else mix(key ^ salt) / (MASK + 1)
 
 
 def move_record(source: str, started: float, step_share: float, step_s: float) -> dict[str, Any]:

@@ -233,6 +233,7 @@ def _record(
             request_class=x.request_class,
             acceptance_factor=costs.acceptance_factor,
             rule_index=x.rule.index if x.rule is not None else None,
+            drafter=x.backend.drafter if x.backend else None,
         )
     )
     _observe(snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)

@@ -16,6 +16,9 @@ it, by the curves at each backend's live load. Spill never moves a rule's reques
 explored one, or a session its home backend's cache holds (named by a header or `user`, or
 a later turn of a conversation: `Affinity.held`); the first turn of a conversation keyed only
 by its opening may go. It is reported as the fallback `spill`.
+
+Under a drafter trial (an A/B of two drafters of one method), the chosen method's backends
+are split by drafter first: the request's side serves, the other side comes next.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from operator import attrgetter
 from gateway.policy.affinity import Affinity, by_affinity
 from gateway.policy.moves import position_of
 from gateway.policy.rules import RuleView
+from gateway.policy.trials import DrafterTrial
 from gateway.registry import (
     BackendState,
     BackendView,
@@ -127,6 +131,7 @@ def route(
         if held_back is not None and method == held_back[0] and not explored:
             method, k = held_back[1], None
     exact, near, others, panic = _candidates(pools, method, k, states, now, limit)
+    exact, near = _trial_side(policy.drafter_trial, exact, near, affinity, rng)
     fallback = "no_healthy_backend" if not exact and not near and others else None
     home: str | None = None
     if affinity is not None and (exact or near):
@@ -146,6 +151,22 @@ def route(
             x for group in (exact, near, others) for x in order_by_load(group, states, rng, limit)
         ]
     return Route(tuple(ordered[:limit]), method, fallback, explored, panic, home)
+
+
+def _trial_side(
+    trial: DrafterTrial | None,
+    exact: list[BackendView],
+    near: list[BackendView],
+    affinity: Affinity | None,
+    rng: random.Random,
+) -> tuple[list[BackendView], list[BackendView]]:
+    """Under a drafter trial, the request's side of the method's backends; the other side
+    is tried next, before the method's other K (gateway/policy/trials.py)."""
+    if trial is None or not exact:
+        return exact, near
+    key = affinity.key if affinity is not None else None
+    side, other = trial.split(exact, attrgetter("drafter"), key, rng.random())
+    return side, [*other, *near]
 
 
 Candidates = tuple[list[BackendView], list[BackendView], list[BackendView], bool]

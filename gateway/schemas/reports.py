@@ -158,7 +158,7 @@ class SpendReport(Report):
 
 
 class SavingsRow(Report):
-    """Ledger totals of one group (model, method, key, backend, class or rule) over a
+    """Ledger totals of one group (model, method, key, backend, class, rule or drafter) over a
     period."""
 
     model: str | None = None
@@ -185,6 +185,7 @@ class SavingsRow(Report):
     prefill_saved_by_cache_usd: float
     request_class: str | None = None  # group_by=class
     rule: int | None = None  # group_by=rule: the policy rule's position; None: no rule
+    drafter: str | None = None  # group_by=drafter: the serving backend's; None: none
     # The group's own speculative decoding, over the requests whose engine reported it
     # (vLLM's per-request spec decode metrics): their acceptance length 1 + accepted / steps
     # with its 95% interval (a ratio estimator over those requests); None: none reported.

@@ -341,10 +341,20 @@ class ClassObjective(Strict):
         return self
 
 
+class DrafterTrial(Strict):
+    """An A/B of two drafters of one method (gateway/policy/trials.py): `share` of the
+    method's requests go to its backends running `drafter`, the rest to its other backends;
+    `GET /admin/v1/savings?group_by=drafter` reports the two side by side."""
+
+    drafter: str = Field(min_length=1, max_length=500)
+    share: float = Field(gt=0.0, lt=1.0)
+
+
 class Policy(Strict):
     """How a model's traffic picks a method: pinned to one, or the planner's choice by load;
     `rules` first send requests with given features to a method of their own; under `auto`,
-    `classes` give request classes objectives of their own."""
+    `classes` give request classes objectives of their own; `drafter_trial` splits a
+    method's requests between two of its drafters."""
 
     mode: Literal["auto", "pinned"] = "auto"
     method: Method | None = None
@@ -353,6 +363,7 @@ class Policy(Strict):
     explore_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     rules: list[PolicyRule] = Field(default_factory=list, max_length=MAX_RULES)
     classes: dict[ClassName, ClassObjective] = Field(default_factory=dict, max_length=MAX_CLASSES)
+    drafter_trial: DrafterTrial | None = None
 
     @model_validator(mode="after")
     def _pinned_names_method(self) -> Self:

@@ -27,6 +27,7 @@ def policy_of(row: ModelPolicy) -> Policy:
         explore_fraction=row.explore_fraction,
         rules=row.rules or [],
         classes=row.classes or {},
+        drafter_trial=row.drafter_trial,
     )
 
 
@@ -93,16 +94,24 @@ def ensure_model(session: Session, name: str, actor: str) -> ModelPolicy:
 
 def policy_warnings(session: Session, name: str, policy: Policy) -> list[str]:
     """What in a policy no enabled backend of the model serves: a pinned method or K, or a
-    rule's, that requests would ask for and fall back from. Saved all the same: the
-    backend may be on its way."""
-    served = {(b.method, b.k) for b in queries.list_backends(session, name) if b.enabled}
+    rule's, that requests would ask for and fall back from, or a trial's drafter. Saved all
+    the same: the backend may be on its way."""
+    enabled = [b for b in queries.list_backends(session, name) if b.enabled]
+    served = {(b.method, b.k) for b in enabled}
     asks = [("pinned", policy.method, policy.k)] if policy.mode == "pinned" else []
     asks += [(f"rule {i + 1}", r.method, r.k) for i, r in enumerate(policy.rules)]
-    return [
+    warnings = [
         _unserved(name, what, method, k, served)
         for what, method, k in asks
         if method is not None and not _serves(served, method, k)
     ]
+    trial = policy.drafter_trial
+    if trial is not None and trial.drafter not in {b.drafter for b in enabled}:
+        warnings.append(
+            f"drafter_trial: no enabled backend of {name} runs drafter {trial.drafter!r}; "
+            "its method's requests go to its other backends until one does"
+        )
+    return warnings
 
 
 def _serves(served: set[tuple[str, int | None]], method: str, k: int | None) -> bool:

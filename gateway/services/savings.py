@@ -21,9 +21,9 @@ from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.errors import ValidationFailed
 from gateway.schemas.reports import SavingsReport, SavingsRow
 
-GROUPS = ("model", "method", "key", "backend", "class", "rule")
+GROUPS = ("model", "method", "key", "backend", "class", "rule", "drafter")
 FIELDS = {"class": "request_class"}  # a group's name in the rows, where it is not its own
-NONE = {"class": "", "rule": -1}  # what a rollup holds for none
+NONE = {"class": "", "rule": -1, "drafter": ""}  # what a rollup holds for none
 DEFAULT_PERIOD = dt.timedelta(days=30)
 HOUR = dt.timedelta(hours=1)
 # Summed per group, in records and rollups alike, after the served and refused counts.
@@ -65,6 +65,7 @@ def _rollup_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         "backend": h.backend_name,
         "class": h.request_class,
         "rule": h.rule_index,
+        "drafter": h.drafter,
     }
     served = h.backend_name != ""
     return _sums(
@@ -86,6 +87,7 @@ def _record_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         "backend": backend,
         "class": func.coalesce(r.request_class, ""),
         "rule": func.coalesce(r.rule_index, -1),
+        "drafter": func.coalesce(r.drafter, ""),
     }
     served = backend != ""
     saved = r.cached_prompt_tokens * r.prompt_usd_per_mtok / 1e6  # NULL unpriced: not summed

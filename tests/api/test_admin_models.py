@@ -24,6 +24,7 @@ async def test_backend_creates_its_model_with_the_auto_policy(client: httpx.Asyn
         "explore_fraction": 0.0,
         "rules": [],
         "classes": {},
+        "drafter_trial": None,
     }
 
 
@@ -33,7 +34,8 @@ async def test_put_policy_pins_a_method_and_is_audited(client: httpx.AsyncClient
     response = await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)
     assert response.status_code == 200, response.text
     stored = (await client.get(f"/admin/v1/models/{MODEL}/policy")).json()
-    assert stored == {**policy, "explore_fraction": 0.0, "rules": [], "classes": {}}
+    expected = {"explore_fraction": 0.0, "rules": [], "classes": {}, "drafter_trial": None}
+    assert stored == {**policy, **expected}
     [entry, *_] = (await client.get("/admin/v1/audit", params={"resource_type": "model"})).json()[
         "data"
     ]

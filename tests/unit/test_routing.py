@@ -6,6 +6,8 @@ import random
 from collections import defaultdict
 from dataclasses import replace
 
+from gateway.policy.affinity import Affinity
+from gateway.policy.trials import DrafterTrial
 from gateway.registry import BackendState, BackendView, PolicyView, Snapshot
 from gateway.relay.routing import route, spilled
 from planner.cost import ThroughputCurve
@@ -194,3 +196,35 @@ def test_no_spill_for_a_session_its_cache_holds_or_when_no_method_has_room() -> 
     assert spilled(plan, snapshot, "m", 6.0, everyone_full, 0.0) is plan  # slow, not refused
     down = states(p=BackendState(in_flight=room), e=BackendState(healthy=False))
     assert spilled(plan, snapshot, "m", 6.0, down, 0.0).backends[0] == PLAIN_A
+
+
+def test_a_drafter_trial_sends_its_share_to_its_drafter_and_keeps_a_session_on_a_side() -> (
+    None
+):
+    old = [replace(backend(f"o{i}", "p-eagle"), drafter="old") for i in range(3)]
+    new = replace(backend("n", "p-eagle"), drafter="new")
+    pool = (*old, new, PLAIN_A)
+    policy = PolicyView("pinned", "p-eagle", drafter_trial=DrafterTrial("new", 0.25))
+    rng = random.Random(7)
+    plans = [route(pool, policy, None, states(), 0.0, rng) for _ in range(4000)]
+    share = sum(p.backends[0] == new for p in plans) / len(plans)
+    assert 0.22 < share < 0.28  # 0.25 +- 4.4 standard errors
+    # the other side comes next, then the other methods
+    assert all(set(p.backends[:4]) == {*old, new} and p.backends[4] == PLAIN_A for p in plans)
+    # a session's requests all go to one side: its key's place, not a draw
+    sides = {
+        key: {
+            route(pool, policy, None, states(), 0.0, rng, affinity=Affinity(key, 1.25)).backends[0]
+            == new
+            for _ in range(20)
+        }
+        for key in range(200)
+    }
+    assert all(len(side) == 1 for side in sides.values())
+    assert 0.15 < sum(True in side for side in sides.values()) / len(sides) < 0.35
+    # the trial's side down: its requests go to the other side
+    down = states(n=BackendState(healthy=False))
+    assert all(route(pool, policy, None, down, 0.0, rng).backends[0] in old for _ in range(100))
+    # no backend of the trial's drafter: the trial does nothing
+    alone = route((*old, PLAIN_A), policy, None, states(), 0.0, rng)
+    assert (set(alone.backends[:3]), alone.fallback) == (set(old), None)
