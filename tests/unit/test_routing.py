@@ -198,9 +198,7 @@ def test_no_spill_for_a_session_its_cache_holds_or_when_no_method_has_room() -> 
     assert spilled(plan, snapshot, "m", 6.0, down, 0.0).backends[0] == PLAIN_A
 
 
-def test_a_drafter_trial_sends_its_share_to_its_drafter_and_keeps_a_session_on_a_side() -> (
-    None
-):
+def test_a_drafter_trial_sends_its_share_to_its_drafter_and_keeps_a_session_on_a_side() -> None:
     old = [replace(backend(f"o{i}", "p-eagle"), drafter="old") for i in range(3)]
     new = replace(backend("n", "p-eagle"), drafter="new")
     pool = (*old, new, PLAIN_A)
