@@ -76,6 +76,8 @@ class UsageEntry:
     # Its class's acceptance priced it: the method's $/1M output times this (None: the average)
     acceptance_factor: float | None = None
     drafter: str | None = None  # the drafter of the backend that served it
+    # Its drafter's own windows priced it: the curve's $/1M output times this (None: the curve)
+    drafter_factor: float | None = None
 
 
 def prefill_saved_by_cache_usd(entry: UsageEntry) -> float:

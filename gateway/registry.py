@@ -40,6 +40,7 @@ from gateway.curves import (
 )
 from gateway.db.measurements import usable
 from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
+from gateway.drafters import DrafterCurve, DrafterKey, drafter_curves
 from gateway.policy.affinity import stable_hash
 from gateway.policy.choices import Choices
 from gateway.policy.classes import ClassView, compile_classes
@@ -232,6 +233,9 @@ class Snapshot:
     # By (model, method, request class): the class's price from its own acceptance, where it
     # has enough requests that reported their speculation (gateway/acceptance.py)
     class_prices: Mapping[tuple[str, str, str], ClassPrice] = field(default_factory=dict)
+    # By (model, method, GPU type, drafter), where two drafters of a method serve: each
+    # one's curve from its own windows, which prices its requests (gateway/drafters.py)
+    drafters: Mapping[DrafterKey, DrafterCurve] = field(default_factory=dict)
     # Filled as routing asks: (model, method, GPU type, GPU count, objective) -> streams
     _within: dict[tuple[str, str, str, int, float], int] = field(
         default_factory=dict, repr=False, compare=False
@@ -359,7 +363,7 @@ def load_snapshot(
     live: dict[CurveKey, set[Variant]] = defaultdict(set)
     for v in (v for group in backends.values() for v in group):
         live[(v.model, v.method, v.gpu_type)].add((v.drafter, v.engine_version))
-    samples = (Sample((r[0], r[1], r[2]), *r[3:]) for r in usable(session, since))
+    samples = [Sample((r[0], r[1], r[2]), *r[3:]) for r in usable(session, since)]
     points, rejected = pool(samples, live)
     curves = build_curves(points, _served(backends))
     return Snapshot(
@@ -375,6 +379,7 @@ def load_snapshot(
         rejected=rejected,
         key_spend_usd=_key_spend(session, keys.values()),
         class_prices=_class_prices(session, class_min_requests) if class_min_requests else {},
+        drafters=drafter_curves(samples, live, curves.k),
     )
 
 

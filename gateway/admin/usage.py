@@ -32,6 +32,7 @@ def get_usage(
     status: int | None = None,
     request_class: Annotated[str | None, Query(alias="class")] = None,
     rule: int | None = None,
+    drafter: Annotated[str | None, Query(max_length=500)] = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     format: Literal["json", "csv"] = "json",
@@ -39,7 +40,9 @@ def get_usage(
     """Usage records over [from, to), oldest first, with the concurrency, $/1M and curve
     source that priced each, its request class and rule; `format=csv` streams every
     matching record (no paging)."""
-    where = UsageFilter(start, end, model, method, backend, key, status, request_class, rule)
+    where = UsageFilter(
+        start, end, model, method, backend, key, status, request_class, rule, drafter
+    )
     if format == "csv":
         headers = {"content-disposition": 'attachment; filename="usage.csv"'}
         lines = csv_lines(components.sessions, where)

@@ -211,6 +211,7 @@ class UsageRecord(Base):
     # times this, the method's mean acceptance length over the class's (NULL: the average).
     acceptance_factor: Mapped[float | None]
     drafter: Mapped[str | None] = mapped_column(String(URL))  # its backend's, when served
+    drafter_factor: Mapped[float | None]  # its drafter's price over the curve's (None: none)
 
 
 class UsageHourly(Base):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import Ledger, UsageEntry
+from gateway.drafters import drafter_factor
 from gateway.errors import GatewayError
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
@@ -232,6 +233,7 @@ def _record(
             accepted_tokens=x.speculation.accepted if x.speculation else None,
             request_class=x.request_class,
             acceptance_factor=costs.acceptance_factor,
+            drafter_factor=costs.drafter_factor,
             rule_index=x.rule.index if x.rule is not None else None,
             drafter=x.backend.drafter if x.backend else None,
         )
@@ -253,6 +255,7 @@ class Costs:
     source: str | None = None
     prompt_usd_per_mtok: float | None = None
     acceptance_factor: float | None = None  # its class's price over the method's average
+    drafter_factor: float | None = None  # its drafter's price over the method's curve
 
 
 def price(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetrics) -> Costs:
@@ -281,6 +284,13 @@ def _costs(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetric
     per_output = snapshot.output_usd_per_mtok(x.model, x.method, x.backend, c)
     plain = snapshot.output_usd_per_mtok(x.model, "plain", x.backend, c)
     relative = snapshot.relative_95(x.model, x.method, gpu, c)
+    source = snapshot.curve_source(x.model, x.method, gpu, c)
+    drafter = snapshot.drafters.get((x.model, x.method, gpu, x.backend.drafter or ""))
+    factor = None
+    if drafter is not None and per_output is not None:  # its drafter's own curve, not the mix
+        factor = drafter_factor(snapshot.curves[(x.model, x.method, gpu)], drafter, c)
+        per_output *= factor
+        relative, source = drafter.band.relative_95(c), drafter.band.source(c)
     own = snapshot.class_prices.get((x.model, x.method, x.request_class or ""))
     if own is not None and per_output is not None:  # its class's acceptance, not the average
         per_output *= own.factor
@@ -292,9 +302,10 @@ def _costs(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetric
         baseline,
         _error(cost, relative),
         _error(baseline, snapshot.relative_95(x.model, "plain", gpu, c)),
-        None if cost is None else snapshot.curve_source(x.model, x.method, gpu, c),
+        None if cost is None else source,
         per_prompt if cost is not None else None,
         own.factor if own is not None and cost is not None else None,
+        factor if cost is not None else None,
     )
 
 

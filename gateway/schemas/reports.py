@@ -344,6 +344,18 @@ class CurveLinePoint(Report):
     source: Literal["measured", "estimated"]
 
 
+class DrafterLine(Report):
+    """Where two drafters of the curve's method serve side by side: one drafter's own curve,
+    from its windows alone, which prices its requests (the method's line times the ratio of
+    the two lines at the request's load; gateway/drafters.py). Two drafters' lines compare
+    at the same concurrency; their requests' costs also carry each side's own load."""
+
+    drafter: str
+    measured: list[CurvePoint]
+    line: list[CurveLinePoint]
+    estimated_relative_95: float
+
+
 class Curve(Report):
     """One (model, method, GPU type) curve as the gateway prices requests with it now."""
 
@@ -364,6 +376,7 @@ class Curve(Report):
     # measurements kept out of it: superseded (another drafter or engine version), shape,
     # outlier, noise
     rejected: dict[str, int]
+    drafters: list[DrafterLine] = []  # empty: one drafter (or none) serves the method
 
 
 class CurvesReport(Report):
@@ -423,6 +436,11 @@ class UsageRow(Report):
     # method's mean acceptance length over the class's (GET /admin/v1/savings?group_by=
     # model,method,class shows both); None: priced at the method's average
     acceptance_factor: float | None = None
+    drafter: str | None = None  # the drafter of the backend that served it
+    # Priced from its drafter's own windows (two drafters of the method serving side by side):
+    # usd_per_mtok is its curve's times this (GET /admin/v1/curves shows each drafter's
+    # factor); None: priced at the curve
+    drafter_factor: float | None = None
 
 
 class UsagePage(Report):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from gateway.curves import Aggregate, Band, CurveKey, relative_95
 from gateway.registry import PRICE_KIND, Snapshot
-from gateway.schemas.reports import Curve, CurveLinePoint, CurvePoint, CurvesReport
+from gateway.schemas.reports import (
+    Curve,
+    CurveLinePoint,
+    CurvePoint,
+    CurvesReport,
+    DrafterLine,
+)
 from planner.cost import usd_per_mtok
 
 
@@ -39,7 +45,26 @@ def _curve(snapshot: Snapshot, key: CurveKey) -> Curve:
         prompt_usd_per_mtok=prompt,
         prompt_tokens_per_output_token=None if prefill is None else prefill.prompt_per_output,
         rejected=snapshot.rejected.get((key, snapshot.curve_k.get(key, 0)), {}),
+        drafters=_drafters(snapshot, key, per_output),
     )
+
+
+def _drafters(snapshot: Snapshot, key: CurveKey, per_output: float) -> list[DrafterLine]:
+    """Each drafter's own curve, where two drafters of the curve's method serve."""
+    price = snapshot.prices.get(key[2])
+    return [
+        DrafterLine(
+            drafter=d,
+            measured=[_point(p) for p in own.measured],
+            line=[
+                _line_point(c, tps, price, own.band, per_output)
+                for c, tps in zip(own.line.concurrency, own.line.output_tokens_per_s, strict=True)
+            ],
+            estimated_relative_95=own.band.estimated,
+        )
+        for (model, method, gpu, d), own in sorted(snapshot.drafters.items())
+        if (model, method, gpu) == key
+    ]
 
 
 def _line_point(

@@ -27,7 +27,7 @@ CSV_BATCH = 1000
 @dataclass(frozen=True)
 class UsageFilter:
     """Which records: [start, end), and optionally one model, method, backend, key, status,
-    request class and rule."""
+    request class, rule and drafter."""
 
     start: dt.datetime | None = None
     end: dt.datetime | None = None
@@ -38,6 +38,7 @@ class UsageFilter:
     status: int | None = None
     request_class: str | None = None
     rule: int | None = None
+    drafter: str | None = None
 
     def query(self, after_id: int, limit: int) -> Select[Any]:
         r = UsageRecord
@@ -50,6 +51,7 @@ class UsageFilter:
             (r.status_code, self.status),
             (r.request_class, self.request_class),
             (r.rule_index, self.rule),
+            (r.drafter, self.drafter),
         ):
             if value is not None:
                 query = query.where(column == value)
@@ -120,6 +122,8 @@ def row_of(r: UsageRecord) -> UsageRow:
         request_class=r.request_class,
         rule=r.rule_index,
         acceptance_factor=r.acceptance_factor,
+        drafter=r.drafter,
+        drafter_factor=r.drafter_factor,
     )
 
 

@@ -35,6 +35,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("drafter_trial", sa.JSON(), nullable=True))
     with op.batch_alter_table("usage_records") as batch:
         batch.add_column(sa.Column("drafter", sa.String(500), nullable=True))
+        batch.add_column(sa.Column("drafter_factor", sa.Double(), nullable=True))
     with op.batch_alter_table("usage_hourly") as batch:
         batch.add_column(sa.Column("drafter", sa.String(500), nullable=False, server_default=""))
         batch.drop_constraint(op.f(ROW), type_="unique")
@@ -48,6 +49,7 @@ def downgrade() -> None:
         batch.drop_column("drafter")
         batch.create_unique_constraint(op.f(ROW), list(OLD_KEY))
     with op.batch_alter_table("usage_records") as batch:
+        batch.drop_column("drafter_factor")
         batch.drop_column("drafter")
     with op.batch_alter_table("models") as batch:
         batch.drop_column("drafter_trial")
