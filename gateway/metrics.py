@@ -196,6 +196,13 @@ class GatewayMetrics:
             BACKEND,
             registry=r,
         )
+        self.backend_info = Gauge(
+            "draftgate_backend_info",
+            "1 per enabled backend, labelled with what it runs: its method, drafter and the "
+            "engine version its /version reports ('' before it was read or where none is).",
+            [*BACKEND, "method", "drafter", "engine_version"],
+            registry=r,
+        )
         self.acceptance_length = Gauge(
             "draftgate_backend_acceptance_length",
             "Mean acceptance length (1 + accepted / drafts) of the backend's last scrape "

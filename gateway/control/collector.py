@@ -91,6 +91,7 @@ class Collector:
         self._window_start = time.monotonic()
         self._own_rows: dict[str, int] = {}  # the last measurement this collector stored
         self._versions_stored: dict[str, str | None] = {}  # the engine versions written
+        self._info: dict[str, tuple[str, ...]] = {}  # each backend's info series' labels
 
     async def run(self, stop: asyncio.Event) -> None:
         """Collect until `stop`, then write what the current window holds."""
@@ -117,8 +118,22 @@ class Collector:
             elif snapshot is not None:
                 clock = clocks.get(backend.name, InFlightClock())
                 self._absorb(backend, snapshot, now, clock, instants.get(backend.name, 0.0))
+        self._publish_info(backends)
         if self.stores:
             await self._store_versions(backends)
+
+    def _publish_info(self, backends: list[BackendView]) -> None:
+        """`draftgate_backend_info`: one series per enabled backend, as it runs now."""
+        now: dict[str, tuple[str, ...]] = {}
+        for b in backends:
+            version = self.registry.states[b.name].engine_version or ""
+            now[b.name] = (b.name, b.pool, b.method, b.drafter or "", version)
+        for name, labels in self._info.items():
+            if now.get(name) != labels:
+                self.metrics.backend_info.remove(*labels)
+        for labels in now.values():
+            self.metrics.backend_info.labels(*labels).set(1)
+        self._info = now
 
     async def _store_versions(self, backends: list[BackendView]) -> None:
         """Write each backend's engine version where it changed (audited, by the leader)."""

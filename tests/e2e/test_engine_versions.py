@@ -20,6 +20,7 @@ from tests.e2e.conftest import (
     fleet_backend,
     free_port,
     gateway_env,
+    metric_value,
     query_rows,
     sim_args,
     spawn_server,
@@ -85,6 +86,11 @@ def test_an_engine_upgrade_is_read_audited_and_starts_the_curve_again(tmp_path: 
     try:
         gateway.wait_healthy()
         until(lambda: _backend(gateway)["engine_version"] == "0.32.0", "the version read")
+        info = lambda v: metric_value(  # noqa: E731
+            gateway.base_url, "draftgate_backend_info", backend=BACKEND, engine_version=v
+        )
+        until(lambda: info("0.32.0") == 1, "the backend's info series")
+        assert metric_value(gateway.base_url, "draftgate_backend_info", drafter=DRAFTER) == 1
         old = _traffic_until(gateway, lambda: _measured(database_url, "0.32.0"), "0.32.0 windows")
         assert {(r["drafter"], r["engine_version"]) for r in old} == {(DRAFTER, "0.32.0")}
         until(lambda: _curve(gateway)["measured"], "the curve measured on 0.32.0")
@@ -93,6 +99,7 @@ def test_an_engine_upgrade_is_read_audited_and_starts_the_curve_again(tmp_path: 
         sim = _sim(tmp_path, port, "0.33.1")
         until(lambda: _backend(gateway)["engine_version"] == "0.33.1", "the new version read")
         until(lambda: _backend(gateway)["runtime"]["healthy"], "the backend healthy again")
+        until(lambda: (info("0.33.1"), info("0.32.0")) == (1, 0), "the info series moved")
         audit = httpx.get(
             f"{gateway.base_url}/admin/v1/audit",
             params={"resource_type": "backend", "resource_id": BACKEND},
