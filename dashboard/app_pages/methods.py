@@ -237,6 +237,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool
         explore_fraction=float(explore),
         rules=rules,  # the admin API checks each feature (422 naming the vocabulary)
         classes=classes,  # and each objective
+        drafter_trial=current.drafter_trial,  # the form does not edit it: kept
     )
     return policy, immediate
 
@@ -273,6 +274,13 @@ def _control(api: AdminClient, model: str, models: list[ModelInfo], methods: lis
         )
     _rules(current)
     _classes(current)
+    if current.drafter_trial:
+        trial = current.drafter_trial
+        st.caption(
+            f"Drafter trial: {trial.get('share', 0):.0%} of each method's requests go to its "
+            f"backends running {trial.get('drafter')}, the rest to its other backends "
+            "(the Savings report's `group_by=drafter` puts the two side by side)"
+        )
     entries = api.audit("model", model, limit=5)
     if entries:
         st.caption("Recent changes (audit log)")
