@@ -78,6 +78,10 @@ class UsageEntry:
     drafter: str | None = None  # the drafter of the backend that served it
     # Its drafter's own windows priced it: the curve's $/1M output times this (None: the curve)
     drafter_factor: float | None = None
+    # Its own context's correction (gateway/context.py), included in cost_usd and in
+    # baseline_cost_usd (None: not priced at its context)
+    context_usd: float | None = None
+    baseline_context_usd: float | None = None
 
 
 def prefill_saved_by_cache_usd(entry: UsageEntry) -> float:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.context import Context, context_model
 from planner import calibration, catalog
 from planner.calibration import EngineCalibration
 from planner.catalog import UnknownCatalogEntry
@@ -298,6 +299,7 @@ class Curves:
     k: dict[CurveKey, int]
     bands: dict[CurveKey, Band]
     prefill: dict[CurveKey, Prefill]
+    context: dict[CurveKey, Context]
 
 
 def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curves:
@@ -308,7 +310,7 @@ def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curve
     wanted = {(s.model, s.method, s.gpu_type): s.k for s in served}
     for key, rows in by_key.items():
         wanted.setdefault(key, max(r.k for r in rows))  # not served: its highest K measured
-    curves = Curves({}, {}, {}, {}, {})
+    curves = Curves({}, {}, {}, {}, {}, {})
     for key, k in wanted.items():
         rows = sorted(  # another K's points never mix in
             (r for r in by_key.get(key, []) if r.k == k), key=lambda r: r.concurrency
@@ -320,7 +322,21 @@ def build_curves(points: Iterable[Aggregate], served: Iterable[Served]) -> Curve
             prefill = _prefill(key, rows)
             if prefill is not None:
                 curves.prefill[key] = prefill
+            line = curves.lines[key].concurrency
+            context = context_model(*key, k, line, _lengths(rows), _mean_acceptance(rows))
+            if context is not None:
+                curves.context[key] = context
     return curves
+
+
+def _lengths(rows: list[Aggregate]) -> tuple[float, float] | None:
+    """The request-weighted mean prompt and output lengths of the rows that say."""
+    known = [(r.requests, r.mean_prompt_tokens, r.mean_output_tokens) for r in rows]
+    lengths = [(n, p, o) for n, p, o in known if p is not None and o is not None]
+    total = sum(n for n, _, _ in lengths)
+    if not total:
+        return None
+    return sum(n * p for n, p, _ in lengths) / total, sum(n * o for n, _, o in lengths) / total
 
 
 def _prefill(key: CurveKey, rows: list[Aggregate]) -> Prefill | None:

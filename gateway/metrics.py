@@ -198,8 +198,7 @@ class GatewayMetrics:
         )
         self.backend_info = Gauge(
             "draftgate_backend_info",
-            "1 per enabled backend, labelled with what it runs: its method, drafter and the "
-            "engine version its /version reports ('' before it was read or where none is).",
+            "1 per enabled backend with its method, drafter and /version ('' before read).",
             [*BACKEND, "method", "drafter", "engine_version"],
             registry=r,
         )

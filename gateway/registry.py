@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.acceptance import Acceptance, ClassPrice, class_price
+from gateway.context import Context
 from gateway.curves import (
     Aggregate,
     Band,
@@ -228,6 +229,7 @@ class Snapshot:
     curve_k: Mapping[CurveKey, int] = field(default_factory=dict)
     bands: Mapping[CurveKey, Band] = field(default_factory=dict)
     prefill: Mapping[CurveKey, Prefill] = field(default_factory=dict)
+    context: Mapping[CurveKey, Context] = field(default_factory=dict)  # gateway/context.py
     rejected: Rejections = field(default_factory=dict)
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
     # By (model, method, request class): the class's price from its own acceptance, where it
@@ -376,6 +378,7 @@ def load_snapshot(
         curve_k=curves.k,
         bands=curves.bands,
         prefill=curves.prefill,
+        context=curves.context,
         rejected=rejected,
         key_spend_usd=_key_spend(session, keys.values()),
         class_prices=_class_prices(session, class_min_requests) if class_min_requests else {},

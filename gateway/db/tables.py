@@ -212,6 +212,9 @@ class UsageRecord(Base):
     acceptance_factor: Mapped[float | None]
     drafter: Mapped[str | None] = mapped_column(String(URL))  # its backend's, when served
     drafter_factor: Mapped[float | None]  # its drafter's price over the curve's (None: none)
+    # Its context's correction, in cost_usd and baseline_cost_usd (None: none applied)
+    context_usd: Mapped[float | None]
+    baseline_context_usd: Mapped[float | None]
 
 
 class UsageHourly(Base):

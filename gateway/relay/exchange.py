@@ -8,7 +8,6 @@ reservation with the actual tokens and cost once the request ends.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -16,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import Ledger, UsageEntry
-from gateway.drafters import drafter_factor
 from gateway.errors import GatewayError
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
@@ -30,19 +28,16 @@ from gateway.relay.checks import (
     sequences,
     worst_case_tokens,
 )
+from gateway.relay.pricing import UNKNOWN_MODEL, Costs, gpu_time_usd, price
 from gateway.usage import Speculation, Tokens, tokens_of
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-# A name no backend serves is the client's to choose: its refusals are recorded under this
-# one name (as /metrics labels them), never under theirs.
-UNKNOWN_MODEL = "unknown"
 # A model with no throughput curve is charged its share of the backend's GPU time; before it
 # runs, its worst case assumes one stream alone on the GPUs at this many seconds per token
 # (20 tokens/s: slower than any interactive serving, so a reservation rarely falls short).
 UNPRICED_RESERVE_S_PER_TOKEN = 0.05
-GPU_TIME = "gpu_time"  # the curve source of a request charged by GPU time
 NO_CHOICES = Choices()
 
 
@@ -132,17 +127,7 @@ def _worst_usd(
     per_mtok = snapshot.output_usd_per_mtok(model, backend.method, backend, state.load() + 1)
     if per_mtok is not None:
         return tokens * per_mtok / 1e6
-    return _gpu_time_usd(snapshot, backend, tokens * UNPRICED_RESERVE_S_PER_TOKEN, 1.0) or 0.0
-
-
-def _gpu_time_usd(
-    snapshot: Snapshot, backend: BackendView, seconds: float, concurrency: float
-) -> float | None:
-    """A request's share of its backend's GPU time: `seconds` among `concurrency` others."""
-    price = snapshot.prices.get(backend.gpu_type)
-    if price is None:
-        return None
-    return price * backend.gpu_count * seconds / max(concurrency, 1.0) / 3600
+    return gpu_time_usd(snapshot, backend, tokens * UNPRICED_RESERVE_S_PER_TOKEN, 1.0) or 0.0
 
 
 def estimate_abandoned(
@@ -234,102 +219,14 @@ def _record(
             request_class=x.request_class,
             acceptance_factor=costs.acceptance_factor,
             drafter_factor=costs.drafter_factor,
+            context_usd=costs.context_usd,
+            baseline_context_usd=costs.baseline_context_usd,
             rule_index=x.rule.index if x.rule is not None else None,
             drafter=x.backend.drafter if x.backend else None,
         )
     )
     _observe(snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)
     return cost
-
-
-@dataclass(frozen=True, slots=True)
-class Costs:
-    """A request's capacity cost and plain decoding's at the same load, each with its 95%
-    half-width from its curve's band; the prompt price applied to both; the source of the
-    cost's curve at that load."""
-
-    cost: float | None = None
-    baseline: float | None = None
-    cost_error: float | None = None
-    baseline_error: float | None = None
-    source: str | None = None
-    prompt_usd_per_mtok: float | None = None
-    acceptance_factor: float | None = None  # its class's price over the method's average
-    drafter_factor: float | None = None  # its drafter's price over the method's curve
-
-
-def price(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetrics) -> Costs:
-    """The request's costs, kept on the exchange (a response header or a stream's last
-    comment may show them first)."""
-    if x.costs is None:
-        x.costs = _costs(x, tokens, latency_s, metrics)
-    return x.costs
-
-
-def _costs(x: Exchange, tokens: Tokens, latency_s: float, metrics: GatewayMetrics) -> Costs:
-    """Output tokens at the curve's $/1M with its own prefill taken out, the prompt tokens
-    not read from the prefix cache at the prefill price (the same for plain, so prompts
-    never change a saving; a cache hit skipped its prefill). Without a curve, the request's
-    share of the backend's GPU time: never free, never a saving."""
-    snapshot, prompt, completion = x.snapshot, tokens.prompt, tokens.completion
-    if x.backend is None or x.method is None or x.model is None or snapshot is None:
-        return Costs()
-    c, gpu = x.concurrency or 1.0, x.backend.gpu_type
-    if (x.model, x.method, gpu) not in snapshot.curves:
-        return _unpriced(x, snapshot, x.backend, prompt + completion, latency_s, metrics)
-    per_prompt = snapshot.prompt_usd_per_mtok(x.model, x.method, gpu)
-    if not completion and not (prompt and per_prompt):
-        return Costs()
-    prompt_usd = (prompt - (tokens.cached or 0)) * (per_prompt or 0.0) / 1e6
-    per_output = snapshot.output_usd_per_mtok(x.model, x.method, x.backend, c)
-    plain = snapshot.output_usd_per_mtok(x.model, "plain", x.backend, c)
-    relative = snapshot.relative_95(x.model, x.method, gpu, c)
-    source = snapshot.curve_source(x.model, x.method, gpu, c)
-    drafter = snapshot.drafters.get((x.model, x.method, gpu, x.backend.drafter or ""))
-    factor = None
-    if drafter is not None and per_output is not None:  # its drafter's own curve, not the mix
-        factor = drafter_factor(snapshot.curves[(x.model, x.method, gpu)], drafter, c)
-        per_output *= factor
-        relative, source = drafter.band.relative_95(c), drafter.band.source(c)
-    own = snapshot.class_prices.get((x.model, x.method, x.request_class or ""))
-    if own is not None and per_output is not None:  # its class's acceptance, not the average
-        per_output *= own.factor
-        relative = math.hypot(relative or 0.0, own.relative_95)  # independent errors
-    cost = None if per_output is None else completion * per_output / 1e6 + prompt_usd
-    baseline = None if plain is None else completion * plain / 1e6 + prompt_usd
-    return Costs(
-        cost,
-        baseline,
-        _error(cost, relative),
-        _error(baseline, snapshot.relative_95(x.model, "plain", gpu, c)),
-        None if cost is None else source,
-        per_prompt if cost is not None else None,
-        own.factor if own is not None and cost is not None else None,
-        factor if cost is not None else None,
-    )
-
-
-def _unpriced(
-    x: Exchange,
-    snapshot: Snapshot,
-    backend: BackendView,
-    tokens: int,
-    latency_s: float,
-    metrics: GatewayMetrics,
-) -> Costs:
-    if not tokens:
-        return Costs()
-    model = x.model if x.model in snapshot.backends else UNKNOWN_MODEL
-    cost = _gpu_time_usd(snapshot, backend, latency_s, x.concurrency or 1.0)
-    metrics.unpriced.labels(model, "no_price" if cost is None else GPU_TIME).inc()
-    if cost is None:
-        return Costs()
-    # The load is an estimate over the request's life: its share is known to within 2x.
-    return Costs(cost, cost, cost, cost, GPU_TIME)
-
-
-def _error(cost: float | None, relative: float | None) -> float | None:
-    return None if cost is None or relative is None else cost * relative
 
 
 def _observe(

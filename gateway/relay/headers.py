@@ -11,7 +11,8 @@ import orjson
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView
-from gateway.relay.exchange import Exchange, price
+from gateway.relay.exchange import Exchange
+from gateway.relay.pricing import price
 from gateway.relay.sse import UsageTap
 from gateway.relay.upstream import UpstreamResponse
 from gateway.usage import tokens_of

@@ -441,6 +441,11 @@ class UsageRow(Report):
     # usd_per_mtok is its curve's times this (GET /admin/v1/curves shows each drafter's
     # factor); None: priced at the curve
     drafter_factor: float | None = None
+    # Its own context's correction (gateway/context.py; docs/costs.md), already in cost_usd
+    # and usd_per_mtok (baseline_context_usd in baseline_cost_usd): signed, a context longer
+    # than its curve's traffic's pays more; None where none applied
+    context_usd: float | None = None
+    baseline_context_usd: float | None = None
 
 
 class UsagePage(Report):

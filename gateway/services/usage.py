@@ -124,6 +124,8 @@ def row_of(r: UsageRecord) -> UsageRow:
         acceptance_factor=r.acceptance_factor,
         drafter=r.drafter,
         drafter_factor=r.drafter_factor,
+        context_usd=r.context_usd,
+        baseline_context_usd=r.baseline_context_usd,
     )
 
 

@@ -1,8 +1,8 @@
 """Drafters and engine versions are dimensions: each backend's vLLM version (read from its
 `/version`), the drafter and engine version each measurement was taken with (so an upgrade
 does not mix old and new prices in one curve), the drafter each request was served by (on
-usage records and in the hourly rollups), and a model's drafter trial (an A/B of two
-drafters of one method)
+usage records and in the hourly rollups), a model's drafter trial (an A/B of two drafters
+of one method), and each record's context correction
 
 Revision ID: 0021
 Revises: 0020
@@ -36,6 +36,8 @@ def upgrade() -> None:
     with op.batch_alter_table("usage_records") as batch:
         batch.add_column(sa.Column("drafter", sa.String(500), nullable=True))
         batch.add_column(sa.Column("drafter_factor", sa.Double(), nullable=True))
+        batch.add_column(sa.Column("context_usd", sa.Double(), nullable=True))
+        batch.add_column(sa.Column("baseline_context_usd", sa.Double(), nullable=True))
     with op.batch_alter_table("usage_hourly") as batch:
         batch.add_column(sa.Column("drafter", sa.String(500), nullable=False, server_default=""))
         batch.drop_constraint(op.f(ROW), type_="unique")
@@ -49,6 +51,8 @@ def downgrade() -> None:
         batch.drop_column("drafter")
         batch.create_unique_constraint(op.f(ROW), list(OLD_KEY))
     with op.batch_alter_table("usage_records") as batch:
+        batch.drop_column("baseline_context_usd")
+        batch.drop_column("context_usd")
         batch.drop_column("drafter_factor")
         batch.drop_column("drafter")
     with op.batch_alter_table("models") as batch:

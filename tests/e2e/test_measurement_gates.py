@@ -200,12 +200,18 @@ def test_every_request_is_priced_from_the_curves_the_api_shows(stack: tuple[Serv
         output_price = (
             6.0 / (tps * 3600) * 1e6 - curve["prompt_tokens_per_output_token"] * prompt_price
         )
-        assert r["usd_per_mtok"] == pytest.approx(output_price, rel=1e-6), r
-        tokens = r["completion_tokens"] * output_price + r["prompt_tokens"] * prompt_price  # type: ignore[operator]
-        assert r["cost_usd"] == pytest.approx(tokens / 1e6, rel=1e-6), r
+        # plus its own context's correction (docs/costs.md), shown on the record
+        context = float(r["context_usd"])  # type: ignore[arg-type]
+        completion = int(r["completion_tokens"])  # type: ignore[call-overload]
+        applied = output_price + context * 1e6 / completion
+        assert r["usd_per_mtok"] == pytest.approx(applied, rel=1e-6), r
+        tokens = completion * output_price + r["prompt_tokens"] * prompt_price  # type: ignore[operator]
+        assert r["cost_usd"] == pytest.approx(tokens / 1e6 + context, rel=1e-6), r
         assert r["curve_source"] in ("measured", "estimated")
         half = _band_at(by_method[str(r["method"])], c, str(r["curve_source"]))
-        assert r["cost_error_usd"] == pytest.approx(float(r["cost_usd"]) * half, rel=1e-6), r  # type: ignore[arg-type]
+        planner = float(curve["estimated_relative_95"])
+        error = (tokens / 1e6) * half + abs(context) * planner
+        assert r["cost_error_usd"] == pytest.approx(error, rel=1e-6), r
 
 
 def _band_at(curve: dict[str, Any], c: float, source: str) -> float:

@@ -22,7 +22,7 @@ LAYERS = {
     # limits (and their state shared over a replica's workers), metrics, the database, the
     # shapes, the OpenAI usage vocabulary, pure request policy and where stored responses live
     "ground floor": ("gateway.settings", "gateway.errors", "gateway.registry", "gateway.curves",
-                     "gateway.acceptance", "gateway.drafters",
+                     "gateway.acceptance", "gateway.drafters", "gateway.context",
                      "gateway.accounting", "gateway.limits", "gateway.metrics", "gateway.apikeys",
                      "gateway.urls", "gateway.usage", "gateway.db", "gateway.schemas",
                      "gateway.policy", "gateway.server.inflight", "gateway.server.shared_budget",
