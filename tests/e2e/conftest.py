@@ -283,6 +283,10 @@ GATEWAY_SETTINGS = {
     # (`--time-scale`): 2 (the default) times that above the hardware's ceiling. A test of
     # the ceiling itself sets it back to 2.
     "MEASUREMENT_CEILING_MARGIN": "200",
+    # The moves these tests make (a load up, a load down, within seconds) are the moving
+    # average's: the load window (300 s by default) holds a choice for minutes. Its own
+    # tests set it (tests/api/test_selector.py -k window, bench/regret.py).
+    "SELECTOR_LOAD_WINDOW_S": "0",
 }
 LEDGER_TIMEOUT_S = 10.0
 FleetEntry = Mapping[str, object]

@@ -128,6 +128,7 @@ def _start_up(start_server: ServerStarter, tmp_path: Path) -> tuple[Server, str]
         DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/auto.db",
         DRAFTGATE_SELECTOR_INTERVAL_S="0.5",
         DRAFTGATE_SELECTOR_MIN_DWELL_S="4",
+        DRAFTGATE_SELECTOR_LOAD_WINDOW_S="0",  # the moving average: it follows the load at once
         DRAFTGATE_MOVE_STEP_SHARE="1",  # the choices are judged here; moves in test_moves
         DRAFTGATE_COLLECT_INTERVAL_S="1",
         DRAFTGATE_MEASUREMENT_WINDOW_S="4",
