@@ -28,6 +28,10 @@ Every round also publishes, for every model (pinned ones too), each method's $/1
 model's current load beside plain decoding's on the same GPUs at the same load
 (`draftgate_method_usd_per_mtok`, `draftgate_method_plain_usd_per_mtok`): what the alert
 on a method costing more than plain reads.
+
+A request class with an objective of its own is chosen for at its own prices: where it has
+enough reports of its own acceptance (gateway/acceptance.py), each method's $/1M and ITL
+scaled by the method's acceptance over the class's; else the method's.
 """
 
 # Over 400 lines: one control round from load average to published choices, prices and
@@ -252,13 +256,14 @@ class Selector:
             (starts if at_once else decisions).append(decision)
         for name, objective in (policy.classes if policy is not None else {}).items():
             current = chosen.classes.get((model, name))  # None: first choice
-            scores = candidates(objective, costs, itls)
+            own_costs, own_itls = _class_prices(snapshot, model, name, costs, itls)
+            scores = candidates(objective, own_costs, own_itls)
             decision = self._decide(model, name, current, scores, load, now)
             if decision is not None:  # a class's own choice moves at once
                 chosen.classes[(model, name)] = decision.after
-                priced = {m: costs[m] for m in scores}  # the candidates, both ways
+                priced = {m: own_costs[m] for m in scores}  # the candidates, both ways
                 decision = replace(
-                    decision, usd_per_mtok=priced, itl_ms={m: itls[m] for m in scores}
+                    decision, usd_per_mtok=priced, itl_ms={m: own_itls[m] for m in scores}
                 )
                 decisions.append(replace(decision, objective=objective.objective))
 
@@ -493,3 +498,19 @@ class Selector:
                 for model, move, step in audit.steps:
                     share = min(1.0, step * move.step_share)
                     record_move_step(session, model, move.source, move.target, step, share, ACTOR)
+
+
+def _class_prices(
+    snapshot: Snapshot,
+    model: str,
+    request_class: str,
+    costs: Mapping[str, float],
+    itls: Mapping[str, float],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each method's $/1M and ITL for one class: at the class's own acceptance where it has
+    enough reports (gateway/acceptance.py: a verify step costs the same, so both scale by
+    the method's acceptance over the class's), else the method's."""
+    factors = {m: snapshot.class_prices.get((model, m, request_class)) for m in costs}
+    own_costs = {m: c * (f.factor if (f := factors[m]) else 1.0) for m, c in costs.items()}
+    own_itls = {m: t * (f.factor if (f := factors.get(m)) else 1.0) for m, t in itls.items()}
+    return own_costs, own_itls

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.acceptance import ClassPrice
 from gateway.control.selector import PriceGauges, Selector, decide
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
@@ -291,6 +292,35 @@ async def test_each_request_class_gets_its_objectives_choice(database_url: str) 
         )
         assert audited["thrifty"]["usd_per_mtok"] == {"plain": pytest.approx(2.78, rel=0.01)}
         assert await selector.step() == []  # nothing moved: nothing new to audit
+    finally:
+        engine.dispose()
+
+
+async def test_a_class_is_chosen_for_at_its_own_acceptance(database_url: str) -> None:
+    """At 64 streams plain is 25% cheaper than P-EAGLE for the model's traffic; the `code`
+    class accepts so much more of P-EAGLE's drafts that its tokens cost 0.7x the method's
+    average there: it stays on P-EAGLE, audited at its own prices."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        policy = PolicyView("auto", classes={"code": ClassView("cost")})
+        registry, selector = crossover(sessions, policy)
+        own = ClassPrice(0.7, 0.05, 4.6, 3.2, 500)
+        registry.snapshot = dataclasses.replace(
+            registry.snapshot, class_prices={("m", "p-eagle", "code"): own}
+        )
+        registry.states["a"].in_flight = registry.states["b"].in_flight = 32
+        for _ in range(10):  # the moving average climbs towards 64
+            await selector.step()
+        assert auto_method(registry.snapshot, registry.choices, "m") == "plain"
+        assert auto_method(registry.snapshot, registry.choices, "m", "code") == "p-eagle"
+        with sessions() as session:
+            entries = session.scalars(select(AuditEntry).order_by(AuditEntry.id)).all()
+        model = [e.after for e in entries if e.after and e.after.get("method") == "plain"][-1]
+        [code] = [e.after for e in entries if e.after and e.after.get("request_class") == "code"]
+        assert code["usd_per_mtok"]["plain"] == pytest.approx(model["usd_per_mtok"]["plain"])
+        assert code["usd_per_mtok"]["p-eagle"] < code["usd_per_mtok"]["plain"]
     finally:
         engine.dispose()
 
