@@ -344,6 +344,26 @@ class CurveLinePoint(Report):
     source: Literal["measured", "estimated"]
 
 
+class ContextSlope(Report):
+    """The planner's step-time slope at one concurrency of a curve (gateway/context.py)."""
+
+    concurrency: float
+    s_per_context_token: float  # seconds of step per context token of one sequence
+    kv_share: float  # the share of a step that is the sequences' KV reads
+
+
+class ContextModel(Report):
+    """What prices a request at its own context on this curve (docs/costs.md): its
+    `context_usd` = max((x - mean_context_tokens) x s_per_context_token(c) x steps x
+    usd_per_gpu_hour / 3600, -kv_share(c) x its output cost), x its prompt plus half its
+    answer, steps its own verify steps or its output over `acceptance_length`; the slope
+    interpolated in log(concurrency) between these points."""
+
+    mean_context_tokens: float
+    acceptance_length: float
+    slope: list[ContextSlope]
+
+
 class DrafterLine(Report):
     """Where two drafters of the curve's method serve side by side: one drafter's own curve,
     from its windows alone, which prices its requests (the method's line times the ratio of
@@ -377,6 +397,7 @@ class Curve(Report):
     # outlier, noise
     rejected: dict[str, int]
     drafters: list[DrafterLine] = []  # empty: one drafter (or none) serves the method
+    context: ContextModel | None = None  # None: the planner does not know the model or GPU
 
 
 class CurvesReport(Report):

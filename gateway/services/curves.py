@@ -5,6 +5,8 @@ from __future__ import annotations
 from gateway.curves import Aggregate, Band, CurveKey, relative_95
 from gateway.registry import PRICE_KIND, Snapshot
 from gateway.schemas.reports import (
+    ContextModel,
+    ContextSlope,
     Curve,
     CurveLinePoint,
     CurvePoint,
@@ -46,6 +48,21 @@ def _curve(snapshot: Snapshot, key: CurveKey) -> Curve:
         prompt_tokens_per_output_token=None if prefill is None else prefill.prompt_per_output,
         rejected=snapshot.rejected.get((key, snapshot.curve_k.get(key, 0)), {}),
         drafters=_drafters(snapshot, key, per_output),
+        context=_context(snapshot, key),
+    )
+
+
+def _context(snapshot: Snapshot, key: CurveKey) -> ContextModel | None:
+    context = snapshot.context.get(key)
+    if context is None:
+        return None
+    return ContextModel(
+        mean_context_tokens=context.mean_tokens,
+        acceptance_length=context.acceptance,
+        slope=[
+            ContextSlope(concurrency=c, s_per_context_token=k, kv_share=f)
+            for c, k, f in context.slope
+        ],
     )
 
 

@@ -5,6 +5,7 @@ says by how much, so the cost can be recomputed."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -52,7 +53,7 @@ def _ask(gateway: Server, words: int) -> dict[str, Any]:
         ).json()["data"]
         return [r for r in rows if r["client_request_id"] == request_id]
 
-    return until(record, f"the record of {request_id}")[0]  # type: ignore[no-any-return]
+    return until(record, f"the record of {request_id}")[0]
 
 
 def test_a_long_context_pays_for_its_kv_reads_and_plain_would_pay_more(gateway: Server) -> None:
@@ -81,3 +82,31 @@ def test_a_long_context_pays_for_its_kv_reads_and_plain_would_pay_more(gateway: 
     ]
     assert output[1] == pytest.approx(output[0], rel=0.05)  # the same load, the same curve
     assert long["usd_per_mtok"] > short["usd_per_mtok"]
+    # recomputed from the API: the curve's context model, at the record's concurrency
+    curves = httpx.get(
+        f"{gateway.base_url}/admin/v1/curves", params={"model": SIM_MODEL}, headers=ADMIN
+    ).json()["curves"]
+    [model] = [c["context"] for c in curves if c["method"] == "p-eagle"]
+    for r, each in zip((short, long), output, strict=True):
+        c = float(r["concurrency"])
+        slope, kv_share = (
+            _at(model["slope"], c, name) for name in ("s_per_context_token", "kv_share")
+        )
+        context = r["prompt_tokens"] + r["completion_tokens"] / 2
+        steps = r["completion_tokens"] / model["acceptance_length"]  # no spec block asked
+        usd = (context - model["mean_context_tokens"]) * slope * steps * 6.0 / 3600
+        floor = -kv_share * each * r["completion_tokens"]  # its whole KV share, at most
+        assert r["context_usd"] == pytest.approx(max(usd, floor), rel=1e-6)
+
+
+def _at(points: list[dict[str, float]], c: float, name: str) -> float:
+    """`name` at c, log-linear between the curve's points (held past either end)."""
+    xs, ys = [p["concurrency"] for p in points], [p[name] for p in points]
+    c = max(c, 1.0)
+    if c <= xs[0]:
+        return ys[0]
+    if c >= xs[-1]:
+        return ys[-1]
+    i = next(i for i, x in enumerate(xs) if x >= c)
+    t = math.log(c / xs[i - 1]) / math.log(xs[i] / xs[i - 1])
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
