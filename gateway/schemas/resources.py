@@ -239,6 +239,9 @@ class BackendRuntime(BaseModel):
     kv_cache_usage: float
     # The context length its /v1/models reports (None: not probed yet; 0: it reports none).
     max_model_len: int | None = None
+    # The engine version its /version reports (None: not read yet, or it serves none): read
+    # at its first scrape and after each restart; an upgrade is audited (actor `collector`)
+    engine_version: str | None = None
     method_mismatch: str | None  # its counters contradict its declared method
     # How its requests are priced: by the throughput curve of its (model, method, GPU); with
     # none (a model the planner has no spec for, before any measurement), by their share of
@@ -270,8 +273,6 @@ class BackendPublic(Public):
     managed: bool
     has_api_key: bool = False  # the key itself is write-only
     pool: str | None = None  # the pool whose discovery added it
-    # The vLLM version the backend's `/version` reported last (None: not read, or none served)
-    engine_version: str | None = None
     created_at: dt.datetime
     updated_at: dt.datetime
     runtime: BackendRuntime | None = None  # on reads, for enabled backends this replica knows

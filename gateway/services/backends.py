@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from backends.methods import render_speculative_config, spec_from_options
@@ -126,6 +127,7 @@ def with_runtime(
             waiting=state.waiting,
             kv_cache_usage=state.kv_usage,
             max_model_len=state.max_model_len,
+            engine_version=state.engine_version or None,
             method_mismatch=state.mismatch,
             pricing=pricing(registry.snapshot, row),
         )
@@ -151,17 +153,23 @@ def pricing(snapshot: Snapshot, row: Backend) -> Literal["curve", "gpu_time", "u
 def record_engine_versions(
     session: Session, versions: Mapping[str, str | None], actor: str
 ) -> list[str]:
-    """Store each backend's engine version as read; a change (an upgrade, a downgrade, the
-    first read) is audited. The backends whose version changed."""
+    """Store each backend's engine version as read (an observation: `updated_at` stays the
+    configuration's); a change from one known version to another (an upgrade, a downgrade)
+    is audited. The backends whose version changed."""
     changed = []
     for name, version in versions.items():
         row = queries.find_backend(session, name)
         if row is None or row.engine_version == version:
             continue
-        before = _snapshot(row)
-        row.engine_version = version
-        session.flush()
-        _audit(session, actor, "update", name, before, _snapshot(row))
+        before = row.engine_version
+        session.execute(
+            update(Backend)
+            .where(Backend.id == row.id)
+            .values(engine_version=version, updated_at=Backend.updated_at)
+        )
+        if before is not None and version is not None:
+            _audit(session, actor, "update", name, {"engine_version": before},
+                   {"engine_version": version})  # fmt: skip
         changed.append(name)
     return changed
 

@@ -98,17 +98,21 @@ def test_methods_shows_measured_acceptance_from_the_sweeps(dashboard_env: Stack)
     assert "Per-position acceptance at concurrency 1" in " ".join(c.value for c in at.caption)
 
 
+TRIAL = {"drafter": "org/p-eagle-v2", "share": 0.2}
+
+
 def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: Stack) -> None:
     rules = [{"when": ["structured_output"], "method": "plain", "k": None}]
     with dashboard_env.admin() as admin:  # set through the API: the page shows and keeps them
         # Pinned at once to p-eagle first, so the form's pin to dflash below is a move.
-        body = {"mode": "pinned", "method": "p-eagle", "rules": rules}
+        body = {"mode": "pinned", "method": "p-eagle", "rules": rules, "drafter_trial": TRIAL}
         url = f"/admin/v1/models/{MODEL}/policy"
         put = admin.put(url, json=body, params={"immediate": "true"})
     assert put.status_code == 200, put.text
     refresh_reads()  # a change made beside the dashboard: drop its cached reads
     at = AppTest.from_function(_methods, default_timeout=TIMEOUT_S).run()
     assert any("Rules, checked in order" in c.value for c in at.caption)
+    assert any(c.value.startswith("Drafter trial: 20% of each method") for c in at.caption)
     at.radio(key="policy-mode").set_value("pinned")
     at.selectbox(key="policy-method").set_value("dflash")
     at.number_input(key="policy-k").set_value(5)
@@ -123,7 +127,9 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
     # No demo backend drafts at K=5: saved, with a warning shown under the message.
     assert [w.value for w in at.warning] == [
         f"pinned: no enabled backend of {MODEL} runs dflash at K=5 (it runs at K=7); its "
-        "requests go to those"
+        "requests go to those",
+        f"drafter_trial: no enabled backend of {MODEL} runs drafter 'org/p-eagle-v2'; its "
+        "method's requests go to its other backends until one does",
     ]
     current = "Current: **pinned to dflash K=5, per-token ≤ 40 ms, explore 10%**"
     assert current in [m.value for m in at.markdown]
@@ -138,6 +144,7 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
         "explore_fraction": 0.1,
         "rules": rules,  # saving the form kept them
         "classes": {},
+        "drafter_trial": TRIAL,  # and it
     }
     assert any((e["after"] or {}).get("policy", {}).get("method") == "dflash" for e in audit)
     audit = next(d.value for d in at.dataframe if "change" in d.value.columns)

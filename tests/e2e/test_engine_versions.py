@@ -52,6 +52,17 @@ def _backend(gateway: Server) -> dict[str, Any]:
     return found
 
 
+def _audited(gateway: Server) -> list[tuple[str, Any, Any]]:
+    """The collector's audit entries of the backend: an upgrade each (the first read is no
+    change of configuration)."""
+    audit = httpx.get(
+        f"{gateway.base_url}/admin/v1/audit",
+        params={"resource_type": "backend", "resource_id": BACKEND},
+        headers=ADMIN,
+    ).json()["data"]
+    return [(e["action"], e["before"], e["after"]) for e in audit if e["actor"] == "collector"]
+
+
 def _curve(gateway: Server) -> dict[str, Any]:
     curves = httpx.get(
         f"{gateway.base_url}/admin/v1/curves", params={"model": CHAT["model"]}, headers=ADMIN
@@ -85,7 +96,9 @@ def test_an_engine_upgrade_is_read_audited_and_starts_the_curve_again(tmp_path: 
     gateway = spawn_server(("gateway",), gateway_env(database_url, fleet, **SETTINGS), tmp_path)
     try:
         gateway.wait_healthy()
-        until(lambda: _backend(gateway)["engine_version"] == "0.32.0", "the version read")
+        until(
+            lambda: _backend(gateway)["runtime"]["engine_version"] == "0.32.0", "the version read"
+        )
         info = lambda v: metric_value(  # noqa: E731
             gateway.base_url, "draftgate_backend_info", backend=BACKEND, engine_version=v
         )
@@ -97,20 +110,14 @@ def test_an_engine_upgrade_is_read_audited_and_starts_the_curve_again(tmp_path: 
 
         sim.close()  # upgraded in place: the same address, another engine
         sim = _sim(tmp_path, port, "0.33.1")
-        until(lambda: _backend(gateway)["engine_version"] == "0.33.1", "the new version read")
+        until(
+            lambda: _backend(gateway)["runtime"]["engine_version"] == "0.33.1",
+            "the new version read",
+        )
         until(lambda: _backend(gateway)["runtime"]["healthy"], "the backend healthy again")
         until(lambda: (info("0.33.1"), info("0.32.0")) == (1, 0), "the info series moved")
-        audit = httpx.get(
-            f"{gateway.base_url}/admin/v1/audit",
-            params={"resource_type": "backend", "resource_id": BACKEND},
-            headers=ADMIN,
-        ).json()["data"]
-        versions = [
-            (e["before"]["engine_version"], e["after"]["engine_version"])
-            for e in audit
-            if e["actor"] == "collector"
-        ]
-        assert versions == [("0.32.0", "0.33.1"), (None, "0.32.0")]  # newest first
+        upgrade = ("update", {"engine_version": "0.32.0"}, {"engine_version": "0.33.1"})
+        until(lambda: _audited(gateway) == [upgrade], "the upgrade audited, and only it")
         # the old version's windows no longer shape the curve: it is the planner's estimate
         # (a window open at the restart may land after it, as 0.32.0's)
         superseded = lambda: _curve(gateway)["rejected"].get("superseded")  # noqa: E731
