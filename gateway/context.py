@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner import calibration, catalog
 from planner.catalog import UnknownCatalogEntry
@@ -42,10 +42,14 @@ class Context:
     mean_tokens: float
     acceptance: float  # output tokens per step of one sequence (1 for plain)
     slope: tuple[tuple[float, float, float], ...]
+    concurrencies: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "concurrencies", tuple(p[0] for p in self.slope))
 
     def at(self, c: float) -> tuple[float, float]:
         """The slope and the KV share at concurrency c (log-linear between points)."""
-        xs = [p[0] for p in self.slope]
+        xs = self.concurrencies
         i = bisect.bisect_left(xs, c)
         if i == 0:
             return self.slope[0][1:]
