@@ -436,5 +436,6 @@ def test_a_second_gateway_replica_discovers_the_same_members_once(fleet: Fleet) 
 
 
 def ready_members(server: Server) -> int:
-    """Backends the replica's /ready counts healthy."""
-    return int(httpx.get(f"{server.base_url}/ready", timeout=5).json()["backends_healthy"])
+    """Backends the replica's /ready counts healthy (0 while it is not ready: a 503)."""
+    answer = httpx.get(f"{server.base_url}/ready", timeout=5)
+    return int(answer.json()["backends_healthy"]) if answer.status_code == 200 else 0
