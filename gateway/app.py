@@ -20,7 +20,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import health, openai_routes
+from gateway import apidocs, health, openai_routes
 from gateway.accounting import Ledger
 from gateway.admin import admin_router
 from gateway.control.benchmarks import BenchmarkManager
@@ -165,12 +165,15 @@ def create_app(
         finally:
             engine.dispose()
 
-    app = GatewayApp(title="draftgate", version=VERSION, lifespan=lifespan)
+    app = GatewayApp(
+        title="draftgate", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.max_body_bytes = settings.max_body_bytes
     install_error_handlers(app, authorize_admin)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(DataError, on_out_of_range)  # PostgreSQL's, on a huge integer
     app.include_router(health.router)
+    app.include_router(apidocs.router)  # /docs and /redoc, offline
     app.include_router(openai_routes.router)
     app.include_router(admin_router())
     return app
@@ -351,6 +354,7 @@ async def _running(
         batch_size=settings.ledger_batch_size,
         flush_interval_s=settings.ledger_flush_interval_s,
         max_pending=settings.ledger_max_pending,
+        access_log_interval_s=settings.access_log_interval_s,
     )
     limiter = _limiter(settings, sessions, registry, replica)
     webhooks = _follow_snapshots(settings, registry, metrics, ledger, limiter, replica)
