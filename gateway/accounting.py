@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -23,6 +24,7 @@ from sqlalchemy import Select, case, func, select
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.access_log import AccessSummary
 from gateway.db.session import transaction, upsert_insert
 from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.metrics import GatewayMetrics
@@ -296,6 +298,7 @@ class Ledger:
         batch_size: int,
         flush_interval_s: float,
         max_pending: int,
+        access_log_interval_s: float = 60.0,
     ) -> None:
         self._sessions = sessions
         self._metrics = metrics
@@ -307,6 +310,7 @@ class Ledger:
         # Set wherever the queue changes (not read by a function at the scrape: with worker
         # processes the scrape may be another worker's, which reads this one's from a file).
         self._pending_gauge = metrics.ledger_pending
+        self._summary = AccessSummary(access_log_interval_s)
 
     def record(self, entry: UsageEntry) -> None:
         """Queue one record (hot path: no I/O)."""
@@ -373,6 +377,10 @@ class Ledger:
             self._pending.popleft()
         self._pending_gauge.set(len(self._pending))
         self._metrics.ledger_written.inc(len(batch))
+        self._summary.add(batch)
+        line = self._summary.line(time.monotonic())
+        if line is not None:
+            logger.info("access: %s", line)
 
     def _write_one_by_one(self, batch: list[UsageEntry]) -> None:
         for entry in batch:

@@ -553,6 +553,15 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds between batched writes of usage records. Default 0.5 s.",
     )
+    access_log_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds between the log's access lines: each sums the requests recorded since "
+            "the last (outcomes, methods, output tokens, latency p50 and p95, capacity cost); "
+            "none while there is no traffic. Default 60."
+        ),
+    )
     ledger_batch_size: int = Field(
         default=500,
         ge=1,

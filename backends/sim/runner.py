@@ -9,6 +9,7 @@ from typing import Any
 
 from backends.sim.engine import EngineCore, SimRequest, StepResult
 from backends.sim.metrics import SimMetrics
+from backends.sim.statlog import StatTally
 from backends.sim.text import PseudoText
 
 # If the event loop falls this far behind the model's schedule, restart the schedule from
@@ -66,6 +67,16 @@ class EngineRunner:
         self._streams: dict[SimRequest, Stream] = {}
         self._wake = asyncio.Event()
         self._origin = 0.0
+        self.tally = StatTally()  # for the log's stats lines (backends/sim/statlog.py)
+
+    def take_tally(self) -> StatTally:
+        """What the engine did since the last call, for the log."""
+        tally, self.tally = self.tally, StatTally()
+        return tally
+
+    def state(self) -> tuple[int, int, float]:
+        """Running and waiting requests, and the KV cache's use (0-1)."""
+        return len(self.core.running), len(self.core.waiting), self.core.kv_usage()
 
     def now_s(self) -> float:
         """Simulated seconds since the runner started."""
@@ -138,6 +149,9 @@ class EngineRunner:
                 stream.events.put_nowait((None, request.finish_reason))
         m.generation_tokens.inc(new_tokens)
         m.prompt_tokens.inc(result.prompt_tokens_done)
+        self.tally.add_step(result.prompt_tokens_done, new_tokens)
+        if result.drafts:
+            self.tally.add_drafts(result.drafts, result.draft_tokens, result.accepted_per_pos)
         m.iteration_tokens.observe(new_tokens + result.prompt_tokens_done)
         if result.preempted:
             m.preemptions.inc(result.preempted)

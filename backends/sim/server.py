@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from backends.sim import config as sim_config
+from backends.sim import statlog
 from backends.sim.config import SimConfig
 from backends.sim.engine import SimRequest, natural_length
 from backends.sim.metrics import SimMetrics
@@ -70,6 +71,7 @@ class SimServer:
         self.runner = EngineRunner(core, self.metrics, config.time_scale)
         self._rng = random.Random(config.seed)
         self._task: asyncio.Task[None] | None = None
+        self._stats: asyncio.Task[None] | None = None  # the log's stats lines
         self.created = int(time.time())
         self.trace_context: deque[dict[str, str]] = deque(maxlen=TRACE_CONTEXT_KEPT)
         # vLLM's in-memory response store, on only as vLLM turns it on (never emptied there)
@@ -91,14 +93,18 @@ class SimServer:
             if message["type"] == "lifespan.startup":
                 await asyncio.sleep(self.faults.startup_delay_s)
                 self._task = asyncio.create_task(self.runner.run())
+                self._stats = asyncio.create_task(
+                    statlog.log_forever(self.runner.take_tally, self.runner.state)
+                )
                 if self.faults.crash_after_s is not None:
                     asyncio.get_running_loop().call_later(self.faults.crash_after_s, _crash)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._task is not None:
-                    self._task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await self._task
+                for task in (self._task, self._stats):
+                    if task is not None:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

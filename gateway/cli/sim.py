@@ -110,6 +110,12 @@ def _serve_simulator(config: SimConfig, host: str, port: int) -> None:
     except (ValueError, KeyError) as exc:
         fail(str(exc))
     logging.basicConfig(level="INFO", format=LOG_FORMAT)
+    speculative = f", K={config.k}" if config.k else ""
+    logging.getLogger("backends.sim").info(
+        "simulated vLLM %s serving %s (%s%s) on %s GPU(s) at http://%s:%d, time scale %g",
+        config.engine_version, config.model, config.method, speculative,
+        config.gpu, host, port, config.time_scale,
+    )  # fmt: skip
     signal.signal(signal.SIGTERM, exit_zero)
     uvicorn.run(server, host=host, port=port, log_level="warning", access_log=False)
 

@@ -205,6 +205,9 @@ class Selector:
         steps = self._steps_reached(snapshot, time.time(), chosen.moves)
         self.registry.choices = Choices(chosen.auto, chosen.classes, chosen.moves, fleet_now)
         self._publish_prices(snapshot, now)
+        for reason, made in (("start", starts), ("load", decisions)):
+            for decision in made:
+                _log(decision, reason)
         await self._audit_round(_Audit(starts, decisions, steps))
         if self.webhooks is not None:  # moves only: a replica's first choice is no move
             for decision in decisions:
@@ -498,6 +501,15 @@ class Selector:
                 for model, move, step in audit.steps:
                     share = min(1.0, step * move.step_share)
                     record_move_step(session, model, move.source, move.target, step, share, ACTOR)
+
+
+def _log(d: Decision, reason: str) -> None:
+    """The log's line for a first choice or a move, with the prices behind it."""
+    prices = ", ".join(f"{m} {usd:.3f}" for m, usd in sorted(d.usd_per_mtok.items()))
+    what = "first choice" if reason == "start" else "moved"
+    scope = d.model if d.request_class is None else f"{d.model} class {d.request_class}"
+    logger.info("auto: %s %s %s -> %s at %.1f streams ($/1M output: %s)",
+                scope, what, d.before, d.after, d.concurrency, prices)  # fmt: skip
 
 
 def _class_prices(

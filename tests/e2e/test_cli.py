@@ -380,7 +380,10 @@ def test_plan_table_marks_stored_measurements(run_cli: CliRunner, tmp_path: Path
 def test_up_with_demo_traffic_serves_requests_nobody_sent(
     start_server: ServerStarter, tmp_path: Path
 ) -> None:
-    env = draftgate_env(DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/demo.db")
+    env = draftgate_env(
+        DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/demo.db",
+        DRAFTGATE_ACCESS_LOG_INTERVAL_S="1",
+    )
     args = ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", "20",
             "--no-dashboard", "--demo-traffic")  # fmt: skip
     server = start_server(*args, env=env, wait=False)
@@ -402,7 +405,24 @@ def test_up_with_demo_traffic_serves_requests_nobody_sent(
             assert time.monotonic() < deadline, "no usage rolled up"
             time.sleep(0.5)
         assert {r["key"] for r in rows} == {demo["id"]}
+    # The logs say what happened: the gateway's its choice and its traffic, each backend's
+    # its engine's figures, as vLLM prints them.
+    logs = tmp_path / ".draftgate" / "logs"
+    _wait_for_line(logs, "gateway.log", r"auto: openai/gpt-oss-20b first choice plain -> \S+")
+    _wait_for_line(logs, "gateway.log", r"access: \d+ requests in \d+ s \(ok \d+")
+    _wait_for_line(logs, "demo-plain.log", r"simulated vLLM \S+ serving openai/gpt-oss-20b")
+    _wait_for_line(logs, "demo-*.log", r"Engine 000: Avg prompt throughput: [\d.]+ tokens/s")
+    _wait_for_line(logs, "demo-*.log", r"SpecDecoding metrics: Mean acceptance length: ")
     assert server.stop(signal.SIGINT, timeout_s=SHUTDOWN_TIMEOUT_S) == 0, server.output()
+
+
+def _wait_for_line(logs: Path, name: str, pattern: str, timeout_s: float = 60.0) -> None:
+    """Until a line of a log named `name` (a glob) matches `pattern` (a backend logs its
+    figures every 10 s)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(re.search(pattern, p.read_text(encoding="utf-8")) for p in logs.glob(name)):
+        assert time.monotonic() < deadline, f"{name}: no {pattern!r} in {timeout_s} s"
+        time.sleep(0.5)
 
 
 def test_a_command_whose_extra_is_missing_names_what_to_install(

@@ -23,7 +23,8 @@ LAYERS = {
     # shapes, the OpenAI usage vocabulary, pure request policy and where stored responses live
     "ground floor": ("gateway.settings", "gateway.errors", "gateway.registry", "gateway.curves",
                      "gateway.acceptance", "gateway.drafters", "gateway.context",
-                     "gateway.accounting", "gateway.limits", "gateway.metrics", "gateway.apikeys",
+                     "gateway.accounting", "gateway.access_log", "gateway.limits",
+                     "gateway.metrics", "gateway.apikeys",
                      "gateway.urls", "gateway.usage", "gateway.db", "gateway.schemas",
                      "gateway.policy", "gateway.server.inflight", "gateway.server.shared_budget",
                      "gateway.server.http_limits", "gateway.homes"),
@@ -32,7 +33,8 @@ LAYERS = {
     "services": ("gateway.services",),
     "control loops": ("gateway.control",),
     "worker processes": ("gateway.server.replica", "gateway.server.workers"),
-    "routes": ("gateway.admin", "gateway.deps", "gateway.health", "gateway.openai_routes"),
+    "routes": ("gateway.admin", "gateway.deps", "gateway.health", "gateway.openai_routes",
+               "gateway.apidocs"),
     "app": ("gateway.app", "gateway.error_handlers"),
     "command": ("gateway.cli",),
 }  # fmt: skip
