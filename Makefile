@@ -17,8 +17,12 @@ $(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# Options: PORT (the gateway's, 8080), DASHBOARD_PORT (8501), SIM_BASE_PORT (8101: the
+# simulators take it and the next four), REQUIRE_API_KEY=1 (the demo key then is required).
 up: $(VENV)/.installed
-	$(BIN)/draftgate up --demo-traffic
+	$(if $(filter 1 true yes,$(REQUIRE_API_KEY)),DRAFTGATE_REQUIRE_API_KEY=true) $(BIN)/draftgate up --demo-traffic \
+		$(if $(PORT),--port $(PORT)) $(if $(DASHBOARD_PORT),--dashboard-port $(DASHBOARD_PORT)) \
+		$(if $(SIM_BASE_PORT),--sim-base-port $(SIM_BASE_PORT))
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -3,12 +3,15 @@ the dashboard, demo traffic)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
     from gateway.control.managed import Launch
 
 STATE_DIR = Path(".draftgate")
+LOCK_FILE = "up.lock"  # held by the running stack; says where it serves
 
 
 def up(
@@ -48,18 +52,19 @@ def up(
     from gateway.cli import stack
     from gateway.control.managed import ManagedBackends
 
-    # One worker: the backends it starts and switches live in the gateway's process.
-    settings = settings_from_env(port=port, require_api_key=False, workers=1)
-    if settings.measurement_ceiling_margin is not None and not real_vllm:
-        margin = settings.measurement_ceiling_margin * max(time_scale, 1.0)  # sped-up hardware
-        settings = settings.model_copy(update={"measurement_ceiling_margin": margin})
+    settings = _settings(port, time_scale, real_vllm)
+    # Before any state is touched: one stack per state directory, and every port free.
+    backend_ports = range(sim_base_port, sim_base_port + len(_methods(real_vllm, methods)))
+    ports = [(settings.host, settings.port)]
+    ports += [("127.0.0.1", p) for p in [*([dashboard_port] if dashboard else []), *backend_ports]]
+    claim = _claim(settings, ports)
     log_dir = STATE_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     settings, token_file = _with_admin_token(settings)
     try:
         if real_vllm:
             servers, launch, demo_key = _start_real_vllm(
-                settings, methods.split(","), sim_base_port, log_dir
+                settings, _methods(real_vllm, methods), sim_base_port, log_dir
             )
         else:
             demo_key = _prepare(settings, lambda db: stack.seed_demo(db, sim_base_port))
@@ -83,6 +88,68 @@ def up(
     finally:
         traffic.set()
         stack.stop_all(dashboards + servers)
+        claim.close()
+
+
+def _settings(port: int, time_scale: float, real_vllm: bool) -> Settings:
+    """The environment's settings for `up`: one worker (the backends it starts and switches
+    live in the gateway's process), API keys optional unless DRAFTGATE_REQUIRE_API_KEY says
+    otherwise, and the ceiling check scaled to simulators run faster than real time."""
+    require_key = os.environ.get("DRAFTGATE_REQUIRE_API_KEY") is not None
+    overrides = {} if require_key else {"require_api_key": False}
+    settings = settings_from_env(port=port, workers=1, **overrides)
+    if settings.measurement_ceiling_margin is not None and not real_vllm:
+        margin = settings.measurement_ceiling_margin * max(time_scale, 1.0)  # sped-up hardware
+        settings = settings.model_copy(update={"measurement_ceiling_margin": margin})
+    return settings
+
+
+def _methods(real_vllm: bool, methods: str) -> list[str]:
+    """The methods whose backends `up` starts, one port each."""
+    from gateway.cli import stack
+
+    return methods.split(",") if real_vllm else list(stack.DEMO_METHODS)
+
+
+def _claim(settings: Settings, ports: list[tuple[str, int]]) -> IO[str]:
+    """Hold the state directory for this stack's life (a lock the kernel drops when the
+    process ends, however it ends); exit, having changed nothing, when another stack holds
+    it or a port is taken."""
+    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
+    handle = (STATE_DIR / LOCK_FILE).open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        running = handle.read().strip() or "an unknown address"
+        handle.close()
+        fail(
+            f"already running at {running}: this directory's stack is up (stop it with Ctrl-C "
+            "in its terminal, or run another from another directory with other ports)"
+        )
+    taken = [port for host, port in ports if not _free(host, port)]
+    if taken:
+        handle.close()
+        fail(
+            f"port {', '.join(map(str, taken))} in use by another program: choose others "
+            "(make up PORT=... DASHBOARD_PORT=... SIM_BASE_PORT=...)"
+        )
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"http://{settings.host}:{settings.port} (pid {os.getpid()})\n")
+    handle.flush()
+    return handle
+
+
+def _free(host: str, port: int) -> bool:
+    """Whether `port` can be listened on (as the server will: address reuse on)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _with_admin_token(settings: Settings) -> tuple[Settings, Path | None]:
@@ -175,6 +242,8 @@ def _print_banner(
     kind, model = ("vLLM" if real_vllm else "simulated vLLM"), _model(real_vllm)
     traffic = "on: 1 to 24 streaming clients, rising and falling every 2 minutes"
     traffic = traffic if where.demo_traffic else "off (--demo-traffic turns it on)"
+    keys = "an API key is required" if settings.require_api_key else "no API key needed"
+    demo_key_use = "required" if settings.require_api_key else "optional in this demo"
     kept = "DRAFTGATE_ADMIN_TOKEN (as set)"
     if where.token_file:
         kept = f"{where.token_file} (mode 600; the next start reuses it)"
@@ -185,7 +254,7 @@ def _print_banner(
     typer.echo(
         f"""
 draftgate is starting
-  gateway      {base}/v1   (OpenAI API; no API key needed in this demo)
+  gateway      {base}/v1   (OpenAI API; {keys})
   admin API    {base}/admin/v1   docs: {base}/docs
   metrics      {base}/metrics
 {sims}
@@ -193,7 +262,7 @@ draftgate is starting
   logs         {log_dir}/   (gateway.log and one per backend)
   admin token  {token}
   token from   {kept}
-  demo API key {demo_key}   (optional in this demo; --demo-traffic sends it)
+  demo API key {demo_key}   ({demo_key_use}; --demo-traffic sends it)
 
   try: curl {base}/v1/chat/completions -H 'content-type: application/json' \\
          -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}}'
