@@ -200,10 +200,21 @@ class AdminClient:
         body = self._get("/spend", price_kind=price_kind, **{"from": start.isoformat()})
         return _parse(Spend, body)
 
-    def fleet(self, model: str, start: dt.datetime, price_kind: str = "on-demand") -> Fleet:
-        """The model's bill since `start`, and fleets sized for its traffic per method."""
+    def fleet(
+        self,
+        model: str,
+        start: dt.datetime,
+        price_kind: str = "on-demand",
+        objective_ms: float | None = None,
+    ) -> Fleet:
+        """The model's bill since `start`, and fleets sized for its traffic per method (for
+        the policy's ITL objective, or a what-if `objective_ms`)."""
         body = self._get(
-            "/fleet", model=model, price_kind=price_kind, **{"from": start.isoformat()}
+            "/fleet",
+            model=model,
+            price_kind=price_kind,
+            objective_ms=objective_ms,
+            **{"from": start.isoformat()},
         )
         return _parse(Fleet, body)
 
@@ -271,6 +282,15 @@ class AdminClient:
 
     def revoke_key(self, key_id: int) -> None:
         self._write("DELETE", f"/keys/{key_id}")
+
+    def create_price(self, body: dict[str, object]) -> Price:
+        return _parse(Price, self._write("POST", "/prices", body))
+
+    def update_price(self, price_id: int, body: dict[str, object]) -> Price:
+        return _parse(Price, self._write("PATCH", f"/prices/{price_id}", body))
+
+    def delete_price(self, price_id: int) -> None:
+        self._write("DELETE", f"/prices/{price_id}")
 
     def start_benchmark(self, backend: str, concurrency: list[int], requests: int) -> Benchmark:
         body = {"backend": backend, "concurrency": concurrency, "requests_per_level": requests}

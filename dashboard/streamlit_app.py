@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.app_pages import accuracy, backends, benchmarks, keys, methods, overview, planner
+from dashboard.app_pages import (
+    accuracy,
+    backends,
+    benchmarks,
+    keys,
+    methods,
+    overview,
+    planner,
+    prices,
+)
 
 
 def main() -> None:
@@ -17,6 +26,7 @@ def main() -> None:
         st.Page(backends.render, title="Backends", url_path="backends"),
         st.Page(benchmarks.render, title="Benchmarks", url_path="benchmarks"),
         st.Page(keys.render, title="Keys and usage", url_path="keys"),
+        st.Page(prices.render, title="Prices", url_path="prices"),
         st.Page(accuracy.render, title="Accuracy", url_path="accuracy"),
     ]
     st.navigation(pages).run()

@@ -86,6 +86,7 @@ FORMS = {
     "benchmarks": ["bench-start"],
     "keys": ["key-create", "revoke"],
     "methods": ["policy-save"],
+    "prices": ["price-save", "price-remove-button"],
 }
 
 

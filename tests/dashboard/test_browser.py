@@ -31,6 +31,7 @@ PAGES = {
     "backends": ("Backends", "Add backend"),
     "benchmarks": ("Benchmarks", "Stored measurements"),
     "keys": ("Keys and usage", "Create key"),
+    "prices": ("Prices", "Set a price"),
     "accuracy": ("Accuracy", "predicted from the other measurements"),
 }
 RENDER_TIMEOUT_MS = 60_000  # generous: CI machines are busy

@@ -38,6 +38,12 @@ def _keys() -> None:
     keys.render()
 
 
+def _prices() -> None:
+    from dashboard.app_pages import prices
+
+    prices.render()
+
+
 def _accuracy() -> None:
     from dashboard.app_pages import accuracy
 
@@ -194,6 +200,41 @@ def test_keys_creates_a_key_shown_once_and_revokes_it(dashboard_env: Stack) -> N
         revoked = admin.get(f"/admin/v1/keys/{key['id']}").json()
     assert revoked["revoked_at"] is not None
     assert revoked_at == f"{revoked['revoked_at'][:10]} {revoked['revoked_at'][11:16]} UTC"
+
+
+def test_prices_names_the_missing_price_then_sets_changes_and_removes_it(
+    dashboard_env: Stack,
+) -> None:
+    at = _run(_prices)
+    table = at.dataframe[0].value
+    assert "B200" in set(table["GPU"])  # the demo's seeded prices, listed
+    assert any("B200 spot" in w.value for w in at.warning), [w.value for w in at.warning]
+
+    at.selectbox(key="price-gpu").set_value("B200")
+    at.selectbox(key="price-kind").set_value("spot")
+    at.number_input(key="price-usd").set_value(2.5)
+    at.text_input(key="price-source").set_value("a test's quote")
+    at.button(key="price-save").click().run()
+    assert at.success[0].value == "Added the spot price of B200: $2.50/GPU-h"
+    with dashboard_env.admin() as admin:
+        spot = [p for p in admin.get("/admin/v1/prices").json()["data"] if p["kind"] == "spot"]
+    [price] = [p for p in spot if p["gpu_type"] == "B200"]
+    assert (price["usd_per_gpu_hour"], price["source"]) == (2.5, "a test's quote")
+    assert not any("B200 spot" in w.value for w in at.warning)  # no longer missing
+
+    at.number_input(key="price-usd").set_value(3.0)
+    at.button(key="price-save").click().run()  # the same GPU and kind: changed, not added
+    assert at.success[0].value == "Changed the spot price of B200 to $3.00/GPU-h"
+    label = next(o for o in at.selectbox(key="price-remove").options if o.startswith("B200 spot"))
+    at.selectbox(key="price-remove").set_value(label)
+    at.button(key="price-remove-button").click().run()
+    assert at.success[0].value == f"Removed the price {label}"
+    with dashboard_env.admin() as admin:
+        prices = admin.get("/admin/v1/prices").json()["data"]
+        audit = {"resource_type": "gpu_price", "resource_id": "B200/spot"}
+        entries = admin.get("/admin/v1/audit", params=audit).json()["data"]
+    assert not [p for p in prices if (p["gpu_type"], p["kind"]) == ("B200", "spot")]
+    assert {"create", "update", "delete"} <= {e["action"] for e in entries}
 
 
 def test_accuracy_lists_every_measured_point_with_the_mean_error(dashboard_env: Stack) -> None:
