@@ -44,3 +44,18 @@ def or_missing(value: object) -> str:
     """The value as text, or the missing glyph for None and empty strings (a table column
     holds one type: text, when any of its cells can be missing)."""
     return NO_DATA if value is None or value == "" else str(value)
+
+
+def money(usd: float | None) -> str:
+    """Dollars to the cent, or "no price"."""
+    if usd is None:
+        return "no price"
+    return f"-${-usd:,.2f}" if usd < 0 else f"${usd:,.2f}"
+
+
+def usd_interval(usd: tuple[float, float] | None, digits: int = 2) -> str:
+    """A 95% interval of dollars, or why there is none."""
+    if usd is None:
+        return "95%: too little data to bound"
+    low, high = (f"{'-' if x < 0 else ''}${abs(x):,.{digits}f}" for x in usd)
+    return f"95%: {low} to {high}"

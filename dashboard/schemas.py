@@ -427,6 +427,7 @@ class Fleet(Record):
     model: str
     price_kind: str
     headroom: float
+    idle_pool_replicas: int
     objective: FleetObjective
     actual: FleetActual
     methods: list[FleetMethod]

@@ -14,23 +14,20 @@ import streamlit as st
 
 from dashboard import charts
 from dashboard.client import AdminClient, admin_client, shows_api_errors
-from dashboard.formats import ms, ratio
-from dashboard.schemas import Backend, Fleet, FleetObjective, PriceKind, Spend, Usage, UsageRow
+from dashboard.formats import money, ms, ratio, usd_interval
+from dashboard.schemas import (
+    Backend,
+    Fleet,
+    FleetObjective,
+    PriceKind,
+    Spend,
+    Usage,
+    UsageRow,
+)
 from dashboard.widgets.downloads import usage_csv_button
 from dashboard.widgets.live import live_panel
 from dashboard.widgets.periods import choose_period, choose_price_kind, price_note
-
-
-def _money(usd: float | None) -> str:
-    return "no price" if usd is None else f"${usd:,.2f}"
-
-
-def _interval(usd: tuple[float, float] | None, digits: int = 2) -> str:
-    """A 95% interval of dollars, or why there is none."""
-    if usd is None:
-        return "95%: too little data to bound"
-    low, high = (f"{'-' if x < 0 else ''}${abs(x):,.{digits}f}" for x in usd)
-    return f"95%: {low} to {high}"
+from dashboard.widgets.verdict import held_and_wanted, reconciled, verdict
 
 
 def _pays(objective: FleetObjective) -> str:
@@ -41,8 +38,19 @@ def _pays(objective: FleetObjective) -> str:
 
 
 def _fleet(fleet: Fleet, backends: list[Backend], label: str) -> None:
-    """The three answers for one model."""
+    """The three answers for one model (the GPUs alone when its GPUs have no price)."""
+    if fleet.actual.spend_usd is None and all(m.bill_usd is None for m in fleet.methods):
+        gpus = ", ".join(sorted({m.gpu_type for m in fleet.methods})) or "its GPUs"
+        st.warning(
+            f"No {fleet.price_kind} price for {gpus}: no bill, right-sized bill or saving "
+            "can be shown at that price. Set one on the [Prices](prices) page, or choose "
+            "another kind above."
+        )
+        _release(fleet, backends)
+        return
+    verdict(fleet, backends, label)
     _headline(fleet, label)
+    st.caption(reconciled(fleet))
     st.caption(_sizing_note(fleet))
     _methods(fleet)
     _release(fleet, backends)
@@ -56,26 +64,26 @@ def _headline(fleet: Fleet, label: str) -> None:
     cols = st.columns(4)
     cols[0].metric(
         f"Bill ({label})",
-        _money(fleet.actual.spend_usd),
+        money(fleet.actual.spend_usd),
         f"{fleet.actual.gpu_hours:,.1f} GPU-hours held",
         delta_arrow="off",
     )
     cols[1].metric(
         "Right-sized bill (best method)",
-        _money(best.bill_usd) if best else "no method meets the objective",
-        f"{best.method}, {best.source}; {_interval(best.bill_usd_95)}" if best else None,
+        money(best.bill_usd) if best else "no method meets the objective",
+        f"{best.method}, {best.source}; {usd_interval(best.bill_usd_95)}" if best else None,
         delta_arrow="off",
     )
     cols[2].metric(
         "Achievable savings vs plain",
-        _money(fleet.achievable_savings_usd),
-        _interval(fleet.achievable_savings_usd_95),
+        money(fleet.achievable_savings_usd),
+        usd_interval(fleet.achievable_savings_usd_95),
         delta_arrow="off",
     )
     cols[3].metric(
         "Over-provisioning",
-        _money(fleet.over_provisioning_usd),
-        _interval(fleet.over_provisioning_usd_95),
+        money(fleet.over_provisioning_usd),
+        usd_interval(fleet.over_provisioning_usd_95),
         delta_arrow="off",
     )
 
@@ -112,8 +120,8 @@ def _methods(fleet: Fleet) -> None:
                 "meets objective": "yes" if m.meets_objective else "no",
                 "peak replicas": m.peak_replicas,
                 "GPU-hours": f"{m.gpu_hours:,.3f}",
-                "right-sized bill": _money(m.bill_usd),
-                "95% interval": _interval(m.bill_usd_95).removeprefix("95%: "),
+                "right-sized bill": money(m.bill_usd),
+                "95% interval": usd_interval(m.bill_usd_95).removeprefix("95%: "),
                 "curve": f"{m.source}, ±{m.relative_95:.0%}",
             }
             for m in fleet.methods
@@ -152,10 +160,7 @@ def _release(fleet: Fleet, backends: list[Backend]) -> None:
     if fleet.now is None:
         st.info("Desired replicas appear after the selector's first round.")
         return
-    mine = [b for b in backends if b.model == fleet.model and b.enabled]
-    held = {m: sum(b.gpu_count for b in mine if b.method == m) for m in {b.method for b in mine}}
-    per_replica = {m.method: m.gpu_count for m in fleet.methods}
-    wanted = {m: n * per_replica.get(m, 1) for m, n in fleet.now.desired_replicas.items()}
+    held, wanted = held_and_wanted(fleet, backends)
     release = sum(held.values()) - sum(wanted.values())
     st.metric(
         "GPUs you could release now",
@@ -167,7 +172,9 @@ def _release(fleet: Fleet, backends: list[Backend]) -> None:
         [
             {
                 "pool": m,
-                "routed now": "yes" if m == fleet.now.routed_method else "no",
+                "routed now": "yes"
+                if m == fleet.now.routed_method
+                else f"no (idle: kept at {fleet.idle_pool_replicas})",
                 "GPUs held": held.get(m, 0),
                 "desired replicas": n,
                 "desired GPUs": wanted[m],
@@ -178,14 +185,20 @@ def _release(fleet: Fleet, backends: list[Backend]) -> None:
     )
 
 
-def _answers(api: AdminClient, label: str, start: dt.datetime, kind: PriceKind) -> None:
+def _answers(
+    api: AdminClient,
+    label: str,
+    start: dt.datetime,
+    kind: PriceKind,
+    objective_ms: float | None = None,
+) -> None:
     """The bill, the right-sized bills and the GPUs to release, per model."""
     backends = api.backends()
     models = sorted({b.model for b in backends})
     for model in models:
         if len(models) > 1:
             st.markdown(f"**{model}**")
-        _fleet(api.fleet(model, start, kind), backends, label)
+        _fleet(api.fleet(model, start, kind, objective_ms), backends, label)
 
 
 def _totals(usage: Usage) -> UsageRow:
@@ -218,7 +231,7 @@ def _ledger(usage: Usage, label: str) -> None:
     cols[2].metric(
         "Capacity cost",
         f"${total.cost_usd:,.4f}",
-        _interval(total.cost_usd_95, 4),
+        usd_interval(total.cost_usd_95, 4),
         delta_arrow="off",
     )
     less = total.savings_usd / total.baseline_cost_usd if total.baseline_cost_usd else 0.0
@@ -226,7 +239,7 @@ def _ledger(usage: Usage, label: str) -> None:
         "Capacity cost vs plain",
         f"${total.savings_usd:,.4f} less",
         f"{less:.0%} below plain at the same load (not money saved); "
-        f"{_interval(total.savings_usd_95, 4)}",
+        f"{usd_interval(total.savings_usd_95, 4)}",
         delta_arrow="off",
     )
     st.dataframe(
@@ -240,7 +253,7 @@ def _ledger(usage: Usage, label: str) -> None:
                 "capacity cost (USD)": r.cost_usd,
                 "plain's capacity cost (USD)": r.baseline_cost_usd,
                 "difference (USD)": r.savings_usd,
-                "difference, 95% (USD)": _interval(r.savings_usd_95, 6).removeprefix("95%: "),
+                "difference, 95% (USD)": usd_interval(r.savings_usd_95, 6).removeprefix("95%: "),
                 "USD per 1M output tokens": _usd_per_mtok(r),
             }
             for r in usage.data
@@ -268,7 +281,7 @@ def _spend(spend: Spend, label: str) -> None:
     if spend.unpriced_gpu_hours:
         st.warning(
             f"{spend.unpriced_gpu_hours:,.2f} GPU-hours have no {spend.price_kind} price: "
-            "set one on the Prices page to see the bill."
+            "set one on the [Prices](prices) page to see the bill."
         )
     st.dataframe(
         [
@@ -287,12 +300,14 @@ def _spend(spend: Spend, label: str) -> None:
     )
 
 
-def _totals_panel(label: str, start: dt.datetime, kind: PriceKind) -> None:
+def _totals_panel(
+    label: str, start: dt.datetime, kind: PriceKind, objective_ms: float | None = None
+) -> None:
     """The three answers and the bill's backends, then traffic at capacity cost."""
     api = admin_client()
     prices, gpu_types = api.prices(), {b.gpu_type for b in api.backends()}
     st.subheader("The bill, fleets sized for the traffic, GPUs to release")
-    _answers(api, label, start, kind)
+    _answers(api, label, start, kind, objective_ms)
     st.subheader("GPU spend by backend")
     st.caption(
         "GPU-hours each backend was held, idle included, at " + price_note(prices, kind, gpu_types)
@@ -321,7 +336,17 @@ def render() -> None:
     api = admin_client()
     label, start = choose_period("overview-period")
     kind = choose_price_kind("overview-price")
-    live_panel(lambda: _totals_panel(label, start, kind), "overview-live")
+    what_if = st.number_input(
+        "What-if latency objective, ms per token (0: the policy's own)",
+        0.0,
+        1000.0,
+        0.0,
+        0.5,
+        key="overview-what-if",
+        help="Sizes the fleets below for this objective; no policy changes.",
+    )
+    objective = float(what_if) or None
+    live_panel(lambda: _totals_panel(label, start, kind, objective), "overview-live")
     usage_csv_button(api, start, label, widget="overview-usage-csv")
     if label != "today":
         st.subheader("Day by day")

@@ -22,9 +22,12 @@ def get_fleet(
     start: Annotated[dt.datetime | None, Query(alias="from")] = None,
     end: Annotated[dt.datetime | None, Query(alias="to")] = None,
     price_kind: str = "on-demand",
+    objective_ms: Annotated[float | None, Query(gt=0, le=10_000)] = None,
 ) -> FleetReport:
     """The model's bill over [from, to), what fleets sized for its traffic would cost per
-    method, the achievable savings, the over-provisioning and the replicas wanted now."""
+    method, the achievable savings, the over-provisioning and the replicas wanted now.
+    `objective_ms`: size the fleets for this ITL objective instead of the policy's (a
+    what-if: no policy changes)."""
     registry = components.registry
     return fleet_report(
         session,
@@ -35,4 +38,5 @@ def get_fleet(
         end,
         price_kind,
         Sizing.of(components.settings),
+        objective_ms,
     )

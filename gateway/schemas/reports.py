@@ -222,7 +222,7 @@ class FleetObjective(Report):
     """What the fleets are sized for: the model's ITL objective, or throughput alone."""
 
     itl_ms: float | None
-    sized_for: Literal["itl objective", "throughput alone"]
+    sized_for: Literal["itl objective", "what-if itl objective", "throughput alone"]
     # Without an objective: the loosest ITL objective (ms per token, on a grid of quarter
     # octaves) under which a speculative method's right-sized bill is below plain's.
     speculation_pays_below_itl_ms: float | None
@@ -295,6 +295,9 @@ class FleetReport(Report):
     price_kind: str
     headroom: float
     min_replicas: int
+    # the replicas a pool the policy does not route to keeps (DRAFTGATE_IDLE_POOL_REPLICAS):
+    # the floor under the idle pools in `now.desired_replicas`
+    idle_pool_replicas: int
     traffic: list[FleetTraffic]
     objective: FleetObjective
     actual: FleetActual

@@ -43,6 +43,7 @@ class FleetInputs:
     backends: Mapping[str, int]  # the model's backends per method
     actual: FleetActual
     now: FleetNow | None
+    what_if: bool = False  # `objective` is a what-if, not the policy's
 
 
 def fleet_figures(inputs: FleetInputs) -> FleetReport:
@@ -72,6 +73,7 @@ def fleet_figures(inputs: FleetInputs) -> FleetReport:
         price_kind=inputs.price_kind,
         headroom=sizing.headroom,
         min_replicas=sizing.min_replicas,
+        idle_pool_replicas=sizing.idle_pool_replicas,
         traffic=[_traffic(h) for h in hours],
         objective=_objective(inputs),
         actual=inputs.actual,
@@ -94,7 +96,13 @@ def _objective(inputs: FleetInputs) -> FleetObjective:
     objective = inputs.objective
     return FleetObjective(
         itl_ms=objective,
-        sized_for="itl objective" if objective is not None else "throughput alone",
+        sized_for=(
+            "throughput alone"
+            if objective is None
+            else "what-if itl objective"
+            if inputs.what_if
+            else "itl objective"
+        ),
         speculation_pays_below_itl_ms=(
             _objective_that_pays(inputs.sized, inputs.hours, inputs.sizing)
             if objective is None

@@ -126,8 +126,10 @@ def fleet_report(
     end: dt.datetime | None,
     price_kind: str,
     sizing: Sizing,
+    what_if_objective_ms: float | None = None,
 ) -> FleetReport:
-    """The bill, and what the model's traffic would cost on fleets sized for it, per method."""
+    """The bill, and what the model's traffic would cost on fleets sized for it, per method
+    (within the policy's ITL objective, or `what_if_objective_ms`)."""
     check_price_kind(price_kind)
     if model not in snapshot.backends and queries.find_model(session, model) is None:
         raise NotFound(f"model {model!r} not found", param="model")
@@ -136,6 +138,8 @@ def fleet_report(
     hours = traffic_hours(session, model, start, end, now)
     policy = snapshot.policies.get(model)
     objective = policy.itl_objective_ms if policy is not None else None
+    if what_if_objective_ms is not None:
+        objective = what_if_objective_ms
     served = {m for h in hours for m in h.completion_by_method}
     sized = {p.method: _sized(session, snapshot, model, p, objective, price_kind)
              for p in pools(snapshot, model, served)}  # fmt: skip
@@ -156,5 +160,6 @@ def fleet_report(
         backends=Counter(b.method for b in snapshot.backends.get(model, ())),
         actual=FleetActual(gpu_hours=actual.gpu_hours, spend_usd=actual.total_usd),
         now=now_sizing,
+        what_if=what_if_objective_ms is not None,
     )
     return fleet_figures(inputs)

@@ -6,6 +6,7 @@ import csv
 import datetime as dt
 import io
 import json
+import re
 from typing import Any
 
 import pyarrow
@@ -85,3 +86,52 @@ def test_overview_trend_adds_up_to_the_period_totals(dashboard_env: Stack) -> No
     assert abs(cost - table["capacity cost (USD)"].sum()) < 1e-9
     assert abs(saved - table["difference (USD)"].sum()) < 1e-9
     assert saved > 0
+
+
+def test_a_price_kind_with_no_price_says_so_and_where_to_set_one(dashboard_env: Stack) -> None:
+    with dashboard_env.admin() as admin:
+        prices = admin.get("/admin/v1/prices").json()["data"]
+    assert not [p for p in prices if p["kind"] == "spot" and p["gpu_type"] == "B200"]
+    at = AppTest.from_function(_overview, default_timeout=TIMEOUT_S).run()
+    at.radio(key="overview-price").set_value("spot").run()
+    assert not at.exception
+    warnings = " ".join(w.value for w in at.warning)
+    assert "No spot price for B200" in warnings, warnings
+    assert "[Prices](prices)" in warnings
+    labels = {m.label for m in at.metric}
+    assert "Right-sized bill (best method)" not in labels  # no figure at a price not set
+    assert "GPUs you could release now" in labels  # what needs no price still shows
+
+
+def _dollars(text: str) -> list[float]:
+    """Every dollar figure in `text`, as printed ($1,234.56 or -$0.25)."""
+    found = re.findall(r"(-?)\$([\d,]+\.\d\d)\b", text)
+    return [float(sign + digits.replace(",", "")) for sign, digits in found]
+
+
+def test_the_verdict_adds_up_and_the_what_if_objective_changes_no_policy(
+    dashboard_env: Stack,
+) -> None:
+    with dashboard_env.admin() as admin:
+        policy_before = admin.get(f"/admin/v1/models/{MODEL}/policy").json()
+    at = AppTest.from_function(_overview, default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert not at.error, [e.value for e in at.error]
+    sentence = next(m.value for m in at.markdown if m.value.startswith("**You paid $"))
+    assert at.info, "no action"
+    split = next(c.value for c in at.caption if c.value.startswith("Bill $"))
+    bill, best, mix, over = _dollars(split)
+    assert round(best + mix + over, 2) == bill, split  # to the cent, as printed
+    assert _dollars(sentence)[0] == bill  # the sentence's figure is the bill's
+
+    at.number_input(key="overview-what-if").set_value(4.0).run()
+    assert not at.exception
+    assert any("within 4 ms per token" in c.value for c in at.caption)
+    with dashboard_env.admin() as admin:
+        assert admin.get(f"/admin/v1/models/{MODEL}/policy").json() == policy_before
+        what_if = admin.get("/admin/v1/fleet", params={"model": MODEL, "objective_ms": 4}).json()
+    assert what_if["objective"] == {
+        "itl_ms": 4.0,
+        "sized_for": "what-if itl objective",
+        "speculation_pays_below_itl_ms": None,
+    }
