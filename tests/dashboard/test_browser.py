@@ -102,6 +102,24 @@ def test_every_page_renders_in_the_browser(page: Page, stack: Stack, path: str) 
     page.screenshot(path=str(ARTEFACTS / f"{index:02d}-{path or 'overview'}.png"))
 
 
+def test_the_overview_leads_with_a_verdict_that_adds_up(page: Page, stack: Stack) -> None:
+    _open(page, stack, "")
+    page.get_by_text(re.compile(r"^Bill \$")).first.wait_for()
+    # One read of the whole page: the live panel redraws every few seconds, and the bill
+    # grows with every second the GPUs are held.
+    text = page.locator("body").inner_text()
+    sentence = re.search(r"You paid \$.*", text).group(0)  # type: ignore[union-attr]
+    split = re.search(r"Bill \$.*", text).group(0)  # type: ignore[union-attr]
+    action = re.search(r"(Release|Set a latency objective|Move to|Nothing to do).*", text)
+    assert action is not None, text[:3000]
+    bill, best, mix, over = (
+        float(sign + digits.replace(",", ""))
+        for sign, digits in re.findall(r"(-?)\$([\d,]+\.\d\d)\b", split)
+    )
+    assert round(best + mix + over, 2) == bill, split
+    assert f"${bill:,.2f}" in sentence, (sentence, split)
+
+
 def test_pinning_a_method_on_the_methods_page_changes_the_policy(page: Page, stack: Stack) -> None:
     _open(page, stack, "methods")
     page.get_by_text("pinned", exact=True).click()
