@@ -1,6 +1,6 @@
 """How much the `auto` policy's decisions cost against an oracle: regret on load traces.
 
-Run: .venv/bin/python bench/regret.py [--step-s 12] [--itl-objective-ms 6]
+Run: .venv/bin/python bench/regret.py [--step-s 12] [--itl-objective-ms 6] [--time-scale 0.2]
      [--traces diurnal,bursty] [--without-spill bursty] [--without-load-window diurnal,bursty]
 
 A real `draftgate up` (five simulated backends of GPT-OSS-20B on B200, one per method: plain,
@@ -61,7 +61,7 @@ GPU = "B200"
 METHODS = ("plain", "eagle3", "p-eagle", "dflash", "dspark")
 ANSWER_TOKENS = 256
 PROMPT = "Summarise the plot of a long novel about a lighthouse keeper."
-TIME_SCALE = 0.2
+TIME_SCALE = 0.2  # simulated time per wall second (--time-scale; 1: real time)
 GROUND_TRUTH_STEPS = 1500
 
 
@@ -197,7 +197,7 @@ CONFIGS = {
 }
 
 
-def start_up(directory: Path, config: dict[str, str]) -> tuple[Server, str, str]:
+def start_up(directory: Path, config: dict[str, str], time_scale: float) -> tuple[Server, str, str]:
     env = draftgate_env(
         DRAFTGATE_DATABASE_URL=f"sqlite:///{directory}/regret.db",
         DRAFTGATE_SELECTOR_INTERVAL_S="0.5",
@@ -208,7 +208,7 @@ def start_up(directory: Path, config: dict[str, str]) -> tuple[Server, str, str]
         **config,
     )
     server = spawn_server(
-        ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", str(TIME_SCALE),
+        ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", str(time_scale),
          "--no-dashboard"),
         env, directory, port=free_port(),
     )  # fmt: skip
@@ -316,10 +316,10 @@ def spills(server: Server) -> int:
 
 
 def serve(directory: Path, config: dict[str, str], traces: list[str], step_s: float,
-          objective_ms: float) -> tuple[dict[str, Run], Truth]:  # fmt: skip
+          objective_ms: float, time_scale: float) -> tuple[dict[str, Run], Truth]:  # fmt: skip
     """Run `traces` through a fresh `draftgate up` in one configuration."""
     directory.mkdir()
-    server, token, key = start_up(directory, config)
+    server, token, key = start_up(directory, config, time_scale)
     runs: dict[str, Run] = {}
     try:
         with httpx.Client(
@@ -355,6 +355,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--step-s", type=float, default=12.0, help="seconds per diurnal step")
     parser.add_argument("--itl-objective-ms", type=float, default=6.0)
+    parser.add_argument(
+        "--time-scale", type=float, default=TIME_SCALE, help="the simulators' speed (1: real time)"
+    )
     parser.add_argument("--traces", default="diurnal,bursty")
     parser.add_argument("--without-spill", default="bursty", help="traces ('' none)")
     parser.add_argument("--without-load-window", default="diurnal,bursty", help="traces")
@@ -373,7 +376,7 @@ def main() -> None:
                 if name in its_traces:
                     done, ground = serve(Path(directory, f"{name}-{len(runs[name])}"),
                                          CONFIGS[label], [name], args.step_s,
-                                         args.itl_objective_ms)  # fmt: skip
+                                         args.itl_objective_ms, args.time_scale)  # fmt: skip
                     runs[name][label] = done[name]
     print(f"B200 at ${ground.usd_per_gpu_hour}/GPU-hour (the demo's price); ITL objective "
           f"{ground.objective_ms} ms; prompt {ground.prompt_tokens} tokens, answers "

@@ -72,6 +72,7 @@ class Load:
         # policy's choice (neither explored nor fallen back)
         self.routed: list[tuple[float, str]] = []
         self.started: list[float] = []
+        self.kinds: Counter[str] = Counter()  # routed, explored or fallback (its reason)
         self._pool = ThreadPoolExecutor(1)
         self._done: Future[None] = self._pool.submit(asyncio.run, self._run())
 
@@ -99,6 +100,7 @@ class Load:
                     if response.status_code == 200 and not routed:
                         method = response.headers["x-draftgate-method"]
                         self.routed.append((time.time(), method))
+                    self.kinds[_kind(response.headers)] += 1
                     text = "".join([chunk async for chunk in response.aiter_text()])
                     ok = response.status_code == 200 and text.rstrip().endswith("[DONE]")
                     backend = response.headers.get("x-draftgate-backend", "?")
@@ -121,6 +123,15 @@ class Load:
         self.stop.set()
         self._done.result(timeout=180)
         self._pool.shutdown()
+
+
+def _kind(headers: httpx.Headers) -> str:
+    """How the gateway chose an answer's backend: by the policy, by exploring, or falling
+    back (and why)."""
+    if "x-draftgate-explored" in headers:
+        return "explored"
+    fallback = headers.get("x-draftgate-fallback")
+    return "routed" if fallback is None else f"fallback: {fallback}"
 
 
 def _start_up(start_server: ServerStarter, tmp_path: Path) -> tuple[Server, str]:
@@ -152,11 +163,21 @@ def _to_parallel(entry: dict[str, Any]) -> bool:
     return entry["after"]["method"] in PARALLEL_DRAFTERS
 
 
-def _moves(admin: httpx.Client) -> list[tuple[str | None, str, float]]:
-    """Every switch so far: from, to, at what load (for failure messages)."""
+def _moves(admin: httpx.Client) -> list[tuple[str, str | None, str, float, dict[str, float]]]:
+    """Every first choice and switch so far: which, from, to, at what load, at what prices
+    (for failure messages)."""
+    params = {"resource_type": "model", "resource_id": MODEL}
+    entries = admin.get("/admin/v1/audit", params=params).json()["data"]
     return [
-        (e["before"]["method"], e["after"]["method"], e["after"]["concurrency"])
-        for e in _switches(admin)
+        (
+            e["action"],
+            e["before"]["method"],
+            e["after"]["method"],
+            e["after"]["concurrency"],
+            {m: round(usd, 3) for m, usd in e["after"]["usd_per_mtok"].items()},
+        )
+        for e in sorted(entries, key=lambda e: e["id"])
+        if e["action"] in ("start", "switch")
     ]
 
 
@@ -300,7 +321,7 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         finally:
             low.close()
         # The explored tenth goes to the other methods, two of them parallel drafters too.
-        assert _share(at_low, PARALLEL_DRAFTERS) >= 0.75, (at_low, _moves(admin))
+        assert _share(at_low, PARALLEL_DRAFTERS) >= 0.75, f"{at_low} {low.kinds} {_moves(admin)}"
 
         seen = max((e["id"] for e in _switches(admin)), default=0)  # moves made at low load
         high = Load(server.base_url, HIGH)
@@ -318,7 +339,7 @@ def test_auto_policy_follows_load_across_the_demo_fleet(
         assert up["after"]["concurrency"] >= 30, up
         # Sent while a sequential method was chosen (it may move between EAGLE-3 and plain as
         # points arrive); the explored tenth goes anywhere.
-        assert _share(at_high, SEQUENTIAL) >= 0.6, (at_high, _moves(admin))
+        assert _share(at_high, SEQUENTIAL) >= 0.6, f"{at_high} {high.kinds} {_moves(admin)}"
 
         back = Load(server.base_url, LOW)
         try:
