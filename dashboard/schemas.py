@@ -383,6 +383,7 @@ class FleetMethod(Record):
     k: int
     gpu_type: str
     gpu_count: int
+    concurrency_per_replica: float
     output_tokens_per_s_per_replica: float
     itl_ms: float
     meets_objective: bool

@@ -115,8 +115,9 @@ def _methods(fleet: Fleet) -> None:
                 "method": m.method,
                 "K": m.k,
                 "GPUs per replica": f"{m.gpu_count}x {m.gpu_type}",
+                "streams per replica": f"{m.concurrency_per_replica:,.0f}",
                 "tokens/s per replica": f"{m.output_tokens_per_s_per_replica:,.0f}",
-                "per-token latency": ms(m.itl_ms),
+                "per-token latency at those streams": ms(m.itl_ms),
                 "meets objective": "yes" if m.meets_objective else "no",
                 "peak replicas": m.peak_replicas,
                 "GPU-hours": f"{m.gpu_hours:,.3f}",
@@ -218,6 +219,17 @@ def _totals(usage: Usage) -> UsageRow:
     )
 
 
+def _spans(interval: tuple[float, float] | None) -> bool:
+    """Whether a difference's 95% interval includes 0 (None: no interval, so it may)."""
+    return interval is None or interval[0] <= 0 <= interval[1]
+
+
+def _significance(interval: tuple[float, float] | None) -> str:
+    """A difference's 95% interval, and whether it tells the two apart."""
+    text = usd_interval(interval, 6).removeprefix("95%: ")
+    return f"{text} (includes 0: not significant)" if _spans(interval) else text
+
+
 def _usd_per_mtok(row: UsageRow) -> float | None:
     return row.cost_usd / row.completion_tokens * 1e6 if row.completion_tokens else None
 
@@ -238,9 +250,18 @@ def _ledger(usage: Usage, label: str) -> None:
     cols[3].metric(
         "Capacity cost vs plain",
         f"${total.savings_usd:,.4f} less",
-        f"{less:.0%} below plain at the same load (not money saved); "
-        f"{usd_interval(total.savings_usd_95, 4)}",
+        usd_interval(total.savings_usd_95, 4),
         delta_arrow="off",
+    )
+    significant = not _spans(total.savings_usd_95)
+    st.caption(
+        f"Capacity cost vs plain: {less:.0%} below plain decoding at the same load, a unit for "
+        "comparing methods and not money saved (the achievable savings above are money)"
+        + (
+            "."
+            if significant
+            else "; its interval includes 0, so the difference is not significant."
+        )
     )
     st.dataframe(
         [
@@ -253,7 +274,7 @@ def _ledger(usage: Usage, label: str) -> None:
                 "capacity cost (USD)": r.cost_usd,
                 "plain's capacity cost (USD)": r.baseline_cost_usd,
                 "difference (USD)": r.savings_usd,
-                "difference, 95% (USD)": usd_interval(r.savings_usd_95, 6).removeprefix("95%: "),
+                "difference, 95% (USD)": _significance(r.savings_usd_95),
                 "USD per 1M output tokens": _usd_per_mtok(r),
             }
             for r in usage.data
