@@ -17,6 +17,28 @@ CAPACITY, BELOW_PLAIN = "capacity cost", "capacity cost below plain"  # never mo
 SOURCE_DASHES = alt.Scale(domain=["measured", "estimated"], range=[[1, 0], [6, 4]])
 
 
+# One strong colour per method, the same on every chart (its planner line, its measured
+# points, its live curve): Vega's default palette gives later series pale shades.
+METHOD_COLOURS = {
+    "plain": "#4c4c4c", "eagle3": "#1f77b4", "p-eagle": "#d62728", "dflash": "#2ca02c",
+    "dspark": "#9467bd", "ngram": "#ff7f0e", "suffix": "#8c564b", "mtp": "#e377c2",
+    "draft_model": "#17becf",
+}  # fmt: skip
+OTHER_COLOUR = "#7f7f7f"
+
+
+def _method_of(series: str) -> str:
+    """The method a series is drawn for: `p-eagle`, `measured: p-eagle`, `p-eagle K=7`."""
+    return series.removeprefix("measured: ").split(" K=")[0]
+
+
+def _colours(rows: Rows) -> alt.Scale:
+    """Each series in `rows` in its method's colour."""
+    series = sorted({r["series"] for r in rows})
+    colours = [METHOD_COLOURS.get(_method_of(s), OTHER_COLOUR) for s in series]
+    return alt.Scale(domain=series, range=colours)
+
+
 def _legend(title: str) -> alt.Legend:
     """A legend under the chart, labels whole: a long method name is never cut off."""
     return alt.Legend(title=title, orient="bottom", labelLimit=0, columns=3)
@@ -49,9 +71,11 @@ def throughput_vs_concurrency(
     dashed where estimated, its points filled where measured, and every measured point."""
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
     y = alt.Y("tokens_per_s:Q", title="output tokens/s")
-    color = alt.Color("series:N", legend=_legend("method"))
+    segments, dots = _segments(curves), _measured_dots(measured, gpu_count)
+    scale = _colours(segments + dots)
+    color = alt.Color("series:N", legend=_legend("method"), scale=scale)
     lines = (
-        _chart(_segments(curves))
+        _chart(segments)
         .mark_line()
         .encode(
             x=x,
@@ -71,18 +95,20 @@ def throughput_vs_concurrency(
             y=y,
             color=color,
             fill=alt.condition(
-                alt.datum.kind == "measured", alt.Color("series:N"), alt.value("white")
+                alt.datum.kind == "measured",
+                alt.Color("series:N", scale=scale),
+                alt.value("white"),
             ),
             tooltip=["series:N", "K:Q", "concurrency:Q", "tokens_per_s:Q", "kind:N"],
         )
     )
     marks = (
-        _chart(_measured_dots(measured, gpu_count))
+        _chart(dots)
         .mark_point(size=90, filled=True, shape="diamond")
         .encode(
             x=x,
             y=y,
-            color=alt.Color("series:N", legend=_legend("method")),
+            color=color,
             tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q"],
         )
     )
@@ -137,7 +163,8 @@ def live_curves(curves: list[Curve]) -> alt.LayerChart:
     ]
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency")
     y = alt.Y("tokens_per_s:Q", title="output tokens/s per GPU")
-    color = alt.Color("series:N", legend=_legend("method"))
+    scale = _colours(rows)
+    color = alt.Color("series:N", legend=_legend("method"), scale=scale)
     band = _chart(rows).mark_area(opacity=0.15).encode(x=x, y="low:Q", y2="high:Q", color=color)
     line = _chart(rows).mark_line().encode(x=x, y=y, color=color)
     points = (
@@ -148,7 +175,9 @@ def live_curves(curves: list[Curve]) -> alt.LayerChart:
             y=y,
             color=color,
             fill=alt.condition(
-                alt.datum.source == "measured", alt.Color("series:N"), alt.value("white")
+                alt.datum.source == "measured",
+                alt.Color("series:N", scale=scale),
+                alt.value("white"),
             ),
             tooltip=["series:N", "concurrency:Q", "tokens_per_s:Q", "source:N", "band:N",
                      "usd_per_mtok:Q"],

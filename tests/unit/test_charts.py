@@ -32,3 +32,13 @@ def test_an_all_estimated_curve_is_dashed_and_legends_are_not_cut() -> None:
     for encoding in (line["encoding"]["color"], dash):
         assert encoding["legend"]["labelLimit"] == 0
         assert encoding["legend"]["orient"] == "bottom"
+
+
+def test_each_method_keeps_one_strong_colour_on_every_series_of_it() -> None:
+    rows = [{"series": s} for s in ("p-eagle", "measured: p-eagle", "eagle3 K=3", "custom")]
+    scale = charts._colours(rows).to_dict()
+    colour = dict(zip(scale["domain"], scale["range"], strict=True))
+    assert colour["p-eagle"] == colour["measured: p-eagle"] == charts.METHOD_COLOURS["p-eagle"]
+    assert colour["eagle3 K=3"] == charts.METHOD_COLOURS["eagle3"]
+    assert colour["custom"] == charts.OTHER_COLOUR
+    assert len(set(charts.METHOD_COLOURS.values())) == len(charts.METHOD_COLOURS)
