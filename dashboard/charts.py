@@ -209,8 +209,9 @@ def usage_by_model(rows: list[UsageRow]) -> alt.Chart:
     return chart
 
 
-def predicted_vs_measured(points: list[AccuracyPoint]) -> alt.Chart:
-    """Each measured point against the planner's held-out prediction."""
+def predicted_vs_measured(points: list[AccuracyPoint]) -> alt.LayerChart:
+    """Each measured point against the planner's held-out prediction, beside the line y = x
+    where a perfect prediction would lie."""
     values = [
         {
             "measured": p.measured_output_tokens_per_s,
@@ -222,17 +223,28 @@ def predicted_vs_measured(points: list[AccuracyPoint]) -> alt.Chart:
         for p in points
         if p.predicted_output_tokens_per_s is not None
     ]
-    chart: alt.Chart = (
+    dots = (
         _chart(values)
         .mark_circle(size=80)
         .encode(
             x=alt.X("measured:Q", title="measured output tokens/s per GPU"),
             y=alt.Y("predicted:Q", title="predicted output tokens/s per GPU"),
-            color="method:N",
+            color=alt.Color("method:N", scale=_colours([{"series": v["method"]} for v in values])),
             tooltip=["model:N", "method:N", "concurrency:Q", "measured:Q", "predicted:Q"],
         )
     )
-    return chart
+    top = max(
+        (max(p.measured_output_tokens_per_s, p.predicted_output_tokens_per_s or 0.0)
+         for p in points),
+        default=1.0,
+    )  # fmt: skip
+    diagonal = (
+        _chart([{"measured": 0.0, "predicted": 0.0}, {"measured": top, "predicted": top}])
+        .mark_line(color="#999999", strokeDash=[4, 4])
+        .encode(x="measured:Q", y="predicted:Q")
+    )
+    layered: alt.LayerChart = alt.LayerChart(layer=[diagonal, dots])
+    return layered
 
 
 def running_error(points: list[AccuracyPoint]) -> alt.Chart:

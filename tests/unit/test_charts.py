@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from dashboard import charts
-from dashboard.schemas import PlanPoint
+from dashboard.schemas import AccuracyPoint, PlanPoint
 
 
 def point(c: int, source: Literal["measured", "estimated"]) -> PlanPoint:
@@ -42,3 +42,16 @@ def test_each_method_keeps_one_strong_colour_on_every_series_of_it() -> None:
     assert colour["eagle3 K=3"] == charts.METHOD_COLOURS["eagle3"]
     assert colour["custom"] == charts.OTHER_COLOUR
     assert len(set(charts.METHOD_COLOURS.values())) == len(charts.METHOD_COLOURS)
+
+
+def test_the_accuracy_scatter_has_the_line_of_a_perfect_prediction() -> None:
+    point = AccuracyPoint(
+        model="m", gpu_type="B200", method="p-eagle", k=7, concurrency=4.0, source="scrape",
+        measured_output_tokens_per_s=300.0, predicted_output_tokens_per_s=450.0, error=0.5,
+    )  # fmt: skip
+    diagonal, dots = charts.predicted_vs_measured([point]).to_dict()["layer"]
+    assert diagonal["data"]["values"] == [
+        {"measured": 0.0, "predicted": 0.0},
+        {"measured": 450.0, "predicted": 450.0},
+    ]
+    assert dots["mark"]["type"] == "circle"
