@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +59,27 @@ ROUTED_S = 10.0  # at most from routing a request to its answer's headers, on a 
 UP_TIMEOUT_S = 90.0  # five simulators, then the gateway, on a busy machine
 
 
+@dataclass
+class Sent:
+    """One request of a Load: when it was sent, and (once it ended) what served it."""
+
+    started: float  # monotonic
+    wall: float  # the wall clock, the audit log's
+    backend: str | None = None  # None: not served (yet, or ever)
+    ended: bool = False
+
+
 class Load:
     """`workers` clients streaming chat completions back to back, in a thread of its own."""
 
     def __init__(self, base_url: str, workers: int) -> None:
         self.base_url, self.workers = base_url, workers
         self.stop = threading.Event()
-        self.served: list[tuple[float, str]] = []  # (start time, backend) per success
-        self.served_at: list[tuple[float, str]] = []  # the same by the wall clock (audit's)
+        self.sent: list[Sent] = []  # every request, in the order sent
         self.failures: list[str] = []
-        self.ended: list[float] = []  # start time of every request that ended, either way
         # (wall clock at its answer's headers, method) of every request routed by the
         # policy's choice (neither explored nor fallen back)
         self.routed: list[tuple[float, str]] = []
-        self.started: list[float] = []
         self.kinds: Counter[str] = Counter()  # routed, explored or fallback (its reason)
         self._pool = ThreadPoolExecutor(1)
         self._done: Future[None] = self._pool.submit(asyncio.run, self._run())
@@ -90,8 +98,8 @@ class Load:
             "stream": True,
         }
         while not self.stop.is_set():
-            started, wall = time.monotonic(), time.time()
-            self.started.append(started)
+            sent = Sent(time.monotonic(), time.time())
+            self.sent.append(sent)
             try:
                 async with http.stream("POST", "/v1/chat/completions", json=body) as response:
                     routed = ("x-draftgate-explored" in response.headers) or (
@@ -106,18 +114,21 @@ class Load:
                     backend = response.headers.get("x-draftgate-backend", "?")
             except httpx.HTTPError as exc:
                 self.failures.append(repr(exc))
-                self.ended.append(started)
+                sent.ended = True
                 continue
-            self.ended.append(started)
             if ok:
-                self.served.append((started, backend))
-                self.served_at.append((wall, backend))
+                sent.backend = backend
             else:
                 self.failures.append(f"{response.status_code}: {text[-200:]}")
+            sent.ended = True
 
-    def backends_between(self, start: float, end: float) -> Counter[str]:
-        """Which backends served the requests sent between `start` and `end`."""
-        return Counter(backend for at, backend in list(self.served) if start <= at < end)
+    def first_sent(self, within: Callable[[Sent], bool], count: int) -> list[Sent] | None:
+        """The first `count` requests sent `within` a span, once every one has ended (None
+        until then). Sampled by when they were sent, not when they ended: a request to an
+        idle pool ends long before one sent to a loaded pool at the same moment, so the
+        first to end would over-count the explored ones."""
+        chosen = [s for s in list(self.sent) if within(s)][:count]
+        return chosen if len(chosen) == count and all(s.ended for s in chosen) else None
 
     def close(self) -> None:
         self.stop.set()
@@ -187,23 +198,21 @@ def _share(served: Counter[str], methods: set[str]) -> float:
     return sum(n for b, n in served.items() if b.removeprefix("demo-") in methods) / total
 
 
-def _wait_for_requests(
-    load: Load, since: float, count: int, until: float = math.inf
-) -> Counter[str]:
-    """The backends of the first `count` requests sent after `since` (and before `until`),
-    once they are served."""
+def _served_by(sent: list[Sent]) -> Counter[str]:
+    """Which backends served these requests (those not served are the Load's failures)."""
+    return Counter(s.backend for s in sent if s.backend is not None)
+
+
+def _wait_for_requests(load: Load, since: float, count: int) -> Counter[str]:
+    """The backends of the first `count` requests sent after `since` (monotonic), once all
+    of them have ended."""
     deadline = time.monotonic() + SERVED_TIMEOUT_S
     while time.monotonic() < deadline:
-        sent = sorted((at, b) for at, b in list(load.served) if since <= at < until)
-        if len(sent) >= count:
-            return Counter(b for _, b in sent[:count])
-        # The window is over and every request sent in it has ended: take what was served.
-        started = sum(since <= at < until for at in list(load.started))
-        ended = sum(since <= at < until for at in list(load.ended))
-        if time.monotonic() > until and started and ended == started and sent:
-            return Counter(b for _, b in sent)
+        found = load.first_sent(lambda s: s.started >= since, count)
+        if found is not None:
+            return _served_by(found)
         time.sleep(0.5)
-    pytest.fail(f"fewer than {count} requests served within {SERVED_TIMEOUT_S} s")
+    pytest.fail(f"fewer than {count} requests sent and ended within {SERVED_TIMEOUT_S} s")
 
 
 def _at(entry: dict[str, Any]) -> float:
@@ -227,11 +236,16 @@ def _sequential_spells(admin: httpx.Client, up: dict[str, Any]) -> list[tuple[fl
     return spells + ([(start, math.inf)] if start is not None else [])
 
 
+def _within(spells: list[tuple[float, float]]) -> Callable[[Sent], bool]:
+    """Whether a request was sent (by the wall clock) within one of `spells`."""
+    return lambda s: any(start <= s.wall < end for start, end in spells)
+
+
 def _served_while_sequential(
     admin: httpx.Client, load: Load, up: dict[str, Any], count: int
 ) -> Counter[str]:
     """The backends of the first `count` requests sent while a sequential method was chosen,
-    from the move `up` on, once they are served.
+    from the move `up` on, once all of them have ended.
 
     A window of fixed length after the move is not enough: 128 streams of 400 tokens can
     start no request at all for seconds, and a window none was sent in can never be judged.
@@ -242,16 +256,11 @@ def _served_while_sequential(
     """
     deadline = time.monotonic() + SERVED_TIMEOUT_S
     while time.monotonic() < deadline:
-        spells = _sequential_spells(admin, up)
-        sent = sorted(
-            (at, b)
-            for at, b in list(load.served_at)
-            if any(start <= at < end for start, end in spells)
-        )
-        if len(sent) >= count:
-            return Counter(b for _, b in sent[:count])
+        found = load.first_sent(_within(_sequential_spells(admin, up)), count)
+        if found is not None:
+            return _served_by(found)
         time.sleep(0.5)
-    pytest.fail(f"fewer than {count} requests served within {SERVED_TIMEOUT_S} s; "
+    pytest.fail(f"fewer than {count} requests sent and ended within {SERVED_TIMEOUT_S} s; "
                 f"moves: {_moves(admin)}")  # fmt: skip
 
 
