@@ -13,16 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from tests.browser import CHROMIUM, MISSING, chromium
 from tests.dashboard.conftest import MODEL, Stack
 from tests.e2e.conftest import closed_url
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTEFACTS = Path(__file__).resolve().parents[2] / "test-artefacts" / "dashboard"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 # Each page's title and a text drawn at its end: the run is over once both show.
 PAGES = {
     "": ("Overview", "per UTC day"),  # the default page is served at the root
@@ -46,17 +44,13 @@ RAW = re.compile(r"\{'|\{\"|\['|\bNone\b")
 CELLS = '[data-testid="stDataFrame"] table td'
 
 if not CHROMIUM.exists():
-    pytest.skip("no /usr/bin/chromium (make test installs it)", allow_module_level=True)
+    pytest.skip(MISSING, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

@@ -9,28 +9,22 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, Page, Route, sync_playwright
+from playwright.sync_api import Browser, Page, Route
 
+from tests.browser import CHROMIUM, MISSING, chromium
 from tests.e2e.conftest import ServerStarter, draftgate_env
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 RENDER_TIMEOUT_MS = 60_000  # a busy CI machine
 ADMIN_TOKEN = "docs-admin-token"
 
 if not CHROMIUM.exists():
-    pytest.skip("no /usr/bin/chromium (make test installs it)", allow_module_level=True)
+    pytest.skip(MISSING, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def _offline_page(browser: Browser, refused: list[str]) -> Page:
