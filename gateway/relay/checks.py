@@ -98,20 +98,21 @@ def request_class(header: bytes | None, key: KeyView | None, classes: tuple[str,
     return name
 
 
-def authorize(
-    headers: dict[bytes, bytes], model: str, snapshot: Snapshot, required: bool
-) -> KeyView | None:
-    """The caller's key (None when keys are not `required`), refused unless it may use `model`."""
+def authenticate(headers: dict[bytes, bytes], snapshot: Snapshot, required: bool) -> KeyView | None:
+    """The caller's key from its `Authorization` header (None when keys are not `required`
+    and it has none), refused before anything else of the request is read."""
     authorization = headers.get(b"authorization", b"")
     scheme, _, secret = authorization.decode("latin-1").partition(" ")
     key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
-    if key is None:
-        if not required:
-            return None
+    if key is None and required:
         raise InvalidApiKey("Incorrect API key provided")
-    if key.allowed_models is not None and model not in key.allowed_models:
-        raise ModelNotAllowed(f"This key may not use model `{model}`")
     return key
+
+
+def may_use(key: KeyView | None, model: str) -> None:
+    """Refuse a key limited to other models."""
+    if key is not None and key.allowed_models is not None and model not in key.allowed_models:
+        raise ModelNotAllowed(f"This key may not use model `{model}`")
 
 
 def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:

@@ -82,6 +82,7 @@ class Exchange:
     span: Span | None = None  # its trace span, when tracing is on
     home: BackendView | None = None  # the backend holding its `previous_response_id`, if any
     response_id: str | None = None  # the id of the response its backend stored, if any
+    refusal: str | None = None  # why it was refused before its body was read (no record)
 
 
 def admit(
@@ -160,7 +161,7 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
     """Exactly one ledger record and the metrics of a finished request; its reservation is
     released whatever else fails (a key's slots and held budget must not leak)."""
     if x.model is None or x.snapshot is None:  # refused before the model was known
-        metrics.rejections.labels("malformed").inc()
+        metrics.rejections.labels(x.refusal or "malformed").inc()
         return
     tokens = tokens_of(x.usage)
     cost: float | None = None

@@ -1,11 +1,13 @@
 """The relay: a plain ASGI callable for `POST /v1/*`, kept off FastAPI's request machinery.
 
-Per request: read and check the body, authenticate the key and its limits (memory only),
-route, then stream the backend's bytes through as they arrive. Failures before the first
-byte reaches the client are retried on the next backend, except a whole (non-streamed)
-response that outlasts the read timeout: its backend accepted it and worked on it, so it is
-answered 504 and charged an estimate of that work. A stream that breaks later ends with an
-SSE error event. Every request ends in exactly one ledger record.
+Per request: authenticate the key (from its header, before any of the body is read), read
+and check the body, check the key's model and limits (memory only), route, then stream the
+backend's bytes through as they arrive. Failures before the first byte reaches the client are
+retried on the next backend, except a whole (non-streamed) response that outlasts the read
+timeout: its backend accepted it and worked on it, so it is answered 504 and charged an
+estimate of that work. A stream that breaks later ends with an SSE error event. Every request
+that names its model ends in exactly one ledger record; one refused before (for its key, or
+for a body without a model) ends in none, counted in `draftgate_rejections`.
 """
 
 # Over 400 lines: one request read top to bottom, from its first byte to its ledger record;
@@ -50,9 +52,10 @@ from gateway.relay.checks import (
     INCLUDE_COST_HEADER,
     INCLUDE_SPECULATION_HEADER,
     UsageAsked,
-    authorize,
+    authenticate,
     check_completion,
     keyless_door,
+    may_use,
     parse_body,
     prompt_estimate,
     read_body,
@@ -177,19 +180,25 @@ class Relay:
             raise UnknownPath(f"Unknown path {path[:100]!r}")
         if self.keyless_hosts is not None:
             keyless_door(headers, self.keyless_hosts)
+        x.snapshot = snapshot = self.registry.snapshot  # the request's only read of it
+        x.choices = self.registry.choices  # and of these
+        try:  # the key is in a header: a caller without one costs no body read and no record
+            x.key = authenticate(headers, snapshot, self.settings.require_api_key)
+        except InvalidApiKey as refusal:
+            x.refusal = refusal.code
+            raise
         body = await read_body(headers, receive, self.settings.max_body_bytes)
         payload = parse_body(body, self.settings.max_json_depth)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("you must provide a model parameter", param="model")
-        x.model, x.snapshot = model, self.registry.snapshot  # the request's only read of it
-        x.choices = self.registry.choices  # and of these
+        x.model = model
         x.forward = {
             n.decode(): v.decode("latin-1") for n in self.forwarded if (v := headers.get(n))
         }
         try:
-            x.key = authorize(headers, model, x.snapshot, self.settings.require_api_key)
-        except (InvalidApiKey, ModelNotAllowed) as refusal:
+            may_use(x.key, model)
+        except ModelNotAllowed as refusal:
             self.metrics.rejections.labels(refusal.code).inc()
             raise
         backends = x.snapshot.backends.get(model)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,9 @@ from tests.e2e.conftest import (
     Server,
     fleet_backend,
     metric_value,
+    query_rows,
     sim_args,
+    wait_for_usage_records,
 )
 
 MAX_BODY_BYTES = 2048
@@ -44,6 +48,7 @@ class Keyed:
     gateway: Server
     sim: Server
     key: str
+    database_url: str
 
     def openai(self, api_key: str) -> openai.OpenAI:
         """The official client with `api_key` (no client-side retries)."""
@@ -69,14 +74,14 @@ def keyed(
 ) -> Keyed:
     """One plain sim behind a gateway that requires keys and takes bodies up to 2 KiB."""
     (sim,) = start_module_servers(sim_args("--time-scale", "50"))
-    gateway, _ = start_module_gateway(
+    gateway, database_url = start_module_gateway(
         [fleet_backend("sim-plain", sim.base_url)],
         REQUIRE_API_KEY="true",
         MAX_BODY_BYTES=str(MAX_BODY_BYTES),
         REGISTRY_REFRESH_S=str(REGISTRY_REFRESH_S),
     )
     _, key = create_key(gateway)
-    return Keyed(gateway, sim, key)
+    return Keyed(gateway, sim, key, database_url)
 
 
 @pytest.fixture
@@ -116,6 +121,46 @@ def test_a_missing_or_wrong_key_is_401(keyed: Keyed) -> None:
     assert isinstance(raised.value.body, dict)
     assert raised.value.body["code"] == "invalid_api_key"
     assert keyed.sim_counters() == before
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response (its head and its Content-Length of body) from `sock`."""
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < int(
+        re.search(rb"(?i)\r\ncontent-length: *(\d+)", answer)[1]  # type: ignore[index]
+    ):
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {answer[:300]!r}"
+        answer += chunk
+    return answer
+
+
+def test_a_wrong_key_is_refused_before_its_body_is_read_and_leaves_no_record(
+    keyed: Keyed,
+) -> None:
+    """The key is in a header: the gateway answers 401 on the head alone, without waiting
+    for the body it announces (here never sent), and writes no ledger record, only the
+    rejection's count. The request after it, with a key, is recorded as ever."""
+    rejected = {"name": "draftgate_rejections_total", "reason": "invalid_api_key"}
+    before = metric_value(keyed.gateway.base_url, **rejected)
+    refused_id, served_id = "unkeyed-" + uuid.uuid4().hex[:12], "keyed-" + uuid.uuid4().hex[:12]
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nAuthorization: Bearer sk-not-a-key\r\n"
+        b"X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n"
+    ) % (refused_id.encode(), MAX_BODY_BYTES)
+    with socket.create_connection(("127.0.0.1", keyed.gateway.port), timeout=60) as sock:
+        sock.sendall(head)  # and no body: the old gateway waited for it, then timed out
+        answer = read_response(sock)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    assert b'"invalid_api_key"' in answer
+    with keyed.gateway.client(keyed.key) as http:
+        response = http.post("/v1/chat/completions", json=GOOD, headers={"x-request-id": served_id})
+    assert response.status_code == 200, response.text
+    wait_for_usage_records(keyed.database_url, [served_id])  # the ledger writes in order
+    sql = "SELECT request_id FROM usage_records WHERE client_request_id = :rid"
+    assert query_rows(keyed.database_url, sql, rid=refused_id) == []
+    assert metric_value(keyed.gateway.base_url, **rejected) == before + 1
 
 
 def test_listing_models_needs_a_key(keyed: Keyed) -> None:
