@@ -59,7 +59,11 @@ async def end_failed(x: Exchange, send: Send) -> None:
         logger.debug("client left before the error event")
 
 
-async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
+async def send_error(
+    send: Send, error: GatewayError, request_id: str, unread: bool = False
+) -> None:
+    """The error's envelope; the connection closed after it where the request's body was
+    left `unread` (or was too large to read), so the server reads no more of it."""
     body = orjson.dumps(error.envelope())
     headers = [
         (b"content-type", b"application/json"),
@@ -68,7 +72,7 @@ async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
     ]
     if error.retry_after_s is not None:
         headers.append((b"retry-after", str(error.retry_after_s).encode()))
-    if isinstance(error, BodyTooLarge):  # the rest of the body is never read: close
+    if unread or isinstance(error, BodyTooLarge):  # the rest of the body is never read
         headers.append((b"connection", b"close"))
     try:
         await send({"type": "http.response.start", "status": error.status_code, "headers": headers})

@@ -152,7 +152,7 @@ class Relay:
         except GatewayError as error:
             exchange.status = error.status_code
             exchange.outcome = "rejected" if exchange.backend is None else "upstream_error"
-            await send_error(send, error, rid)
+            await send_error(send, error, rid, unread=exchange.refusal is not None)
         except ClientGone:
             stalled = scope.get(STALLED, False)  # cut by the server: it stopped reading
             exchange.status = 499
