@@ -118,6 +118,7 @@ class BackendState:
     slow_probes: int = 0  # health probes in a row that timed out
     failures: int = 0
     open_until: float = 0.0  # circuit breaker: no traffic before this (monotonic seconds)
+    served_at: float = 0.0  # its last response head below 400 (monotonic seconds)
     waiting: float = 0.0  # scraped `num_requests_waiting`, when known
     kv_usage: float = 0.0  # scraped KV-cache usage, when known
     mismatch: str | None = None  # the scraped counters contradict the declared method

@@ -21,7 +21,7 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -277,7 +277,9 @@ class Relay:
 
     async def _forward(self, call: Call) -> None:
         """Try the route's backends in order until one serves: a failure before anything
-        reached the client moves on; a 5xx from two backends alike is the request's own."""
+        reached the client moves on. A 5xx alike from two backends each seen serving other
+        requests meanwhile is the request's own (poison): it is not tried further. From a
+        backend not seen serving (it may be sick) it proves nothing, and the rest are tried."""
         x = call.x
         plan = route_request(
             x, self.registry.states, self.rng, time.monotonic(), time.time(),
@@ -285,7 +287,8 @@ class Relay:
         )  # fmt: skip
         self._count_route(x, plan)
         last_error: GatewayError | None = None
-        suspects: list[BackendState] = []  # backends that answered this request with a 5xx
+        suspects: list[tuple[BackendState, _Retryable]] = []  # backends that 5xx'd it, in order
+        since = time.monotonic()
         for attempt, backend in enumerate(plan.backends):
             if attempt:
                 self.metrics.retries.labels(x.model).inc()
@@ -293,30 +296,37 @@ class Relay:
                 await self._attempt(call, backend, plan.fallback)
             except _Retryable as retryable:
                 last_error = retryable.error
-                if retryable.answered is None:
-                    continue
-                if suspects:  # a second backend failed it alike: the request is the cause
-                    self.metrics.poison_requests.labels(x.model).inc()
-                    raise PoisonRequest(
-                        f"The request failed on {len(suspects) + 1} backends alike "
-                        f"({last_error.message}); it is not retried"
-                    ) from None
-                suspects.append(retryable.answered)
+                if retryable.answered is not None:
+                    suspects.append((retryable.answered, retryable))
+                    if _poison(suspects, since, every=False):
+                        self._poisoned(x.model, suspects)
                 continue
             except UpstreamTimeout:  # accepted, then too slow: no other backend tries it
-                for state in suspects:
+                for state, _ in suspects:
                     self._record_failure(state)
                 raise
-            for state in suspects:  # another backend served what they failed
+            for state, _ in suspects:  # another backend served what they failed
                 self._record_failure(state)
             return
-        for state in suspects:  # no other backend tried it: the failure stays theirs
+        if _poison(suspects, since, every=True):  # failed alike wherever it went
+            self._poisoned(x.model, suspects)
+        for state, _ in suspects:  # no other backend served it: the failure stays theirs
             self._record_failure(state)
         if plan.panic or last_error is None:
             detail = f" (last: {last_error.message})" if last_error else ""
             message = f"No healthy backend for model `{x.model}`; retry shortly{detail}"
             raise ServiceUnavailable(message, code="no_healthy_backend", retry_after_s=5)
         raise last_error
+
+    def _poisoned(
+        self, model: str | None, suspects: list[tuple[BackendState, _Retryable]]
+    ) -> NoReturn:
+        """The request is its own failure's cause: answered 502, no backend blamed."""
+        self.metrics.poison_requests.labels(model).inc()
+        raise PoisonRequest(
+            f"The request failed on {len(suspects)} backends alike "
+            f"({suspects[-1][1].error.message}); it is not retried"
+        ) from None
 
     def _count_route(self, x: Exchange, plan: Route) -> None:
         """Say how the request routes: on its record and in the metrics."""
@@ -396,7 +406,7 @@ class Relay:
             detail = (await response.aread())[:200].decode("utf-8", "replace")
             await response.aclose()
             error = UpstreamError(f"backend error {response.status_code}: {detail}")
-            raise _Retryable(error, answered=state)
+            raise _Retryable(error, answered=state, status=response.status_code)
         if response.status_code == 401:  # the gateway's key for it, not the client's, is wrong
             await response.aclose()
             self._record_failure(state)
@@ -407,6 +417,8 @@ class Relay:
             self._record_failure(state)
             message = f"backend answered {response.status_code}; redirects are not followed"
             raise _Retryable(UpstreamError(message))
+        if response.status_code < 400:
+            state.served_at = time.monotonic()  # alive and serving: see _poison
         return response
 
     def _record_failure(self, state: BackendState) -> None:
@@ -499,11 +511,25 @@ class _Retryable(Exception):
     """A failure before anything reached the client: the next backend may serve."""
 
     def __init__(
-        self, error: UpstreamError | UpstreamTimeout, answered: BackendState | None = None
+        self,
+        error: UpstreamError | UpstreamTimeout,
+        answered: BackendState | None = None,
+        status: int = 0,
     ) -> None:
         super().__init__(error.message)
         self.error = error  # the answer, should no backend serve
         self.answered = answered  # the backend that answered with a 5xx (alive, but failed)
+        self.status = status  # that 5xx
+
+
+def _poison(suspects: list[tuple[BackendState, _Retryable]], since: float, every: bool) -> bool:
+    """Whether the backends' 5xx answers prove the request is poison: two or more, all of
+    one status, and (before `every` backend was tried) each from a backend seen serving
+    another request since this one was first sent (`since`, monotonic): two sick backends
+    failing alike prove nothing while a third may serve."""
+    if len(suspects) < 2 or len({failed.status for _, failed in suspects}) > 1:
+        return False
+    return every or all(state.served_at > since for state, _ in suspects)
 
 
 def _record_success(state: BackendState) -> None:

@@ -1,16 +1,19 @@
 """Scenario 10: poison requests beside good traffic.
 
 A request every backend fails (here a prompt the simulators are told to answer with a 500,
-as an engine bug would) is the request's fault, not the backends': after a second backend
-fails it alike it is answered 502 `request_failed_on_backends`, not retried further and not
-counted against any breaker. So 100 of them beside c=32 good streams fail no good request,
-open no breaker (no panic routing) and never make `/ready` answer 503.
+as an engine bug would) is the request's fault, not the backends': once two backends seen
+serving other requests meanwhile fail it alike, or every backend its route tried did, it is
+answered 502 `request_failed_on_backends`, not retried further and not counted against any
+breaker. So 100 of them beside c=32 good streams fail no good request, open no breaker (no
+panic routing) and never make `/ready` answer 503. Two sick backends failing a good request
+alike prove nothing: the healthy third still serves it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 
 import httpx
 
@@ -72,3 +75,44 @@ async def test_poison_requests_beside_good_traffic(database_url: str, processes:
     assert result.count("failed") == 0, [o for o in result.outcomes if o.kind == "failed"][:3]
     assert panics == 0  # no breaker opened: every good request found a closed one
     assert set(ready) == {200}
+
+
+SICK_RUNS = 60
+SICK_AT_ONCE = 6
+
+
+async def test_two_sick_backends_do_not_make_a_request_poison(
+    database_url: str, processes: Processes
+) -> None:
+    """Two backends answering every request 500 (as a broken engine would, with the same
+    error a poison request gets) and one healthy: a request both sick ones fail alike still
+    goes to the healthy third, so no good request fails. The breaker is held off (a failure
+    threshold out of reach) so every request meets the sick ones, first (they answer at once,
+    so they are the least loaded): before, every one of them got a poison verdict, 502."""
+    sims = [processes.sim("--time-scale", "5", model=MODEL) for _ in range(3)]
+    fleet = [fleet_backend(f"sick-{i}", s.base_url, model=MODEL) for i, s in enumerate(sims)]
+    gateway = processes.gateway(database_url, fleet, BREAKER_FAILURES="1000")
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for sim in sims[:2]:
+            told = await http.post(f"{sim.base_url}/sim/faults", json={"error_rate": 1.0})
+            assert told.status_code == 200
+
+        async def good() -> httpx.Response:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
+                    "max_tokens": 4}  # fmt: skip
+            return await http.post(f"{gateway.base_url}/v1/chat/completions", json=body)
+
+        answers: list[httpx.Response] = []
+        for _ in range(SICK_RUNS // SICK_AT_ONCE):
+            answers += await asyncio.gather(*(good() for _ in range(SICK_AT_ONCE)))
+    statuses = Counter(a.status_code for a in answers)
+    backends = Counter(a.headers.get("x-draftgate-backend") for a in answers)
+    retries = metric_value(gateway.base_url, "draftgate_upstream_retries_total", model=MODEL)
+    poisoned = metric_value(gateway.base_url, "draftgate_poison_requests_total", model=MODEL)
+    print(f"\ntwo sick backends and one healthy ({database_url.split(':')[0]}): {SICK_RUNS} "
+          f"requests: {dict(statuses)} served by {dict(backends)}; retried {retries:.0f}, "
+          f"poison verdicts {poisoned:.0f}")  # fmt: skip
+    assert statuses == {200: SICK_RUNS}, [a.text for a in answers if a.status_code != 200][:3]
+    assert backends == {"sick-2": SICK_RUNS}
+    assert retries > 0  # the sick ones were met
+    assert poisoned == 0
