@@ -29,6 +29,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.registry import InFlightClock
+from gateway.server.private import read_private
 
 # Every per-backend series: the backend, and the pool it is a member of (its own name for a
 # backend declared by URL: a pool of one), so dashboards can sum a pool's members.
@@ -374,8 +375,8 @@ class GatewayMetrics:
         if self.leader_gauges_file is None:
             return generate_latest(_Families(self._replica_families()))
         try:
-            return self.leader_gauges_file.read_bytes()
-        except FileNotFoundError:  # no leader yet: no replica gauges rather than stale ones
+            return read_private(self.leader_gauges_file)
+        except OSError:  # no leader yet (or not its file): no replica gauges, not stale ones
             return b""
 
     def in_flight_by_backend(self) -> dict[str, float] | None:

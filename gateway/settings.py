@@ -100,7 +100,8 @@ class Settings(BaseSettings):
         description=(
             "With `workers` above 1: the directory the workers share (the leader lock, the "
             "leader's choices and gauges, the metrics files), whose old files are cleared at "
-            "start. Default: a "
+            "start. It must be this user's alone (made 0700 when new; refused at start when "
+            "owned by another user or writable by group or others). Default: a "
             "new temporary directory, removed at exit. Put it on a memory file system "
             "(`/dev/shm`, a Kubernetes `emptyDir` with medium Memory) in production."
         ),

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 import uvicorn
 
-from gateway.cli.common import LOG_FORMAT
+from gateway.cli.common import LOG_FORMAT, fail
+from gateway.server.private import UnsafeDirectory, private_directory
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
@@ -70,6 +71,11 @@ def serve(
         _run_server(server_config(settings, create_app(settings, managed)))
         return
 
+    if settings.worker_state_dir is not None:  # refused before anything else is done
+        try:
+            private_directory(settings.worker_state_dir)
+        except UnsafeDirectory as exc:
+            fail(f"DRAFTGATE_WORKER_STATE_DIR: {exc}")
     _prepare_database_once(settings)
     prepared = settings.model_copy(update={"migrate_on_start": False, "fleet": None})
 

@@ -3,7 +3,6 @@ the dashboard, demo traffic)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import sys
@@ -11,12 +10,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gateway.cli.common import fail, settings_from_env
 from gateway.cli.serve import Port, serve
+from gateway.server.private import UnsafeDirectory, private_directory, read_private, try_lock
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def up(
     finally:
         traffic.set()
         stack.stop_all(dashboards + servers)
-        claim.close()
+        os.close(claim)
 
 
 def _settings(port: int, time_scale: float, real_vllm: bool) -> Settings:
@@ -111,34 +111,31 @@ def _methods(real_vllm: bool, methods: str) -> list[str]:
     return methods.split(",") if real_vllm else list(stack.DEMO_METHODS)
 
 
-def _claim(settings: Settings, ports: list[tuple[str, int]]) -> IO[str]:
+def _claim(settings: Settings, ports: list[tuple[str, int]]) -> int:
     """Hold the state directory for this stack's life (a lock the kernel drops when the
     process ends, however it ends); exit, having changed nothing, when another stack holds
     it or a port is taken."""
-    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
-    handle = (STATE_DIR / LOCK_FILE).open("a+", encoding="utf-8")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        running = handle.read().strip() or "an unknown address"
-        handle.close()
+        private_directory(STATE_DIR)
+    except UnsafeDirectory as exc:
+        fail(str(exc))
+    fd = try_lock(STATE_DIR / LOCK_FILE)
+    if fd is None:
+        running = read_private(STATE_DIR / LOCK_FILE).decode().strip() or "an unknown address"
         fail(
             f"already running at {running}: this directory's stack is up (stop it with Ctrl-C "
             "in its terminal, or run another from another directory with other ports)"
         )
     taken = [port for host, port in ports if not _free(host, port)]
     if taken:
-        handle.close()
+        os.close(fd)
         fail(
             f"port {', '.join(map(str, taken))} in use by another program: choose others "
             "(make up PORT=... DASHBOARD_PORT=... SIM_BASE_PORT=...)"
         )
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"http://{settings.host}:{settings.port} (pid {os.getpid()})\n")
-    handle.flush()
-    return handle
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"http://{settings.host}:{settings.port} (pid {os.getpid()})\n".encode(), 0)
+    return fd
 
 
 def _free(host: str, port: int) -> bool:

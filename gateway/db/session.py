@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from gateway.db.tables import AuditEntry
+from gateway.server.private import open_private, private_file
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +27,18 @@ POSTGRES_CONNECT_TIMEOUT_S = 5
 
 
 def _ensure_sqlite_dir(url: str) -> None:
-    """Create the directory of a SQLite file so a fresh checkout just works."""
+    """Create the directory of a SQLite file so a fresh checkout just works, and the file
+    owner-only (0600: it holds usage, keys' hashes and backend keys); SQLite gives its
+    journal and WAL files the database's mode."""
     database = make_url(url).database
-    if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    if database and database != ":memory:" and not database.startswith("file:"):
+        path = Path(database)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.close(open_private(path, os.O_RDWR | os.O_CREAT | os.O_EXCL))
+        for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                private_file(each)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gateway.server.private import open_private
+
 KEY_IDS = 1 << 20  # keys with larger ids are counted per worker (gateway/limits.py)
 INFLIGHT_FILE = "inflight"
 COUNT_BYTES = 4
@@ -32,7 +34,7 @@ class SharedInFlight:
 
     def __init__(self, path: Path, slot: int, workers: int) -> None:
         size = workers * KEY_IDS * COUNT_BYTES
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = open_private(path, os.O_RDWR | os.O_CREAT)
         if os.fstat(self._fd).st_size < size:  # every worker asks for the same size
             os.ftruncate(self._fd, size)
         self._map = mmap.mmap(self._fd, size)

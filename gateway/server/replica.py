@@ -3,8 +3,8 @@
 `draftgate gateway --workers N` runs N processes on one listening socket
 (gateway/server/workers.py), each a full data plane. Work that must happen once per replica
 (the selector's choices and audits, measurement writes, webhooks, retention, the readiness
-gauge) runs in one of them, the *leader*: the worker holding an exclusive `flock` on
-`leader.lock` in the replica's directory. The kernel releases the lock when its holder dies,
+gauge) runs in one of them, the *leader*: the worker holding an exclusive write lock on
+`leader.lock` in the replica's directory (this user's alone: gateway/server/private.py). The kernel releases the lock when its holder dies,
 however it dies, and the next worker to try (every `LEADER_POLL_S`) takes over.
 
 The leader publishes through files in the same directory, each replaced whole (written to a
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -33,12 +32,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.policy.choices import Choices
 from gateway.registry import Registry
+from gateway.server.private import read_private, try_lock, write_whole
 
 logger = logging.getLogger(__name__)
 LEADER_POLL_S = 0.5  # how soon a worker notices the leader is gone
@@ -78,7 +77,7 @@ class Leadership:
 
     def __init__(self, replica: Replica | None) -> None:
         self.replica = replica
-        self._lock_file: IO[str] | None = None
+        self._lock_fd: int | None = None
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait until this worker holds the leader lock (True), or until `stop` (False)."""
@@ -94,42 +93,36 @@ class Leadership:
 
     def release(self) -> None:
         """Let another worker lead (at a graceful stop; a dead process releases at once)."""
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _try_lock(self, path: Path) -> bool:
-        handle = path.open("a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
+        fd = try_lock(path)
+        if fd is None:
             return False
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")  # who leads, for a person looking
-        handle.flush()
-        self._lock_file = handle  # held open (and so locked) for the life of the process
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # who leads, for a person looking
+        self._lock_fd = fd  # held open (and so locked) for the life of the process
         return True
-
-
-def write_whole(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` in one rename: readers never see a partial file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
 
 
 async def follow_choices(path: Path, registry: Registry, stop: asyncio.Event) -> None:
     """Adopt the leader's choices whenever `path` changes, until `stop` (or this worker
     leads: the caller cancels this then)."""
-    seen = b""
+    seen, said = b"", ""
     while not stop.is_set():
-        with contextlib.suppress(FileNotFoundError):
-            data = await asyncio.to_thread(path.read_bytes)  # small: compared whole
+        try:
+            data = await asyncio.to_thread(read_private, path)  # small: compared whole
             if data != seen:
-                registry.choices = Choices.from_json(data)
                 seen = data
+                registry.choices = Choices.from_json(data)
+        except FileNotFoundError:  # no leader has published yet
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # not the leader's writing
+            if str(exc) != said:  # said once, not at every poll
+                logger.warning("%s is not the selector's choices (%s); kept", path, exc)
+                said = str(exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), FOLLOW_POLL_S)
 
@@ -206,17 +199,17 @@ class Changes:
         """The last change each other worker announced."""
         stamps = {}
         for slot in self.others:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                stamps[slot] = int(self._file("change", slot).read_bytes())
+            with contextlib.suppress(OSError, ValueError):
+                stamps[slot] = int(read_private(self._file("change", slot)))
         return stamps
 
     def _acked(self, slot: int) -> int:
         """The last change of this worker's that worker `slot` has reloaded for."""
         try:
-            acks = json.loads(self._file("ack", slot).read_bytes())
-        except (FileNotFoundError, ValueError):
+            acks = json.loads(read_private(self._file("ack", slot)))
+            return int(acks.get(str(self.replica.slot), 0))
+        except (OSError, ValueError, AttributeError, TypeError):
             return 0
-        return int(acks.get(str(self.replica.slot), 0))
 
     def _file(self, kind: str, slot: int) -> Path:
         return self.replica.directory / f"{kind}.{slot}"

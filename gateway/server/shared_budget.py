@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.server.inflight import KEY_IDS, clear_part
+from gateway.server.private import open_private
 
 BUDGETS_FILE = "budgets"
 FIGURE_BYTES = 8
@@ -67,7 +68,7 @@ class SharedBudgets:
         and `snapshot_usd` (spend per budgeted key id) written, both before any other
         worker reads them."""
         size = workers * KEY_IDS * FIGURES * FIGURE_BYTES
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = open_private(path, os.O_RDWR | os.O_CREAT)
         if os.fstat(self._fd).st_size < size:  # every worker asks for the same size
             os.ftruncate(self._fd, size)
         self._map = mmap.mmap(self._fd, size)

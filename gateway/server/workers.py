@@ -36,6 +36,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.config import STARTUP_FAILURE
 
 from gateway.server.inflight import INFLIGHT_FILE
+from gateway.server.private import private_directory
 from gateway.server.replica import CHOICES_FILE, GAUGES_FILE, LOCK_FILE, METRICS_DIR, Replica
 from gateway.server.shared_budget import BUDGETS_FILE
 
@@ -57,10 +58,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 def prepare_state_dir(directory: Path | None) -> tuple[Path, bool]:
     """The workers' shared directory, without a previous run's files; True when it is a new
-    temporary one (removed at exit)."""
+    temporary one (removed at exit). A given one must be this user's alone (UnsafeDirectory)."""
     if directory is None:
-        return Path(tempfile.mkdtemp(prefix="draftgate-workers-")), True
-    directory.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="draftgate-workers-")), True  # made 0700
+    private_directory(directory)
     shutil.rmtree(directory / METRICS_DIR, ignore_errors=True)  # a dead run's counts
     for name in (CHOICES_FILE, GAUGES_FILE, LOCK_FILE, INFLIGHT_FILE, BUDGETS_FILE):
         (directory / name).unlink(missing_ok=True)

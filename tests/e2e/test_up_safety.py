@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import stat
 from pathlib import Path
 
 from tests.e2e.conftest import (
@@ -19,6 +20,10 @@ from tests.e2e.conftest import (
 MODEL = "openai/gpt-oss-20b"
 SHUTDOWN_TIMEOUT_S = 60.0
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
 
 def _up_args(*extra: str) -> tuple[str, ...]:
@@ -35,6 +40,12 @@ def test_a_second_up_says_where_the_first_runs_and_changes_nothing(
     demo_key = first.wait_for_output(r"^\s*demo API key\s+(\S+)\s").group(1)
     with first.client(token) as admin:
         keys_before = admin.get("/admin/v1/keys").json()["data"]
+    state = tmp_path / ".draftgate"  # this user's alone: what is in it steers the stack
+    assert _mode(state) == 0o700
+    assert {name: _mode(state / name) for name in ("up.lock", "admin-token")} == {
+        "up.lock": 0o600, "admin-token": 0o600,
+    }  # fmt: skip
+    assert _mode(tmp_path / "up.db") == 0o600  # usage, key hashes, backend keys
 
     # Other ports, the same directory (and so the same database and state).
     second = run_cli(*_up_args("--port", str(free_port())), env=env)
@@ -87,3 +98,16 @@ def test_up_requires_api_keys_when_told_to_and_says_so(
     assert refused.json()["error"]["code"] == "invalid_api_key"
     with server.client(demo_key) as client:
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_up_in_a_state_directory_others_may_write_refuses_it(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    (tmp_path / ".draftgate").mkdir()
+    (tmp_path / ".draftgate").chmod(0o777)
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=f"sqlite:///{tmp_path}/up.db")
+    refused = run_cli(*_up_args(), env=env)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert ".draftgate may be written by others (mode 777): chmod 700 it" in refused.stderr
+    assert not (tmp_path / "up.db").exists()
+    assert list((tmp_path / ".draftgate").iterdir()) == []

@@ -32,11 +32,13 @@ from prometheus_client.mmap_dict import MmapedDict
 from gateway.server.replica import GAUGES_FILE
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
+    DRAFTGATE,
     HEALTH_TIMEOUT_S,
     SIM_MODEL,
     ModuleServerStarter,
     Server,
     fleet_backend,
+    free_port,
     gateway_env,
     metric_value,
     sim_args,
@@ -427,3 +429,24 @@ def test_a_worker_that_cannot_start_stops_the_replica_with_its_status() -> None:
     assert done.returncode == 3, done.stderr
     assert "could not start; stopping the replica" in done.stderr
     assert "starting it again" not in done.stderr
+
+
+def test_a_state_directory_others_may_write_is_refused_before_anything(tmp_path: Path) -> None:
+    """Another user's files there could steer the replica (its leader, its routing): the
+    gateway names the directory and the fix, and exits before it makes a database."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("w", "http://127.0.0.1:9")])
+    env = gateway_env(
+        f"sqlite:///{tmp_path}/draftgate.db", fleet, WORKERS="2", WORKER_STATE_DIR=str(shared)
+    )
+    done = subprocess.run(
+        [str(DRAFTGATE), "gateway", "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"DRAFTGATE_WORKER_STATE_DIR: {shared} may be written by others" in done.stderr
+    assert "chmod 700" in done.stderr
+    assert not (tmp_path / "draftgate.db").exists()
+    assert os.listdir(shared) == []
