@@ -4,8 +4,9 @@
 (gateway/server/workers.py), each a full data plane. Work that must happen once per replica
 (the selector's choices and audits, measurement writes, webhooks, retention, the readiness
 gauge) runs in one of them, the *leader*: the worker holding an exclusive write lock on
-`leader.lock` in the replica's directory (this user's alone: gateway/server/private.py). The kernel releases the lock when its holder dies,
-however it dies, and the next worker to try (every `LEADER_POLL_S`) takes over.
+`leader.lock` in the replica's directory (this user's alone: gateway/server/private.py).
+The kernel releases the lock when its holder dies, however it dies, and the next worker to
+try (every `LEADER_POLL_S`) takes over.
 
 The leader publishes through files in the same directory, each replaced whole (written to a
 temporary name, then renamed), so a reader sees one version or the next, never half of one:
