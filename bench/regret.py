@@ -29,8 +29,9 @@ serves each request on the method cheapest at all the streams of its life among 
 the ITL objective (none within it: the fastest); each static method and plain serve the same
 requests at all the streams. Figures per trace, side by side: $ per 1M output tokens, regret
 (policy / its own run's oracle - 1), the share of tokens served within the objective, and
-`auto`'s moves (audit entries `switch`) and spilled requests. Levels are per method's one
-backend (the demo has one each).
+`auto`'s moves (audit entries `switch`) and spilled requests; then `auto`'s regret step by
+step (the methods it served with, the oracle's, each step's share of the regret). Levels are
+per method's one backend (the demo has one each).
 """
 
 from __future__ import annotations
@@ -300,11 +301,38 @@ def report(name: str, runs: dict[str, Run], ground: Truth) -> None:
     print(f"{'policy':<36} {'$/1M out':>9} {'regret':>8} {'within ITL':>11}")
     for policy, (usd, within_tokens, regret, total) in rows.items():
         print(f"{policy:<36} {usd / total * 1e6:9.4f} {regret:8.1%} {within_tokens / total:11.1%}")
+    attribute(first, ground, runs["auto"].levels)
     for label, run in runs.items():
         by_method = {m: sum(s.tokens for s in run.load.served if s.method == m) for m in METHODS}
         print(f"{label}: tokens by method {by_method}")
         if run.load.failures:
             print(f"{label}: failures: {len(run.load.failures)}: {run.load.failures[:3]}")
+
+
+def attribute(served: list[tuple[Served, int, int]], ground: Truth, levels: list[int]) -> None:
+    """`auto`'s regret step by step (by the step each request was sent in): the methods it
+    served with and the oracle's, and each step's share of the whole regret, so a lag at
+    the crossover shows apart from a crossover placed wrong."""
+    oracle_usd = sum(s.tokens * ground.usd_per_mtok(ground.oracle(every), every) / 1e6
+                     for s, _, every in served)  # fmt: skip
+    print(f"{'step':>4} {'streams':>7} {'auto served (tokens)':<44} {'oracle':<8} "
+          f"{'auto $/1M':>9} {'oracle':>8} {'of regret':>9}")  # fmt: skip
+    for step, level in enumerate(levels):
+        mine = [(s, own, every) for s, own, every in served if s.step == step]
+        tokens = sum(s.tokens for s, _, _ in mine)
+        if not tokens:
+            continue
+        auto_usd = sum(s.tokens * ground.usd_per_mtok(s.method, own) / 1e6 for s, own, _ in mine)
+        best_usd = sum(s.tokens * ground.usd_per_mtok(ground.oracle(every), every) / 1e6
+                       for s, _, every in mine)  # fmt: skip
+        by_method: dict[str, int] = {}
+        for s, _, _ in mine:
+            by_method[s.method] = by_method.get(s.method, 0) + s.tokens
+        names = ", ".join(f"{m} {n}" for m, n in sorted(by_method.items(), key=lambda i: -i[1]))
+        oracles = {ground.oracle(every) for _, _, every in mine}
+        print(f"{step:>4} {level:>7} {names[:44]:<44} {'/'.join(sorted(oracles)):<8} "
+              f"{auto_usd / tokens * 1e6:9.4f} {best_usd / tokens * 1e6:8.4f} "
+              f"{(auto_usd - best_usd) / oracle_usd:9.2%}")  # fmt: skip
 
 
 def spills(server: Server) -> int:
