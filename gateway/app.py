@@ -30,6 +30,7 @@ from gateway.control.managed import ManagedBackends
 from gateway.control.prober import probe_forever
 from gateway.control.windows import Gate
 from gateway.db import migrate
+from gateway.db.sealed import use_keys
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
 from gateway.deps import Components, authorize_admin
 from gateway.error_handlers import install_error_handlers, on_out_of_range
@@ -46,6 +47,7 @@ from gateway.server.inflight import INFLIGHT_FILE, SharedInFlight
 from gateway.server.replica import Changes, Replica
 from gateway.server.shared_budget import BUDGETS_FILE, SharedBudgets
 from gateway.services.fleet import apply_fleet, load_fleet
+from gateway.services.sealing import seal_stored_keys, unsealed_keys
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
@@ -64,6 +66,15 @@ def prepare_database(settings: Settings, engine: Engine) -> None:
         with transaction(make_sessionmaker(engine)) as session:
             apply_fleet(session, fleet, allow_link_local=settings.allow_link_local_backends)
         logger.info("applied fleet file %s", settings.fleet)
+    with transaction(make_sessionmaker(engine)) as session:
+        if sealed := seal_stored_keys(session):
+            logger.info("sealed %d backend API keys under the first secrets key", sealed)
+        if plain := unsealed_keys(session):
+            logger.warning(
+                "%d backend API keys are stored unsealed: set DRAFTGATE_SECRETS_KEY (or "
+                "DRAFTGATE_SECRETS_KEY_FILE) to seal them (docs/deploy.md)",
+                plain,
+            )
 
 
 async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
@@ -156,6 +167,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert isinstance(app, GatewayApp)
+        use_keys(settings.secrets_keys())  # before any backend key is read or written
         engine = make_engine(settings.database_url)
         try:
             await anyio.to_thread.run_sync(prepare_database, settings, engine)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from cryptography.fernet import Fernet
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -56,6 +57,23 @@ class Settings(BaseSettings):
             "a 403 `insufficient_scope`. The dashboard runs with it unless started with "
             "`--admin`. Default: none (only the admin token). Held to the admin token's rules "
             "and must differ from it."
+        ),
+    )
+    secrets_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Key that seals backend API keys in the database (a Fernet key: 32 url-safe "
+            "base64 bytes); several, separated by commas, rotate it: the first seals, any "
+            "opens, and keys stored under an older one are sealed again at start. Default: "
+            "none, when backend keys are stored as given (the gateway warns at start if one "
+            "has a key); `draftgate up` makes one and keeps it in `.draftgate/secrets-key`."
+        ),
+    )
+    secrets_key_file: Path | None = Field(
+        default=None,
+        description=(
+            "A file holding `secrets_key` (a Kubernetes Secret mounted with `defaultMode: "
+            "0400`, say), read at start. Default: none."
         ),
     )
     dev_mode: bool = Field(
@@ -873,6 +891,35 @@ class Settings(BaseSettings):
                 "print(secrets.token_urlsafe(32))'`), or DRAFTGATE_DEV_MODE=true to send "
                 "unsigned events in local development"
             )
+        return self
+
+    def secrets_keys(self) -> list[str]:
+        """The keys that seal backend API keys, the sealing one first (ValueError: the file
+        cannot be read)."""
+        if self.secrets_key is not None:
+            text = self.secrets_key.get_secret_value()
+        elif self.secrets_key_file is not None:
+            path = self.secrets_key_file
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"DRAFTGATE_SECRETS_KEY_FILE {path}: {exc.strerror}") from None
+        else:
+            return []
+        return [k.strip() for k in text.split(",") if k.strip()]
+
+    @model_validator(mode="after")
+    def _secrets_keys_open(self) -> Settings:
+        """Refuse a secrets key that is not one, at start rather than at the first write."""
+        for index, key in enumerate(self.secrets_keys()):
+            try:
+                Fernet(key)
+            except ValueError:
+                raise ValueError(
+                    f"DRAFTGATE_SECRETS_KEY: key {index + 1} is not a Fernet key (32 url-safe "
+                    "base64 bytes; make one with `python -c 'from cryptography.fernet import "
+                    "Fernet; print(Fernet.generate_key().decode())'`)"
+                ) from None
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 from pydantic import ValidationError
 
+from gateway.db.sealed import use_keys
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
@@ -42,9 +43,11 @@ def extra_required(extra: str) -> Iterator[None]:
 def settings_from_env(**overrides: object) -> Settings:
     """Settings from the environment, with command-line overrides; exit 2 when invalid."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        settings = Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         fail("invalid settings: " + "; ".join(str(e["msg"]) for e in exc.errors()))
+    use_keys(settings.secrets_keys())  # what this command stores of backend keys is sealed
+    return settings
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import os
 import secrets
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -15,7 +16,9 @@ from backends.launcher import LocalServer, sim_argv
 from backends.sim.config import DEFAULT_K
 from gateway.control.managed import Launch
 from gateway.db import queries
+from gateway.db.sealed import new_key
 from gateway.schemas.resources import BackendCreate, KeyCreate, PriceCreate
+from gateway.server.private import open_private
 from gateway.services.fleet import Fleet, apply_fleet
 from gateway.services.keys import create_key, revoke_key
 from gateway.services.prices import create_price
@@ -36,6 +39,7 @@ SIM_START_TIMEOUT_S = 30.0
 ACTOR = "demo"
 DEMO_KEY_NAME = "demo"
 ADMIN_TOKEN_FILE = "admin-token"  # noqa: S105  (a file name under .draftgate/, not a token)
+SECRETS_KEY_FILE = "secrets-key"  # the key sealing backend API keys (gateway/db/sealed.py)
 
 
 class TokenFileError(ValueError):
@@ -45,13 +49,25 @@ class TokenFileError(ValueError):
 def kept_admin_token(path: Path) -> SecretStr:
     """The admin token kept at `path` (mode 600), made there on the first start, so a
     restart keeps the token a dashboard or script already holds."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read_token(path)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(secrets.token_urlsafe(32) + "\n")
+    _keep(path, lambda: secrets.token_urlsafe(32))
     return _read_token(path)
+
+
+def kept_secrets_key(path: Path) -> Path:
+    """A key sealing backend API keys kept at `path` (mode 600), made there on the first
+    start: the database's sealed keys open again after a restart."""
+    _keep(path, new_key)
+    return path
+
+
+def _keep(path: Path, make: Callable[[], str]) -> None:
+    """Write `make()` to a new owner-only `path`; leave one that is there."""
+    try:
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(make() + "\n")
 
 
 def _read_token(path: Path) -> SecretStr:

@@ -61,6 +61,7 @@ def up(
     log_dir = STATE_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     settings, token_file = _with_admin_token(settings)
+    settings = _with_secrets_key(settings)
     try:
         if real_vllm:
             servers, launch, demo_key = _start_real_vllm(
@@ -162,6 +163,19 @@ def _with_admin_token(settings: Settings) -> tuple[Settings, Path | None]:
     except stack.TokenFileError as exc:
         fail(str(exc))
     return settings, token_file
+
+
+def _with_secrets_key(settings: Settings) -> Settings:
+    """The settings with a key sealing backend API keys: theirs, else one kept in the state
+    directory; in use from now on."""
+    from gateway.cli import stack
+    from gateway.db.sealed import use_keys
+
+    if settings.secrets_key is None and settings.secrets_key_file is None:
+        kept = stack.kept_secrets_key(STATE_DIR / stack.SECRETS_KEY_FILE)
+        settings = settings.model_copy(update={"secrets_key_file": kept})
+    use_keys(settings.secrets_keys())
+    return settings
 
 
 def _model(real_vllm: bool) -> str:

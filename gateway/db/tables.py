@@ -22,6 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.db.base import Base, UtcDateTime, utcnow
+from gateway.db.sealed import Sealed
 
 # SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -63,7 +64,7 @@ class Backend(Timestamps, Base):
     # Managed backends are started and stopped by draftgate; external ones only routed to.
     managed: Mapped[bool] = mapped_column(default=False)
     # The key the backend's vLLM was started with (`--api-key`): sent upstream, never shown.
-    api_key: Mapped[str | None] = mapped_column(String(2048))
+    api_key: Mapped[str | None] = mapped_column(Sealed())  # sealed when keys are set
     # The pool whose discovery added it (one member per address), or None: a pool of one.
     pool: Mapped[str | None] = mapped_column(String(NAME), index=True)
 

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.db import queries
+from gateway.db.sealed import seal, unseal
 from gateway.db.tables import Backend, Pool
 from gateway.errors import NotFound
 from gateway.schemas.resources import (
@@ -39,7 +40,8 @@ def pool_of(row: Pool) -> PoolCreate:
         if row.service is not None
         else DnsDiscovery.model_validate({**found_at, "dns": row.dns_name})
     )
-    return PoolCreate(name=row.name, discovery=discovery, backend=PoolTemplate(**row.template))
+    template = {**row.template, "api_key": unseal(row.template.get("api_key"))}
+    return PoolCreate(name=row.name, discovery=discovery, backend=PoolTemplate(**template))
 
 
 def pool_public(session: Session, row: Pool) -> PoolPublic:
@@ -90,7 +92,8 @@ def apply_pool(session: Session, pool: PoolCreate, actor: str) -> Pool:
         row.dns_name, row.service, row.namespace = None, source.service, source.namespace
     row.port = pool.discovery.port
     row.scheme = pool.discovery.scheme
-    row.template = pool.backend.model_dump(mode="json")
+    template = pool.backend.model_dump(mode="json")
+    row.template = {**template, "api_key": seal(pool.backend.api_key)}  # as a backend's column
     after = pool.model_dump(mode="json")
     if before is not None and before["backend"] != after["backend"]:
         for member in members(session, pool.name):  # each member becomes what the pool says
