@@ -13,6 +13,7 @@ from gateway.db import migrate
 from gateway.db.base import Base
 from gateway.db.session import make_engine, make_sessionmaker
 
+HEAD = "0022"  # the newest migration
 TABLES = {
     "alembic_version",
     "api_keys",
@@ -35,14 +36,14 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     try:
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
-        assert migrate.current_revision(engine) == "0021"
+        assert migrate.current_revision(engine) == HEAD
         migrate.downgrade(engine, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
         assert set(inspect(engine).get_table_names()) == TABLES
         migrate.upgrade(engine)  # a second upgrade is a no-op
-        assert migrate.current_revision(engine) == "0021"
+        assert migrate.current_revision(engine) == HEAD
     finally:
         engine.dispose()
 
@@ -86,6 +87,6 @@ def test_going_back_folds_drafter_then_class_rollup_rows_together(database_url: 
             folded = connection.execute(text(sql)).all()
         assert [tuple(r) for r in folded] == [(4, 400, 0 + 1 + 2 + 3)]
         migrate.upgrade(engine)
-        assert migrate.current_revision(engine) == "0021"
+        assert migrate.current_revision(engine) == HEAD
     finally:
         engine.dispose()
