@@ -422,14 +422,26 @@ class Settings(BaseSettings):
         ),
     )
     client_write_timeout_s: float = Field(
-        default=30.0,
+        default=10.0,
         gt=0,
         description=(
             "Seconds a client may leave the gateway's write buffer for its connection full "
             "(it stopped reading) before the connection is cut, the upstream request closed and "
             "the request recorded as `client_stalled`; without it a client that stops reading "
-            "a stream holds an upstream connection for ever. Default 30 s: a client reading at "
+            "a stream holds an upstream connection for ever. Default 10 s: a client reading at "
             "all drains the buffer in far less."
+        ),
+    )
+    client_send_buffer_bytes: int = Field(
+        default=65536,
+        ge=4096,
+        le=16 * 1024 * 1024,
+        description=(
+            "The kernel's send buffer for each client connection (`SO_SNDBUF`; Linux doubles "
+            "it), so a client that stops reading fills it, and starts "
+            "`client_write_timeout_s`, within a second or two instead of after megabytes of "
+            "stream. Default 64 KiB: a stream's events are far smaller, and a reading client "
+            "keeps it drained."
         ),
     )
     collect_interval_s: float = Field(

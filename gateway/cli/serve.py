@@ -130,6 +130,7 @@ def server_config(settings: Settings, app: GatewayApp) -> uvicorn.Config:
         settings.max_header_count,
         settings.request_read_timeout_s,
         settings.client_write_timeout_s,
+        settings.client_send_buffer_bytes,
     )
     return uvicorn.Config(
         app,

@@ -13,6 +13,11 @@ next write for ever, and with it the upstream connection the relay is reading fr
 connection whose write buffer stays full (asyncio paused writing, at 64 KiB beyond what the
 kernel holds) for `write_timeout_s` is aborted: the app sees a disconnect, as if the client
 had left, and the scope says why (`STALLED`), so the relay records the request as stalled.
+The kernel's own send buffer is bounded per connection (`send_buffer_bytes`): left to grow
+(to megabytes on loopback), it let a reader that read nothing be sent 10,957 tokens over
+25 s of a real-speed stream before the timeout even started; bounded, 659 tokens, and the
+buffers are full within a second or two of the client's last read, so the timeout counts
+from about then (tests/reliability/test_stalled_readers.py).
 
 A disconnect is also told straight to the app: a callable it puts in the scope under
 `ON_DISCONNECT` is called when the connection is lost. The relay cancels a request whose
@@ -22,7 +27,9 @@ client left that way, without a task per request waiting on `receive` for the di
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -43,6 +50,7 @@ class RequestLimits:
     max_header_count: int
     read_timeout_s: float
     write_timeout_s: float
+    send_buffer_bytes: int | None = None  # SO_SNDBUF per connection (None: the kernel's own)
 
 
 STALLED = "draftgate.client_stalled"  # set in a request's scope when its client was cut
@@ -66,6 +74,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str] | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
+        if self.limits.send_buffer_bytes is not None:
+            sock = transport.get_extra_info("socket")
+            with contextlib.suppress(OSError, AttributeError):  # not a TCP socket
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is closed too
 

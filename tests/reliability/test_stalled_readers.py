@@ -38,6 +38,11 @@ STALLED = 64
 KEY_CONCURRENCY = 8  # the stalling key's max_concurrent_requests
 WRITE_TIMEOUT_S = 2
 GOOD_REQUESTS, GOOD_CONCURRENCY = 48, 4
+# Tokens a stream may carry before its reader, who read none, is cut: the buffers between
+# the gateway and it (64 KiB asyncio, 128 KiB kernel, 4 KiB the reader's) hold about 1,300
+# events, and the write timeout lets a few hundred more through (measured: 659; before the
+# send buffer was bounded, 10,957 over 27.6 s).
+STALL_TOKENS_AT_MOST = 5_000
 WAIT_S = 60.0  # for anything that must happen eventually: ample on a busy machine
 STALL_BODY = {
     "model": MODEL,
@@ -155,3 +160,40 @@ async def test_stalled_readers_are_cut_and_bounded_by_their_key(
 
 def median_s(outcomes: list[Outcome]) -> float:
     return statistics.median(o.latency_s for o in outcomes)
+
+
+def test_a_stalled_reader_is_cut_seconds_after_its_last_read(
+    database_url: str, processes: Processes
+) -> None:
+    """At a real generation speed: the gateway's send buffer per connection is bounded, so
+    one client that reads nothing is cut about `CLIENT_WRITE_TIMEOUT_S` after it stopped,
+    having been sent a few thousand tokens at most. Before, the kernel's buffer grew to
+    megabytes and the stream ran on until it was full (tens of thousands of tokens) before
+    the timeout even started."""
+    sim = processes.sim("--max-model-len", "1000000", model=MODEL)  # real time
+    gateway = processes.gateway(
+        database_url,
+        [fleet_backend("stalled-1", sim.base_url, model=MODEL)],
+        REQUIRE_API_KEY="true",
+        CLIENT_WRITE_TIMEOUT_S=str(WRITE_TIMEOUT_S),
+        REGISTRY_REFRESH_S="0.2",
+    )
+    key = create_key(gateway, "stalling")
+    request_id = f"one-stall-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    sock = stalled_reader(gateway.port, key, request_id)
+    try:
+        deadline = time.monotonic() + 300  # a deadline, not a wait: the old gateway took 69 s
+        sql = "SELECT * FROM usage_records WHERE client_request_id = :rid"
+        while not (rows := query_rows(database_url, sql, rid=request_id)):
+            assert time.monotonic() < deadline, "the stalled reader was never cut"
+            time.sleep(0.2)
+        cut_after_s = time.monotonic() - started
+    finally:
+        sock.close()
+    record = rows[0]
+    print(f"\none stalled reader at real speed: cut after {cut_after_s:.1f} s (write timeout "
+          f"{WRITE_TIMEOUT_S} s), {record['completion_tokens']} tokens generated, "
+          f"{record['outcome']} {record['status_code']}")  # fmt: skip
+    assert (record["outcome"], record["status_code"]) == ("client_stalled", 499)
+    assert record["completion_tokens"] < STALL_TOKENS_AT_MOST, record["completion_tokens"]
