@@ -212,7 +212,7 @@ class Limiter:
         if spent >= budget or spent + held + usd > budget:
             message = (
                 f"Budget exhausted: ${spent:.4f} spent and ${held:.4f} held by requests "
-                f"in flight of ${budget:.2f} ({key.budget_period}); this request may "
+                f"in flight of ${budget:.4f} ({key.budget_period}); this request may "
                 f"cost up to ${usd:.4f}"
             )
             raise QuotaExceeded(message)

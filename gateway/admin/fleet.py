@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from gateway.deps import ComponentsDep, SessionDep
-from gateway.schemas.reports import FleetReport
+from gateway.schemas.reports import FleetReport, Instant
 from gateway.services.rightsizing import Sizing, fleet_report
 
 router = APIRouter(prefix="/fleet", tags=["savings"])
@@ -19,8 +18,8 @@ def get_fleet(
     session: SessionDep,
     components: ComponentsDep,
     model: str,
-    start: Annotated[dt.datetime | None, Query(alias="from")] = None,
-    end: Annotated[dt.datetime | None, Query(alias="to")] = None,
+    start: Annotated[Instant | None, Query(alias="from")] = None,
+    end: Annotated[Instant | None, Query(alias="to")] = None,
     price_kind: str = "on-demand",
     objective_ms: Annotated[float | None, Query(gt=0, le=10_000)] = None,
 ) -> FleetReport:

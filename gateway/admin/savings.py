@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from gateway.deps import SessionDep
-from gateway.schemas.reports import SavingsReport
+from gateway.schemas.reports import Instant, SavingsReport
 from gateway.services.savings import savings
 
 router = APIRouter(prefix="/savings", tags=["savings"])
@@ -17,8 +16,8 @@ router = APIRouter(prefix="/savings", tags=["savings"])
 @router.get("")
 def get_savings(
     session: SessionDep,
-    start: Annotated[dt.datetime | None, Query(alias="from")] = None,
-    end: Annotated[dt.datetime | None, Query(alias="to")] = None,
+    start: Annotated[Instant | None, Query(alias="from")] = None,
+    end: Annotated[Instant | None, Query(alias="to")] = None,
     group_by: str = "model,method",
 ) -> SavingsReport:
     """Tokens, cost, plain-decoding baseline and savings per group over [from, to)."""

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from gateway.deps import SessionDep
-from gateway.schemas.reports import SpendReport
+from gateway.schemas.reports import Instant, SpendReport
 from gateway.services.spend import spend
 
 router = APIRouter(prefix="/spend", tags=["savings"])
@@ -17,8 +16,8 @@ router = APIRouter(prefix="/spend", tags=["savings"])
 @router.get("")
 def get_spend(
     session: SessionDep,
-    start: Annotated[dt.datetime | None, Query(alias="from")] = None,
-    end: Annotated[dt.datetime | None, Query(alias="to")] = None,
+    start: Annotated[Instant | None, Query(alias="from")] = None,
+    end: Annotated[Instant | None, Query(alias="to")] = None,
     price_kind: str = "on-demand",
 ) -> SpendReport:
     """GPU-hours held and their cost per backend over [start, end)."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from gateway.deps import ComponentsDep, SessionDep
-from gateway.schemas.reports import UsagePage
+from gateway.schemas.reports import Instant, UsagePage
 from gateway.services.usage import UsageFilter, csv_lines, page
 
 router = APIRouter(prefix="/usage", tags=["savings"])
@@ -23,8 +22,8 @@ router = APIRouter(prefix="/usage", tags=["savings"])
 def get_usage(
     session: SessionDep,
     components: ComponentsDep,
-    start: Annotated[dt.datetime | None, Query(alias="from")] = None,
-    end: Annotated[dt.datetime | None, Query(alias="to")] = None,
+    start: Annotated[Instant | None, Query(alias="from")] = None,
+    end: Annotated[Instant | None, Query(alias="to")] = None,
     model: str | None = None,
     method: str | None = None,
     backend: str | None = None,

@@ -5,9 +5,18 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    """A time given without an offset (a bare `2026-01-01` too) is UTC, as stored."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+# A report's `from` and `to`: ISO 8601, with an offset or in UTC
+Instant = Annotated[dt.datetime, AfterValidator(_utc)]
 
 
 class Report(BaseModel):

@@ -48,7 +48,16 @@ SpeculativeOptions = Annotated[dict[str, Any], AfterValidator(_shallow)]
 BackendKey = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^[!-~]+$")]
 # Printable: a key's name goes into tables and logs, where CR/LF could forge lines.
 ClassName = Annotated[str, Field(pattern=CLASS_PATTERN)]
-KeyName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+# No C0 or C1 control characters, nor the bidirectional ones that reorder what a table or a
+# log line shows (a name can look like another's).
+KeyName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+$",
+    ),
+]
 SpeculativeK = Annotated[int, Field(ge=0, le=64)]  # num_speculative_tokens; 0 for plain
 
 Name = Annotated[

