@@ -230,6 +230,11 @@ async def test_speculative_options_nested_900_deep_are_a_422_not_a_500(
         ({"url": "http://[fe80::1]:8000"}, "url", "link-local or cloud metadata"),
         ({"url": "http://[::ffff:169.254.169.254]"}, "url", "link-local or cloud metadata"),
         ({"url": "http://metadata.google.internal"}, "url", "link-local or cloud metadata"),
+        ({"url": "http://[64:ff9b::a9fe:a9fe]"}, "url", "link-local or cloud metadata"),
+        ({"url": "http://[2002:a9fe:a9fe::]:8000"}, "url", "link-local or cloud metadata"),
+        ({"url": "http://0.0.0.0:8000"}, "url", "where a server listens"),
+        ({"url": "http://[::]:8000"}, "url", "where a server listens"),
+        ({"url": "http://0:8000"}, "url", "where a server listens"),
         ({"k": 2**62}, "k", "less than or equal to 64"),
         (
             {"speculative_options": nested({"x": 1}, 9)},

@@ -18,6 +18,15 @@ from gateway.urls import is_link_local, masked
         ("[fd00:ec2::254]", True),  # AWS's IPv6 metadata address
         ("100.100.100.200", True),  # Alibaba Cloud's
         ("metadata.google.internal.", True),
+        ("metadata.goog", True),
+        ("instance-data.ec2.internal", True),
+        ("[64:ff9b::a9fe:a9fe]", True),  # NAT64: forwarded to 169.254.169.254
+        ("[64:ff9b:1::a9fe:a9fe]", True),  # NAT64, local-use prefix
+        ("[2002:a9fe:a9fe::1]", True),  # 6to4 of 169.254.169.254
+        ("[2001:0:4136:e378:8000:63bf:5601:5601]", True),  # Teredo, client 169.254.169.254
+        ("[::a9fe:a9fe]", True),  # IPv4-compatible
+        ("[64:ff9b::a00:7]", False),  # NAT64 of 10.0.0.7
+        ("[2002:a00:7::1]", False),  # 6to4 of 10.0.0.7
         ("127.0.0.1", False),
         ("10.0.0.7", False),
         ("[::1]", False),
