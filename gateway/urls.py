@@ -15,6 +15,7 @@ checked; a name that resolves to such an address is the resolver's to refuse.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 
 from pydantic import AnyUrl
@@ -98,7 +99,9 @@ def _literal_address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def masked(url: str) -> str:
-    """`url` with any password replaced by `***`, for printing."""
+    """`url` with any password replaced by `***`, for printing: in its userinfo, and in a
+    query parameter libpq reads one from (`?password=`, `?sslpassword=`)."""
+    url = re.sub(r"(?i)([?&](?:ssl)?password=)[^&#]*", r"\1***", url)
     scheme, sep, rest = url.partition("://")
     authority, slash, path = rest.partition("/")
     userinfo, at, host = authority.rpartition("@")

@@ -42,3 +42,10 @@ def test_printed_urls_hide_their_password() -> None:
     assert masked(url) == "postgresql+psycopg://draftgate:***@db:5432/draftgate"
     assert masked("sqlite:///.draftgate/draftgate.db") == "sqlite:///.draftgate/draftgate.db"
     assert masked("http://user@host/") == "http://user@host/"
+    in_query = "postgresql://db:5432/draftgate?sslmode=require&password=hunter2&connect_timeout=5"
+    assert masked(in_query) == (
+        "postgresql://db:5432/draftgate?sslmode=require&password=***&connect_timeout=5"
+    )
+    assert masked("postgresql://u:a@db/x?PASSWORD=b&sslpassword=c") == (
+        "postgresql://u:***@db/x?PASSWORD=***&sslpassword=***"
+    )
