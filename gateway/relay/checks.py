@@ -84,9 +84,12 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
 
 
 def request_class(header: bytes | None, key: KeyView | None, classes: tuple[str, ...]) -> str:
-    """The header's class, else the key's, else the default; an unknown one is a 400."""
+    """The class the admin gave the key (its header cannot move a `batch` key out from under
+    a `class:batch` rule), else the header's, else the default; an unknown one is a 400."""
+    if key is not None and key.request_class:
+        return key.request_class
     if header is None:
-        return key.request_class if key is not None and key.request_class else classes[0]
+        return classes[0]
     name = header.decode("latin-1").strip().lower()
     if name not in classes:
         known = ", ".join(classes)
