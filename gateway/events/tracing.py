@@ -72,9 +72,11 @@ class Tracing:
         self.relayed = relayed
         self.shutdown_timeout_s = shutdown_timeout_s
 
-    def start_request(self, path: str, headers: dict[bytes, bytes]) -> Span:
-        """The SERVER span of a relayed request, continuing the client's trace if it sent one."""
-        parent = self._parent(headers)
+    def start_request(self, path: str, headers: dict[bytes, bytes], trusted: bool = True) -> Span:
+        """The SERVER span of a relayed request, continuing the client's trace if it sent one
+        and is `trusted` (it has a key, or keys are not required): a parent's sampled flag
+        overrides the sample ratio, which a caller without a key must not decide."""
+        parent = self._parent(headers) if trusted else None
         attributes: dict[str, str] = {"http.request.method": "POST", "url.path": path[:200]}
         name = "POST"
         if path in self.relayed:  # only known routes name a span: bounded names

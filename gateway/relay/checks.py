@@ -112,6 +112,11 @@ def authenticate(headers: dict[bytes, bytes], snapshot: Snapshot, required: bool
     return key
 
 
+def has_key(headers: dict[bytes, bytes], snapshot: Snapshot) -> bool:
+    """Whether the caller's `Authorization` header carries a key of the snapshot's."""
+    return authenticate(headers, snapshot, required=False) is not None
+
+
 def may_use(key: KeyView | None, model: str) -> None:
     """Refuse a key limited to other models."""
     if key is not None and key.allowed_models is not None and model not in key.allowed_models:

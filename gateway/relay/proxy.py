@@ -54,6 +54,7 @@ from gateway.relay.checks import (
     UsageAsked,
     authenticate,
     check_completion,
+    has_key,
     keyless_door,
     may_use,
     parse_body,
@@ -145,8 +146,9 @@ class Relay:
         exchange = Exchange(supplied.decode() if REQUEST_ID.match(supplied) else "")
         exchange.request_id = exchange.request_id or exchange.ledger_id
         rid = exchange.request_id
-        if self.tracing is not None:
-            exchange.span = self.tracing.start_request(scope["path"], headers)
+        if self.tracing is not None:  # a caller without a key may not choose to be sampled
+            trusted = not self.settings.require_api_key or has_key(headers, self.registry.snapshot)
+            exchange.span = self.tracing.start_request(scope["path"], headers, trusted)
         try:
             await self._handle(scope, headers, exchange, receive, send)
         except GatewayError as error:

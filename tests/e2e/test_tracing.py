@@ -509,3 +509,42 @@ def test_a_collector_that_is_down_loses_spans_not_requests_nor_the_stop(
         assert time.monotonic() - started < 8.0, gateway.output()  # not the SDK's 30 s
     finally:
         gateway.close()
+
+
+def test_a_caller_without_a_key_cannot_choose_to_be_sampled(
+    sims: Sims, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    """A sampled `traceparent` makes the gateway trace a request whatever its sample ratio
+    (parent-based sampling): only a caller with a key may ask that. Before, one without a key
+    was traced (and exported) at a ratio of 0."""
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("sim-plain", sims.plain.base_url)])
+    settings = {
+        "TRACING": "true",
+        "OTEL_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORT_INTERVAL_S": "0.05",
+        "OTEL_SAMPLE_RATIO": "0",
+        "REQUIRE_API_KEY": "true",
+        "REGISTRY_REFRESH_S": "0.2",
+    }
+    env = gateway_env(f"sqlite:///{tmp_path}/draftgate.db", fleet, **settings)
+    gateway = spawn_server(("gateway",), env, tmp_path)
+    try:
+        gateway.wait_healthy()
+        with gateway.client(ADMIN_TOKEN) as admin:
+            key = admin.post("/admin/v1/keys", json={"name": "traced"}).json()["key"]
+        body = {"model": SIM_MODEL, "messages": CHAT, "max_tokens": 2}
+        unkeyed, keyed = TraceContext.new(), TraceContext.new()
+        with gateway.client() as http:
+            refused = http.post("/v1/chat/completions", json=body, headers=unkeyed.headers("u1"))
+            assert refused.status_code == 401
+            deadline = time.monotonic() + 30  # until the registry knows the new key
+            headers = {**keyed.headers("k1"), "authorization": f"Bearer {key}"}
+            post = lambda: http.post("/v1/chat/completions", json=body, headers=headers)  # noqa: E731
+            while (served := post()).status_code == 401:
+                assert time.monotonic() < deadline, "the new key never worked"
+                time.sleep(0.1)
+            assert served.status_code == 200, served.text
+        span_of(receiver, keyed)  # the keyed caller's trace is continued, at a ratio of 0
+        assert receiver.of_trace(unkeyed.trace_id) == []  # ended first, exported no later
+    finally:
+        gateway.close()
