@@ -192,11 +192,11 @@ def create_app(
 
 
 def _publish_snapshot_figures(
-    metrics: GatewayMetrics, registry: Registry, limiter: Limiter
+    metrics: GatewayMetrics, registry: Registry, limiter: Limiter, named: bool
 ) -> None:
     """The gauges a fresh snapshot changes: keys' budget use and the planner's error."""
     snapshot = registry.snapshot
-    set_exactly(metrics.budget_used, limiter.budget_used(snapshot))
+    set_exactly(metrics.budget_used, limiter.budget_used(snapshot, named))
     set_exactly(metrics.planner_error, {(m,): e for m, e in snapshot.planner_error().items()})
 
 
@@ -252,7 +252,8 @@ def _follow_snapshots(
         watch = BudgetWatch(settings.budget_thresholds, webhooks)
         registry.on_load_start.append(watch.load_starting)
         registry.on_load.append(lambda: watch.check(registry.snapshot))
-    registry.on_load.append(lambda: _publish_snapshot_figures(metrics, registry, limiter))
+    named = settings.metrics_name_keys
+    registry.on_load.append(lambda: _publish_snapshot_figures(metrics, registry, limiter, named))
     return webhooks
 
 

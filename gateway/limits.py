@@ -220,16 +220,19 @@ class Limiter:
         if budgets is not None:
             budgets.write(key.id, held_here + usd, since)
 
-    def budget_used(self, snapshot: Snapshot) -> dict[tuple[str, ...], float]:
+    def budget_used(self, snapshot: Snapshot, named: bool = True) -> dict[tuple[str, ...], float]:
         """The share of its budget each budgeted key spent in its period, as its checks see
-        it (reservations in flight aside), by (key id, key name)."""
+        it (reservations in flight aside), by (key id, key name: `key <id>` unless `named`)."""
         budgeted = [(k, k.budget_usd) for k in snapshot.keys.values() if k.budget_usd]
         budgets = self._budgets
         if budgets is not None and not any(budgets.covers(k.id) for k, _ in budgeted):
             budgets = None  # no other worker's figures to read: no lock to take
         with contextlib.nullcontext() if budgets is None else budgets.locked():
             return {
-                (str(k.id), k.name): self._spent(k.id, snapshot, budgets) / budget
+                (str(k.id), k.name if named else f"key {k.id}"): self._spent(
+                    k.id, snapshot, budgets
+                )
+                / budget
                 for k, budget in budgeted
             }
 

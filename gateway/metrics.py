@@ -434,6 +434,16 @@ class GatewayMetrics:
                 yield Metric(family.name, family.documentation, family.type)
 
 
+def forget_backends(metrics: GatewayMetrics, kept: set[str]) -> None:
+    """Drop the state gauges' series of backends no longer in the fleet (a deleted one's
+    health stayed exported for good). Counters keep theirs: their totals are history."""
+    for gauge in (metrics.healthy, metrics.mismatch, metrics.acceptance_length):
+        for metric in gauge.collect():
+            for sample in metric.samples:
+                if sample.labels["backend"] not in kept:
+                    gauge.remove(*sample.labels.values())
+
+
 def set_exactly(gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
     """Set `gauge` to `values` (by label values) and remove every other label set, so a
     series that is gone stops being exported without a moment of no series at all."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Annotated, Any
 
@@ -139,7 +140,16 @@ async def _at_home(
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(components: ComponentsDep) -> Response:
-    """Prometheus exposition of the gateway's metrics."""
+def metrics(
+    components: ComponentsDep, authorization: Annotated[str | None, Header()] = None
+) -> Response:
+    """Prometheus exposition of the gateway's metrics (behind DRAFTGATE_METRICS_TOKEN when
+    one is set)."""
+    token = components.settings.metrics_token
+    if token is not None:
+        scheme, _, given = (authorization or "").partition(" ")
+        wanted = token.get_secret_value().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), wanted):
+            raise AuthenticationFailed("/metrics needs DRAFTGATE_METRICS_TOKEN as bearer token")
     body = components.metrics.exposition()
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

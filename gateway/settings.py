@@ -59,6 +59,16 @@ class Settings(BaseSettings):
             "and must differ from it."
         ),
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Bearer token `/metrics` then requires (Prometheus: `authorization: "
+            "{credentials_file: ...}` in the scrape config); with it, budget series name each "
+            "key. Default: none, `/metrics` is open to whoever reaches the port, and while API "
+            "keys are required its budget series name keys by id only (`key 7`), so a client "
+            "learns no other team's key names."
+        ),
+    )
     secrets_key: SecretStr | None = Field(
         default=None,
         description=(
@@ -904,6 +914,12 @@ class Settings(BaseSettings):
                 "unsigned events in local development"
             )
         return self
+
+    @property
+    def metrics_name_keys(self) -> bool:
+        """Whether `/metrics` may name API keys: only its token's holders, or anyone where
+        no key is required (a local stack)."""
+        return self.metrics_token is not None or not self.require_api_key
 
     def secrets_keys(self) -> list[str]:
         """The keys that seal backend API keys, the sealing one first (ValueError: the file

@@ -11,7 +11,7 @@ import httpx
 
 from backends.probe import Probe, probe_health, probe_max_model_len
 from gateway.events.webhooks import WebhookSender, backend_health
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, forget_backends
 from gateway.registry import BackendState, Registry
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ async def probe_forever(
             up = int(state.healthy and state.open_until <= now)
             metrics.healthy.labels(backend.name, backend.pool).set(up)
             metrics.in_flight.labels(backend.name, backend.pool).set(state.in_flight)
+        forget_backends(metrics, {b.name for b in backends})
         unknown = [
             b for b in backends if registry.states[b.name].max_model_len is None
             and registry.states[b.name].healthy

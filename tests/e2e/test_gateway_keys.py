@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,11 +22,15 @@ from tests.e2e.conftest import (
     ModuleGatewayStarter,
     ModuleServerStarter,
     Server,
+    ServerStarter,
     fleet_backend,
+    gateway_env,
     metric_value,
     query_rows,
     sim_args,
+    until,
     wait_for_usage_records,
+    write_fleet,
 )
 
 MAX_BODY_BYTES = 2048
@@ -309,3 +314,49 @@ def test_a_hostile_request_id_is_replaced(http: httpx.Client, sent: str | bytes)
     assert response.status_code == 200, response.text
     assert GENERATED_ID.match(response.headers["x-request-id"])
     assert "set-cookie" not in response.headers
+
+
+def test_metrics_name_no_key_and_drop_a_deleted_backends_health(keyed: Keyed) -> None:
+    """/metrics answers whoever reaches the client port: with keys required and no metrics
+    token, budget series name a key by id only. A deleted backend's health series goes with
+    it (it stayed for good)."""
+    with keyed.gateway.client(ADMIN_TOKEN) as admin:
+        created = admin.post("/admin/v1/keys", json={"name": "team-secret", "budget_usd": 5})
+        key_id = str(created.json()["id"])
+        extra = {"name": "sim-extra", "url": keyed.sim.base_url, "model": SIM_MODEL,
+                 "method": "plain", "gpu_type": "B200"}  # fmt: skip
+        assert admin.post("/admin/v1/backends", json=extra).status_code == 201
+        url = keyed.gateway.base_url
+        healthy = {"name": "draftgate_backend_healthy", "backend": "sim-extra"}
+        until(lambda: metric_value(url, **healthy) == 1, "the extra backend's health series")
+        until(lambda: f'key_id="{key_id}"' in httpx.get(f"{url}/metrics").text, "budget series")
+        text = httpx.get(f"{url}/metrics").text
+        assert f'key_name="key {key_id}"' in text
+        assert "team-secret" not in text
+        assert admin.delete("/admin/v1/backends/sim-extra").status_code == 204
+
+        def gone() -> bool:
+            text = httpx.get(f"{url}/metrics").text
+            return not any(
+                line.startswith("draftgate_backend_healthy{") and 'backend="sim-extra"' in line
+                for line in text.splitlines()
+            )
+
+        until(gone, "the deleted backend's health series gone")
+
+
+def test_a_metrics_token_guards_metrics_and_lets_them_name_keys(
+    keyed: Keyed, start_server: ServerStarter, tmp_path: Path
+) -> None:
+    token = "metrics-" + uuid.uuid4().hex
+    fleet = write_fleet(tmp_path / "fleet.yaml", [fleet_backend("sim-plain", keyed.sim.base_url)])
+    env = gateway_env(
+        f"sqlite:///{tmp_path}/draftgate.db", fleet, REQUIRE_API_KEY="true", METRICS_TOKEN=token
+    )
+    gateway = start_server("gateway", env=env)
+    with gateway.client(ADMIN_TOKEN) as admin:
+        admin.post("/admin/v1/keys", json={"name": "team-named", "budget_usd": 5})
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+        assert_envelope(httpx.get(f"{gateway.base_url}/metrics", headers=headers), 401)
+    with gateway.client(token) as scraper:
+        until(lambda: 'key_name="team-named"' in scraper.get("/metrics").text, "a named key")
