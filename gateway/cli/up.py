@@ -60,8 +60,7 @@ def up(
     claim = _claim(settings, ports)
     log_dir = STATE_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    settings, token_file = _with_admin_token(settings)
-    settings = _with_secrets_key(settings)
+    settings, token_file = _with_kept_secrets(settings)
     try:
         if real_vllm:
             servers, launch, demo_key = _start_real_vllm(
@@ -150,11 +149,12 @@ def _free(host: str, port: int) -> bool:
     return True
 
 
-def _with_admin_token(settings: Settings) -> tuple[Settings, Path | None]:
-    """The settings with an admin token: theirs, else one kept in the state directory (and
-    the file it is kept in)."""
+def _with_kept_secrets(settings: Settings) -> tuple[Settings, Path | None]:
+    """The settings with a secrets key (`_with_secrets_key`) and an admin token: theirs,
+    else one kept in the state directory (and the file it is kept in)."""
     from gateway.cli import stack
 
+    settings = _with_secrets_key(settings)
     if settings.admin_token is not None:
         return settings, None
     token_file = STATE_DIR / stack.ADMIN_TOKEN_FILE
