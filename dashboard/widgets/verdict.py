@@ -87,9 +87,12 @@ def reconciled(fleet: Fleet) -> str:
     bill, served, over = fleet.actual.spend_usd, fleet.served_bill_usd, fleet.over_provisioning_usd
     if bill is None or served is None or over is None or best is None or best.bill_usd is None:
         return "The bill cannot be split here: a method served has no price or no curve."
-    mix = served - best.bill_usd
+    # Round the parts, not only the sum: the printed figures must add up to the printed bill,
+    # so the last part takes whatever cent the rounding of the others left over.
+    bill, served, right_sized = round(bill, 2), round(served, 2), round(best.bill_usd, 2)
+    mix, over = round(served - right_sized, 2), round(bill - served, 2)
     return (
-        f"Bill {money(bill)} = right-sized bill of {best.method} {money(best.bill_usd)} "
+        f"Bill {money(bill)} = right-sized bill of {best.method} {money(right_sized)} "
         f"+ methods as served above it {money(mix)} (each pool that served in an hour counts "
         f"whole replicas for it) + over-provisioning {money(over)} (GPUs held beyond that)."
     )
