@@ -205,6 +205,7 @@ class KeyView:
     allowed_models: frozenset[str] | None
     max_concurrent_requests: int | None = None  # on each replica
     request_class: str | None = None  # its requests' class without a class header
+    max_body_bytes: int | None = None  # its bodies' bound, under the gateway's
 
 
 def by_method(backends: Iterable[BackendView]) -> dict[str, tuple[BackendView, ...]]:
@@ -416,6 +417,7 @@ def _keys(session: Session) -> dict[str, KeyView]:
             frozenset(k.allowed_models) if k.allowed_models is not None else None,
             k.max_concurrent_requests,
             k.request_class,
+            k.max_body_bytes,
         )
         for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
     }

@@ -79,6 +79,9 @@ def keys_create(
     max_concurrent_requests: Annotated[
         int | None, typer.Option(min=1, help="Requests in flight at once, per replica.")
     ] = None,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(min=1024, help="Largest request body it may send, in bytes.")
+    ] = None,
     budget_usd: Annotated[float | None, typer.Option(min=0)] = None,
 ) -> None:
     """Create an API key and print it once."""
@@ -90,6 +93,7 @@ def keys_create(
         requests_per_minute=requests_per_minute,
         tokens_per_minute=tokens_per_minute,
         max_concurrent_requests=max_concurrent_requests,
+        max_body_bytes=max_body_bytes,
         budget_usd=budget_usd,
     )
     with session() as db:

@@ -133,6 +133,7 @@ class ApiKey(Base):
     requests_per_minute: Mapped[int | None]
     tokens_per_minute: Mapped[int | None]
     max_concurrent_requests: Mapped[int | None]
+    max_body_bytes: Mapped[int | None]
     budget_usd: Mapped[float | None]
     budget_period: Mapped[str] = mapped_column(String(16), default="monthly")
     request_class: Mapped[str | None] = mapped_column(String(CLASS_NAME))

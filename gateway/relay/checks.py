@@ -117,6 +117,13 @@ def has_key(headers: dict[bytes, bytes], snapshot: Snapshot) -> bool:
     return authenticate(headers, snapshot, required=False) is not None
 
 
+def body_bound(key: KeyView | None, gateway_bound: int) -> int:
+    """The largest body this caller may send: the key's own bound, never above the gateway's."""
+    if key is None or key.max_body_bytes is None:
+        return gateway_bound
+    return min(key.max_body_bytes, gateway_bound)
+
+
 def may_use(key: KeyView | None, model: str) -> None:
     """Refuse a key limited to other models."""
     if key is not None and key.allowed_models is not None and model not in key.allowed_models:

@@ -53,6 +53,7 @@ from gateway.relay.checks import (
     INCLUDE_SPECULATION_HEADER,
     UsageAsked,
     authenticate,
+    body_bound,
     check_completion,
     has_key,
     keyless_door,
@@ -189,7 +190,7 @@ class Relay:
         except InvalidApiKey as refusal:
             x.refusal = refusal.code
             raise
-        body = await read_body(headers, receive, self.settings.max_body_bytes)
+        body = await read_body(headers, receive, body_bound(x.key, self.settings.max_body_bytes))
         payload = parse_body(body, self.settings.max_json_depth)
         model = payload.get("model")
         if not isinstance(model, str) or not model:

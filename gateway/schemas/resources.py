@@ -464,6 +464,15 @@ class KeyLimits(Strict):
     max_concurrent_requests: int | None = Field(
         default=None, ge=1, le=1_000_000, description="Requests in flight at once, per replica."
     )
+    max_body_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        le=2**31 - 1,
+        description=(
+            "Largest request body this key may send (413 beyond, before the body is read); "
+            "the gateway's DRAFTGATE_MAX_BODY_BYTES bounds it too. Null: the gateway's alone."
+        ),
+    )
     budget_usd: float | None = Field(default=None, ge=0)
     budget_period: Literal["daily", "monthly", "total"] = "monthly"
     allowed_models: list[Name] | None = None
@@ -485,6 +494,7 @@ class KeyUpdate(Strict):
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     max_concurrent_requests: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_body_bytes: int | None = Field(default=None, ge=1024, le=2**31 - 1)
     budget_usd: float | None = Field(default=None, ge=0)
     budget_period: Literal["daily", "monthly", "total"] | None = None
     allowed_models: list[Name] | None = None
@@ -500,6 +510,7 @@ class KeyPublic(Public):
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_concurrent_requests: int | None
+    max_body_bytes: int | None = None
     budget_usd: float | None
     budget_period: str
     allowed_models: list[str] | None

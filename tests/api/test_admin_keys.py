@@ -37,7 +37,7 @@ async def test_key_is_shown_once_and_stored_hashed(
 
 async def test_limits_update_and_revoke(client: httpx.AsyncClient) -> None:
     key_id = (await client.post("/admin/v1/keys", json={"name": "k"})).json()["id"]
-    limits = {"requests_per_minute": 60, "max_concurrent_requests": 4}
+    limits = {"requests_per_minute": 60, "max_concurrent_requests": 4, "max_body_bytes": 65536}
     patched = await client.patch(f"/admin/v1/keys/{key_id}", json=limits)
     assert {k: patched.json()[k] for k in limits} == limits
     assert patched.json()["name"] == "k"
@@ -64,6 +64,8 @@ async def test_key_errors(client: httpx.AsyncClient) -> None:
         assert_envelope(await client.post("/admin/v1/keys", json={"name": hidden}), 422, "name")
     created = await client.post("/admin/v1/keys", json={"name": "équipe données"})
     assert created.status_code == 201, created.text  # other non-ASCII names are welcome
+    tiny_body = {"name": "x", "max_body_bytes": 1023}  # not even a chat's head
+    assert_envelope(await client.post("/admin/v1/keys", json=tiny_body), 422, "max_body_bytes")
     no_slot = {"name": "x", "max_concurrent_requests": 0}
     assert_envelope(
         await client.post("/admin/v1/keys", json=no_slot), 422, "max_concurrent_requests"

@@ -13,7 +13,7 @@ from gateway.db import migrate
 from gateway.db.base import Base
 from gateway.db.session import make_engine, make_sessionmaker
 
-HEAD = "0022"  # the newest migration
+HEAD = "0023"  # the newest migration
 TABLES = {
     "alembic_version",
     "api_keys",

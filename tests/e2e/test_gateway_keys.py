@@ -168,6 +168,50 @@ def test_a_wrong_key_is_refused_before_its_body_is_read_and_leaves_no_record(
     assert metric_value(keyed.gateway.base_url, **rejected) == before + 1
 
 
+def _chat_of(size: int) -> bytes:
+    """A good chat request whose body is `size` bytes."""
+    body = json.dumps({**GOOD, "messages": [{"role": "user", "content": ""}]}).encode()
+    return body.replace(b'"content": ""', b'"content": "%s"' % (b"a" * (size - len(body))))
+
+
+def test_a_keys_own_body_bound_holds_under_the_gateways(keyed: Keyed) -> None:
+    """A key created with `max_body_bytes` is refused a larger body with 413 (and, when the
+    size is announced, before any of it is sent); a key without one, or with one above the
+    gateway's, is bound by the gateway's (2 KiB here)."""
+    _, small = create_key(keyed.gateway, max_body_bytes=1024)
+    _, large = create_key(keyed.gateway, max_body_bytes=1024 * 1024)
+    for secret in (small, large):
+        with keyed.gateway.client(secret) as http:
+            wait_for_status(http, 200)
+    body = _chat_of(1500)
+    assert len(body) == 1500
+    json_type = {"content-type": "application/json"}
+    for secret, status in ((small, 413), (keyed.key, 200), (large, 200)):
+        with keyed.gateway.client(secret) as http:
+            response = http.post("/v1/chat/completions", content=body, headers=json_type)
+        if status == 413:
+            assert_envelope(response, 413)
+            assert "1024 bytes" in response.json()["error"]["message"]
+        else:
+            assert response.status_code == status, response.text
+    with keyed.gateway.client(small) as http:  # chunked: no size announced, counted as read
+        chunks = iter([body[:700], body[700:]])
+        response = http.post("/v1/chat/completions", content=chunks, headers=json_type)
+    assert_envelope(response, 413)
+    with keyed.gateway.client(large) as http:  # its own bound is above the gateway's
+        response = http.post("/v1/chat/completions", content=_chat_of(MAX_BODY_BYTES + 1))
+    assert_envelope(response, 413)
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Length: 1500\r\n\r\n"
+    ) % small.encode()
+    with socket.create_connection(("127.0.0.1", keyed.gateway.port), timeout=60) as sock:
+        sock.sendall(head)  # and no body: the size it announced is enough to refuse it
+        answer = read_response(sock)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+
+
 def test_listing_models_needs_a_key(keyed: Keyed) -> None:
     with httpx.Client(base_url=keyed.gateway.base_url) as http:
         assert_envelope(http.get("/v1/models"), 401, "invalid_api_key")
