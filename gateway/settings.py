@@ -164,6 +164,18 @@ class Settings(BaseSettings):
             "it off for the local demo."
         ),
     )
+    refused_key_delay_s: float = Field(
+        default=0.5,
+        ge=0,
+        le=10,
+        description=(
+            "Seconds a request refused for its key (401 `invalid_api_key`) waits for its answer, "
+            "holding no worker and none of its body: a client retrying a wrong or revoked key in "
+            "a loop then costs a connection every half second, not hundreds a second. At most "
+            "256 wait at once (beyond, they are answered at once, so waiting sockets stay "
+            "bounded). 0 answers at once. Default 0.5 s."
+        ),
+    )
     keyless_allowed_hosts: str = Field(
         default="localhost,127.0.0.1,::1",
         description=(

@@ -3,6 +3,7 @@ and the usage options it adds."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,26 @@ def request_class(header: bytes | None, key: KeyView | None, classes: tuple[str,
             code="unknown_request_class",
         )
     return name
+
+
+class RefusalHold:
+    """Holds the answer to a caller refused for its key a moment before it is sent. A client
+    retrying a wrong or revoked key in a loop (or a flood of keyless bodies) waits for each
+    answer, so it then costs the gateway a connection per `seconds`, not hundreds a second.
+    A held caller holds a socket and a sleeping task, no worker and none of its body; at most
+    `most` are held at once and the rest are answered at once, so the held stay bounded."""
+
+    def __init__(self, seconds: float, most: int = 256) -> None:
+        self.seconds, self.most, self.held = seconds, most, 0
+
+    async def __call__(self) -> None:
+        if self.seconds <= 0 or self.held >= self.most:
+            return
+        self.held += 1
+        try:
+            await asyncio.sleep(self.seconds)
+        finally:
+            self.held -= 1
 
 
 def authenticate(headers: dict[bytes, bytes], snapshot: Snapshot, required: bool) -> KeyView | None:

@@ -51,6 +51,7 @@ from gateway.relay.checks import (
     COMPLETION_PATHS,
     INCLUDE_COST_HEADER,
     INCLUDE_SPECULATION_HEADER,
+    RefusalHold,
     UsageAsked,
     authenticate,
     body_bound,
@@ -140,6 +141,7 @@ class Relay:
         self.keyless_hosts = None if settings.require_api_key else settings.keyless_hosts
         self.affinity_header = settings.affinity_header_name
         self.classes = settings.classes
+        self.hold_refusal = RefusalHold(settings.refused_key_delay_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -155,6 +157,8 @@ class Relay:
         except GatewayError as error:
             exchange.status = error.status_code
             exchange.outcome = "rejected" if exchange.backend is None else "upstream_error"
+            if exchange.refusal is not None:
+                await self.hold_refusal()
             await send_error(send, error, rid, unread=exchange.refusal is not None)
         except ClientGone:
             stalled = scope.get(STALLED, False)  # cut by the server: it stopped reading

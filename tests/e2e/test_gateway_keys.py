@@ -34,6 +34,7 @@ from tests.e2e.conftest import (
 )
 
 MAX_BODY_BYTES = 2048
+REFUSED_KEY_DELAY_S = 0.5  # the default
 REGISTRY_REFRESH_S = 0.5
 # A new key works, and a revoked one stops, within this (one registry refresh on an idle
 # machine; a busy one may run the refresh and the polling requests late).
@@ -156,7 +157,9 @@ def test_a_wrong_key_is_refused_before_its_body_is_read_and_leaves_no_record(
     ) % (refused_id.encode(), MAX_BODY_BYTES)
     with socket.create_connection(("127.0.0.1", keyed.gateway.port), timeout=60) as sock:
         sock.sendall(head)  # and no body: the old gateway waited for it, then timed out
+        asked = time.monotonic()
         answer = read_response(sock)
+    assert time.monotonic() - asked >= REFUSED_KEY_DELAY_S  # held, as a retrying loop would be
     assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
     assert b'"invalid_api_key"' in answer
     with keyed.gateway.client(keyed.key) as http:
