@@ -61,6 +61,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **kwargs)
     _ensure_sqlite_dir(url)
+    # No prepared-statement cache: the ledger's multi-row inserts differ in text by their
+    # row count, so the driver's cache (128 per connection) filled with large statements and
+    # the gateway grew about 2.7 KB per request for minutes on end (flat on PostgreSQL, whose
+    # driver keeps none). A request reads SQLite at most once (a stored response's home not
+    # in memory), a small statement: preparing each again costs microseconds.
+    kwargs.setdefault("connect_args", {}).setdefault("cached_statements", 0)
     engine = create_engine(url, **kwargs)
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
