@@ -236,6 +236,7 @@ class Run:
     load: Load
     moves: int
     spills: int
+    said: list[str] = field(default_factory=list)  # the gateway's log of its choices
 
 
 @dataclass
@@ -305,6 +306,8 @@ def report(name: str, runs: dict[str, Run], ground: Truth) -> None:
     for label, run in runs.items():
         by_method = {m: sum(s.tokens for s in run.load.served if s.method == m) for m in METHODS}
         print(f"{label}: tokens by method {by_method}")
+        for line in run.said:
+            print(f"{label}: {line}")
         if run.load.failures:
             print(f"{label}: failures: {len(run.load.failures)}: {run.load.failures[:3]}")
 
@@ -333,6 +336,17 @@ def attribute(served: list[tuple[Served, int, int]], ground: Truth, levels: list
         print(f"{step:>4} {level:>7} {names[:44]:<44} {'/'.join(sorted(oracles)):<8} "
               f"{auto_usd / tokens * 1e6:9.4f} {best_usd / tokens * 1e6:8.4f} "
               f"{(auto_usd - best_usd) / oracle_usd:9.2%}")  # fmt: skip
+
+
+def choices_said(directory: Path) -> list[str]:
+    """The gateway's log lines of `auto`'s first choice and moves, with the prices it moved
+    on (a run's stack is temporary: these keep them)."""
+    return [
+        line.strip()
+        for log in sorted(directory.rglob("gateway.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "auto: " in line
+    ]
 
 
 def spills(server: Server) -> int:
@@ -371,9 +385,8 @@ def serve(directory: Path, config: dict[str, str], traces: list[str], step_s: fl
                 since, spilled_before = time.time(), spills(server)
                 load = Load(server.base_url, key)
                 asyncio.run(load.run(levels, step_s * relative))
-                runs[name] = Run(
-                    levels, load, switches(admin, since), spills(server) - spilled_before
-                )
+                moves, spilled = switches(admin, since), spills(server) - spilled_before
+                runs[name] = Run(levels, load, moves, spilled, choices_said(directory))
     finally:
         server.close()
     return runs, ground
