@@ -78,17 +78,6 @@ def _recommendation(plan: Plan) -> None:
     )
 
 
-def _curves(api: AdminClient, model: str, plan: Plan) -> None:
-    measured = [p for p in api.accuracy().points if p.model == model and p.gpu_type == plan.gpu]
-    st.altair_chart(charts.throughput_vs_concurrency(plan.methods, measured, plan.gpu_count))
-    st.caption(
-        f"{plan.gpu}: a line per method at its best K for each load, the planner's "
-        f"(solid between measured points, dashed where estimated; points filled where "
-        f"measured, hollow where estimated); diamonds are the "
-        f"{len(measured)} measured point(s)."
-    )
-
-
 def _acceptance(api: AdminClient, model: str, backends: list[Backend]) -> None:
     """Acceptance per backend now (scrapes), then per load from finished benchmark sweeps."""
     st.subheader("Measured acceptance and latency")
@@ -351,8 +340,11 @@ def render() -> None:
     live_curves(api, model)
     st.subheader("The planner: best method and K per load (what-if)")
     _recommendation(plans["B200"])
-    _curves(api, model, plans["B200"])
     _cost_table(plans)
+    st.caption(
+        "The planner's lines per method and K, beside the points they were fitted to, are on "
+        "the Planner page: a what-if. The chart above is what prices requests now."
+    )
     _acceptance(api, model, backends)
     methods = sorted({b.method for b in backends if b.model == model}) or ["plain"]
     _control(api, model, models, methods)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import charts
 from dashboard.client import AdminApiError, AdminClient, admin_client, shows_api_errors
 from dashboard.formats import usd
 from dashboard.schemas import Backend, Capacity, DecodingMethod, MethodCapacity, Plan
@@ -13,6 +14,20 @@ from dashboard.widgets.periods import choose_price_kind
 
 WORKLOADS = ("chat", "code", "math", "mixed")
 ENGINES = ("vllm", "sglang")  # the calibrated engines (planner/data/calibration.yaml)
+
+
+def _planner_lines(api: AdminClient, model: str, plan: Plan) -> None:
+    """The planner's throughput per method at its best K for each load: the what-if's lines,
+    beside the measured points they were fitted to."""
+    measured = [p for p in api.accuracy().points if p.model == model and p.gpu_type == plan.gpu]
+    st.subheader("The planner's lines (what-if)")
+    st.altair_chart(charts.throughput_vs_concurrency(plan.methods, measured, plan.gpu_count))
+    st.caption(
+        f"{plan.gpu}: a line per method at its best K for each load, the planner's "
+        f"(solid between measured points, dashed where estimated; points filled where "
+        f"measured, hollow where estimated); diamonds are the "
+        f"{len(measured)} measured point(s). Requests are priced by the curves below."
+    )
 
 
 def _capacity_table(capacity: Capacity) -> None:
@@ -122,6 +137,7 @@ def render() -> None:
         return
     _capacity_table(plan.capacity)
     _deploy(api, plan, min(plan.capacity.methods, key=lambda c: c.usd_per_month), backends)
+    _planner_lines(api, model, plan)
     live_curves(api, model, gpu)
     st.caption(
         "The what-if above is the planner fitted to this model's measurements; live requests "

@@ -85,6 +85,11 @@ def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_
     # None: the fit's band is +-100% or wider on these few short test measurements
     shown = "too little data" if band is None else f"${band[0]:,.0f} to ${band[1]:,.0f}"
     assert table["saves vs plain, 95%"].iloc[0] == shown
+    # The what-if's own lines: a line for every method, apart from the curves that price
+    charts = at.get("vega_lite_chart") or at.get("arrow_vega_lite_chart")
+    [spec] = [c.proto.spec for c in charts if "planner line" in c.proto.spec]
+    assert all(f'"{m}"' in spec for m in ("plain", "eagle3", "p-eagle", "dflash", "dspark"))
+    assert "The planner's lines (what-if)" in [h.value for h in at.subheader]
     # Beside the what-if, the curves the gateway prices with on that GPU.
     assert "The curves that price requests now" in [h.value for h in at.subheader]
     assert any("95% interval" in d.value.columns for d in at.dataframe)
