@@ -196,7 +196,8 @@ class UsageRow(Record):
     method: str | None = None
     key: int | None = None
     backend: str | None = None
-    requests: int
+    requests: int  # served by a backend
+    refused: int = 0  # refused before any backend: no tokens, no cost
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float

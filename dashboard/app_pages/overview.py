@@ -254,6 +254,8 @@ def _ledger(usage: Usage, label: str) -> None:
         delta_arrow="off",
     )
     significant = not _spans(total.savings_usd_95)
+    served = [r for r in usage.data if r.requests]  # a group only refused is a row of zeros
+    refused = sum(r.refused for r in usage.data)
     st.caption(
         f"Capacity cost vs plain: {less:.0%} below plain decoding at the same load, a unit for "
         "comparing methods and not money saved (the achievable savings above are money)"
@@ -277,11 +279,16 @@ def _ledger(usage: Usage, label: str) -> None:
                 "difference, 95% (USD)": _significance(r.savings_usd_95),
                 "USD per 1M output tokens": _usd_per_mtok(r),
             }
-            for r in usage.data
+            for r in served
         ],
         hide_index=True,
     )
-    st.altair_chart(charts.usage_by_model(usage.data))
+    if refused:
+        st.caption(
+            f"Not in the table: {refused:,} request(s) refused before any backend (a bad key, "
+            "a limit, a malformed body, a model this gateway does not serve): no tokens, no cost."
+        )
+    st.altair_chart(charts.usage_by_model(served))
 
 
 def _trend(api: AdminClient, start: dt.datetime) -> None:

@@ -7,11 +7,14 @@ import datetime as dt
 import io
 import json
 import re
+import time
 from typing import Any
 
+import httpx
 import pyarrow
 from streamlit.testing.v1 import AppTest
 
+from dashboard.client import refresh_reads
 from tests.dashboard.conftest import MODEL, Stack
 
 TIMEOUT_S = 30.0
@@ -51,6 +54,30 @@ def test_overview_shows_requests_tokens_cost_and_savings(dashboard_env: Stack) -
     assert "95%" in next(m for m in at.metric if m.label == "Achievable savings vs plain").delta
     [button] = at.get("download_button")
     assert "usage records" in button.proto.label
+
+
+def test_refused_requests_are_counted_apart_not_as_a_row_of_zeros(
+    dashboard_env: Stack,
+) -> None:
+    body = {"model": "no/such-model", "messages": [{"role": "user", "content": "hi"}]}
+    refused = httpx.post(f"{dashboard_env.gateway.base_url}/v1/chat/completions", json=body)
+    assert refused.status_code == 404, refused.text
+    with dashboard_env.admin() as admin:  # the ledger writes in the background
+        deadline = time.monotonic() + TIMEOUT_S
+        while not any(
+            r["model"] == "unknown" for r in admin.get("/admin/v1/savings").json()["data"]
+        ):
+            assert time.monotonic() < deadline, "the refused request was never recorded"
+            time.sleep(0.1)
+        rows = admin.get("/admin/v1/savings").json()["data"]
+    refused = sum(r["refused"] for r in rows)
+    assert refused >= 1
+    refresh_reads()  # the page reads afresh, not from a cache of an earlier test
+    at = AppTest.from_function(_overview, default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert set(_table(at, "capacity cost (USD)")["model"]) == {MODEL}
+    captions = " ".join(c.value for c in at.caption)
+    assert f"Not in the table: {refused:,} request(s) refused before any backend" in captions
 
 
 def test_the_usage_download_is_the_apis_csv(dashboard_env: Stack) -> None:
