@@ -86,6 +86,12 @@ def _deploy(api: AdminClient, plan: Plan, best: MethodCapacity, backends: list[B
         st.warning(f"No vLLM configuration for {best.method}: {exc.message}")
         return
     st.markdown(f"**Deploy {best.method} (K={k})** on {best.gpus} x {plan.gpu}:")
+    if k != best.k:  # the table's K is the one at this traffic's load
+        st.caption(
+            f"K={k} is what vLLM is started with: the schedule's largest, drafted at small "
+            f"batches. At this traffic's {best.concurrency_per_replica:g} streams per replica "
+            f"it drafts K={best.k}, the table's."
+        )
     st.code(rendering.command, language="bash")
     st.code(rendering.compose_yaml, language="yaml")
     if schedule:

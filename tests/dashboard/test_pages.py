@@ -78,6 +78,15 @@ def test_planner_prices_the_traffic_per_method_and_renders_vllm_serve(dashboard_
     assert "services:" in at.code[1].value
     if cheapest["method"] in plan["schedules"]:
         assert "num_speculative_tokens_per_batch_size" in at.code[0].value
+    started = max([cheapest["k"], *(e[2] for e in plan["schedules"].get(cheapest["method"], []))])
+    deploy = f"**Deploy {cheapest['method']} (K={started})** on "
+    assert any(m.value.startswith(deploy) for m in at.markdown)
+    said = [c.value for c in at.caption if "is what vLLM is started with" in c.value]
+    if started == cheapest["k"]:  # the table's K, and the one vLLM starts with: no note
+        assert not said
+    else:  # the schedule drafts more at small batches: the page says why the two differ
+        assert len(said) == 1
+        assert f"it drafts K={cheapest['k']}, the table's" in said[0]
     saved = capacity["savings_usd_per_month"]["vs_plain"][cheapest["method"]]
     assert table["saves vs plain per month"].iloc[0] == usd(saved)
     assert "50,000 output tokens/s" in at.caption[0].value
