@@ -71,7 +71,7 @@ def _headline(fleet: Fleet, label: str) -> None:
     cols[1].metric(
         "Right-sized bill (best method)",
         money(best.bill_usd) if best else "no method meets the objective",
-        f"{best.method}, {best.source}; {usd_interval(best.bill_usd_95)}" if best else None,
+        usd_interval(best.bill_usd_95) if best else None,  # the method and curve: the note
         delta_arrow="off",
     )
     cols[2].metric(
@@ -98,7 +98,9 @@ def _sizing_note(fleet: Fleet) -> str:
         "fewest GPUs; "
         f"speculative decoding pays under a latency objective{_pays(objective)})"
     )
-    return (
+    best = next((m for m in fleet.methods if m.method == fleet.best), None)
+    by = f"The best is {best.method}, sized from its {best.source} curve. " if best else ""
+    return by + (
         f"Right-sized: whole replicas hour by hour {sized}, {fleet.headroom:.0%} headroom over "
         f"each hour's mean, at the {fleet.price_kind} price. Achievable savings are money only "
         "once the fleet is sized to its traffic; over-provisioning is the bill minus the "

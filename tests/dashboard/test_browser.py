@@ -42,6 +42,17 @@ SETTLED = """() => !document.querySelector('[data-testid="stSkeleton"]')
 # What a table cell must never show: a Python dict or list, or None, printed as is.
 RAW = re.compile(r"\{'|\{\"|\['|\bNone\b")
 CELLS = '[data-testid="stDataFrame"] table td'
+# Text cut off where it is drawn: an element (metrics, captions, text, headings, buttons, and
+# what they hold) whose content is wider than its box. Tables are drawn on a canvas: not here.
+TEXT = ", ".join(
+    f'[data-testid="{t}"], [data-testid="{t}"] *'
+    for t in ("stMetricLabel", "stMetricValue", "stMetricDelta", "stCaptionContainer",
+              "stMarkdownContainer", "stHeading", "stButton")
+)  # fmt: skip
+CLIPPED = """(selector) => [...document.querySelectorAll(selector)]
+    .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1
+                 && getComputedStyle(e).overflowX !== 'visible')
+    .map(e => e.innerText.slice(0, 100))"""
 
 if not CHROMIUM.exists():
     pytest.skip(MISSING, allow_module_level=True)
@@ -91,6 +102,7 @@ def test_every_page_renders_in_the_browser(page: Page, stack: Stack, path: str) 
     assert page.get_by_test_id("stException").count() == 0
     assert page.get_by_test_id("stAlertContentError").count() == 0
     assert page.get_by_role("button", name="Deploy").count() == 0  # a viewer's toolbar
+    assert page.evaluate(CLIPPED, TEXT) == [], "text cut off where it is drawn"
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     index = list(PAGES).index(path) + 1
     page.screenshot(path=str(ARTEFACTS / f"{index:02d}-{path or 'overview'}.png"))
