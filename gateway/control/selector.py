@@ -228,11 +228,11 @@ class Selector:
         """Choose an auto model's method, and each of its classes' with an objective of its
         own, at `loads` ((load, weight) pairs): into `chosen`, and the moves made (and a
         first choice) into the lists."""
-        costs, itls = self._prices(snapshot, model, snapshot.backends[model], loads, now)
+        costs, itls, bands = self._prices(snapshot, model, snapshot.backends[model], loads, now)
         load = sum(c * w for c, w in loads) / sum(w for _, w in loads)  # what the audit says
         own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
         current = chosen.auto.get(model)
-        scores = candidates(own, costs, itls)
+        scores = kept_within(candidates(own, costs, itls), current, own, costs, itls, bands)
         decision, at_once = None, False
         if current is None:  # this replica's first choice: routing serves it from now on
             default = snapshot.default_method(model)  # what routing served until now
@@ -455,17 +455,18 @@ class Selector:
         backends: Sequence[BackendView],
         loads: Sequence[tuple[float, float]],
         now: float,
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """$/1M output tokens and ITL ms per method with a healthy backend, at these loads
-        split over the method's replicas, averaged by their weights (gateway/policy/classes.py
-        chooses among them)."""
+    ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """$/1M output tokens, ITL ms and the relative 95% half-width of both per method with
+        a healthy backend, at these loads split over the method's replicas, averaged by their
+        weights (gateway/policy/classes.py chooses among them)."""
         healthy = [b for b in backends if self.registry.states[b.name].available(now)]
         replicas = Counter(b.method for b in healthy)  # a method's load is split over these
         costs: dict[str, float] = {}
         itls: dict[str, float] = {}
+        bands: dict[str, float] = {}
         total = sum(w for _, w in loads)
         for b in healthy:
-            cost = itl = 0.0
+            cost = itl = band = 0.0
             for load, weight in loads:
                 c = max(load / replicas[b.method], 1.0)
                 usd, ms = (
@@ -474,11 +475,15 @@ class Selector:
                 )
                 if usd is None or ms is None:
                     break
+                half = snapshot.relative_95(model, b.method, b.gpu_type, c) or 0.0
                 cost, itl = cost + usd * weight / total, itl + ms * weight / total
+                band += half * weight / total
             else:
+                if b.method not in itls or itl < itls[b.method]:
+                    bands[b.method] = band
                 costs[b.method] = min(cost, costs.get(b.method, cost))
                 itls[b.method] = min(itl, itls.get(b.method, itl))
-        return costs, itls
+        return costs, itls, bands
 
     def _audit(self, audits: list[_Audit]) -> None:
         with transaction(self.sessions) as session:
@@ -501,6 +506,34 @@ class Selector:
                 for model, move, step in audit.steps:
                     share = min(1.0, step * move.step_share)
                     record_move_step(session, model, move.source, move.target, step, share, ACTOR)
+
+
+def kept_within(
+    scores: dict[str, float],
+    current: str | None,
+    objective: ClassView,
+    costs: Mapping[str, float],
+    itls: Mapping[str, float],
+    bands: Mapping[str, float],
+) -> dict[str, float]:
+    """`scores`, with the current method kept among them while its ITL may still be within
+    the objective: it is left for missing the objective only once its curve's 95% band is
+    wholly above it (a method enters on its estimate). At low load a curve rests on few
+    windows, and an estimate flickering across the objective moved traffic back and forth
+    within seconds, past the dwell time (a method out of the objective is left at once)."""
+    ceiling = objective.itl_objective_ms
+    if (
+        objective.objective != "cost"
+        or ceiling is None
+        or current is None
+        or current in scores
+        or current not in itls
+    ):
+        return scores
+    if itls[current] / (1 + bands.get(current, 0.0)) > ceiling:
+        return scores  # surely over the objective
+    within = {m: s for m, s in scores.items() if itls[m] <= ceiling}  # not the fastest's stand-in
+    return {**within, current: costs[current]}
 
 
 def _log(d: Decision, reason: str) -> None:

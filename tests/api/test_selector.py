@@ -9,7 +9,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.acceptance import ClassPrice
-from gateway.control.selector import PriceGauges, Selector, decide
+from gateway.control.selector import PriceGauges, Selector, decide, kept_within
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
@@ -399,3 +399,26 @@ async def test_a_load_window_holds_the_method_cheapest_for_the_burst_mix(
             assert made[0].concurrency > 64
     finally:
         engine.dispose()
+
+
+def test_the_current_method_is_left_for_the_objective_only_once_surely_over_it() -> None:
+    """At 6 ms, p-eagle estimated at 6.3 ms with a ±10% band may still be within: it stays
+    a candidate (and, cheaper, the choice), so an estimate flickering across the objective
+    moves nothing; at 7 ms, wholly over, it is left. A method enters on its estimate."""
+    own = ClassView("cost", 6.0)
+    costs = {"p-eagle": 0.50, "eagle3": 0.60, "dspark": 0.55}
+    bands = {"p-eagle": 0.10, "eagle3": 0.02, "dspark": 0.10}
+    near = {"p-eagle": 6.3, "eagle3": 5.0, "dspark": 6.2}
+    scores = kept_within(candidates(own, costs, near), "p-eagle", own, costs, near, bands)
+    assert scores == {"eagle3": 0.60, "p-eagle": 0.50}  # dspark, not current, must be within
+    assert kept_within(candidates(own, costs, near), "eagle3", own, costs, near, bands) == {
+        "eagle3": 0.60
+    }
+    over = {**near, "p-eagle": 7.0}
+    assert kept_within(candidates(own, costs, over), "p-eagle", own, costs, over, bands) == {
+        "eagle3": 0.60
+    }
+    latency = ClassView("latency", None, 1.0)  # a latency class has no ITL ceiling to keep
+    assert kept_within(
+        candidates(latency, costs, near), "p-eagle", latency, costs, near, bands
+    ) == candidates(latency, costs, near)
