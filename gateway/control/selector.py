@@ -8,7 +8,9 @@ each weighted by its load (the tokens it asks for, in proportion): the method ch
 the load mix of the last window, so bursts shorter than the dwell time do not make it chase
 each one a round late. It moves — only when it
 is cheaper by more than `switch_margin` (hysteresis) and the model has stayed on its method
-for `min_dwell_s`. Routing serves exactly what the selector chose: until its first round
+for `min_dwell_s`; a method that misses the ITL objective is left at once, but the method
+serving misses it only once its curve's 95% band is wholly over it (`kept_within`).
+Routing serves exactly what the selector chose: until its first round
 (at once when it starts) a model serves its default (plain, or its first method by name),
 and that first choice is audited too (action `start`, with the candidates' prices and the
 default it replaces; a first choice made with no price keeps the default until the first
