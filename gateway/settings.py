@@ -169,9 +169,11 @@ class Settings(BaseSettings):
         ge=0,
         le=10,
         description=(
-            "Seconds a request refused for its key (401 `invalid_api_key`) waits for its answer, "
-            "holding no worker and none of its body: a client retrying a wrong or revoked key in "
-            "a loop then costs a connection every half second, not hundreds a second. At most "
+            "Seconds a request refused for its key (401 `invalid_api_key`) waits for its answer "
+            "at least (each wait is drawn up to 1.5x this, so callers refused together are "
+            "answered apart), holding no worker and none of its body: a client retrying a wrong "
+            "or revoked key in a loop then costs a connection every half second, not hundreds a "
+            "second. At most "
             "256 wait at once (beyond, they are answered at once, so waiting sockets stay "
             "bounded). 0 answers at once. Default 0.5 s."
         ),

@@ -4,6 +4,7 @@ and the usage options it adds."""
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,17 +108,24 @@ class RefusalHold:
     retrying a wrong or revoked key in a loop (or a flood of keyless bodies) waits for each
     answer, so it then costs the gateway a connection per `seconds`, not hundreds a second.
     A held caller holds a socket and a sleeping task, no worker and none of its body; at most
-    `most` are held at once and the rest are answered at once, so the held stay bounded."""
+    `most` are held at once and the rest are answered at once, so the held stay bounded.
+    Each hold is drawn from `seconds` to 1.5x that: callers refused together (a flood's
+    clients) are answered apart, so their reconnections do not come back as one burst."""
 
-    def __init__(self, seconds: float, most: int = 256) -> None:
+    def __init__(self, seconds: float, most: int = 256, rng: random.Random | None = None) -> None:
         self.seconds, self.most, self.held = seconds, most, 0
+        self.rng = rng or random.Random()  # noqa: S311  (spreading waits, not secrets)
+
+    def draw(self) -> float:
+        """One caller's hold, in seconds."""
+        return self.seconds * (1 + self.rng.random() / 2)
 
     async def __call__(self) -> None:
         if self.seconds <= 0 or self.held >= self.most:
             return
         self.held += 1
         try:
-            await asyncio.sleep(self.seconds)
+            await asyncio.sleep(self.draw())
         finally:
             self.held -= 1
 
