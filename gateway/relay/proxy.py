@@ -109,6 +109,15 @@ class Call:
     asked: UsageAsked  # the usage (and cost) the client asked of a stream
     departure: Departure
     send: Send
+    occupied: BackendState | None = None  # the backend serving it, until its answer is read
+
+    def release(self) -> None:
+        """The backend is done with it (its whole answer read): one request fewer in flight
+        there. Before the answer goes on to the client, so a conversation's next turn, sent
+        the moment this one arrives, finds its backend as free as it is."""
+        if self.occupied is not None:
+            self.occupied.end(time.monotonic())
+            self.occupied = None
 
 
 class Relay:
@@ -356,6 +365,7 @@ class Relay:
         x.backend, x.method = backend, backend.method
         x.attempts += 1
         state.begin(time.monotonic())
+        call.occupied = state
         x.concurrency = state.load()  # the backend's load, alike on every replica
         upstream = upstream_headers(x, backend)
         if self.tracing is not None and x.span is not None:  # the backend continues our span
@@ -388,7 +398,7 @@ class Relay:
             raise
         finally:
             departure.disarm()
-            state.end(time.monotonic())
+            call.release()
 
     async def _send_upstream(
         self, url: str, body: bytes, headers: dict[str, str], state: BackendState, stream: bool
@@ -461,6 +471,7 @@ class Relay:
                     out, held = hold_done(out, held)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+            call.release()
             rest = tap.finish()
             if asked.cost:
                 rest, held = hold_done(rest, held)
@@ -497,6 +508,7 @@ class Relay:
             if isinstance(exc, UpstreamTimedOut):
                 raise UpstreamTimeout(f"backend timed out: {exc}") from exc
             raise UpstreamError(f"backend broke: {exc}") from exc
+        call.release()
         x.status = response.status_code
         x.first_byte = x.last_byte = time.perf_counter()
         if x.status >= 400:

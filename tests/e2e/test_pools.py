@@ -243,8 +243,17 @@ def test_conversations_spread_over_the_members_and_each_keeps_to_one(fleet: Flee
     assert set(served) == set(fleet.members())  # every member took some
     # one conversation's turns go to the member that caches its prefix
     turns = [_chat(fleet.gateway, "the same opening question") for _ in range(10)]
-    assert len({t.headers["x-draftgate-backend"] for t in turns}) == 1
-    assert {t.headers["x-draftgate-affinity"] for t in turns} == {"home"}
+    homes = [t.headers["x-draftgate-backend"] for t in turns if _went_home(t)]
+    assert len(set(homes)) == 1, homes
+    # A turn may spill (and says so) only while a scrape shows its member with a queue: a
+    # moment's, at rest. Its own last turn no longer counts (tests/e2e/test_occupancy.py).
+    assert len(homes) >= 8, [t.headers["x-draftgate-affinity"] for t in turns]
+
+
+def _went_home(response: httpx.Response) -> bool:
+    outcome = response.headers["x-draftgate-affinity"]
+    assert outcome in {"home", "spilled"}
+    return outcome == "home"
 
 
 def _homed_on(fleet: Fleet, name: str) -> str:
