@@ -44,7 +44,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -112,6 +112,8 @@ class Load:
     step_starts: list[float] = field(default_factory=list)  # monotonic, and the end last
     served: list[Served] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    # Called at each step's start with its level (the served oracle pins its method there)
+    on_step: Callable[[int], Awaitable[None]] | None = None
 
     async def worker(self, http: httpx.AsyncClient, index: int) -> None:
         body = {
@@ -142,6 +144,8 @@ class Load:
         ) as http:
             workers: dict[int, asyncio.Task[None]] = {}
             for step, level in enumerate(levels):
+                if self.on_step is not None:
+                    await self.on_step(level)
                 self.step, self.target = step, level
                 self.step_starts.append(time.monotonic())
                 for index in range(level):
@@ -188,6 +192,8 @@ def _overlaps(s: Served, edges: list[float]) -> list[tuple[int, float]]:
     return found
 
 
+SERVED_ORACLE = "oracle, served"
+
 # The gateway's configurations side by side: `auto` as recommended (spill on, a load window
 # of 20 s: five dwell times, as 300 s is to production's 60 s), then each without one part,
 # on the traces it matters for.
@@ -195,6 +201,9 @@ CONFIGS = {
     "auto": {"DRAFTGATE_SPILL": "true", "DRAFTGATE_SELECTOR_LOAD_WINDOW_S": "20"},
     "auto, no spill": {"DRAFTGATE_SPILL": "false", "DRAFTGATE_SELECTOR_LOAD_WINDOW_S": "20"},
     "auto, no load window": {"DRAFTGATE_SPILL": "true", "DRAFTGATE_SELECTOR_LOAD_WINDOW_S": "0"},
+    # The oracle served: pinned, at each step's start, to the method the simulator's model
+    # says is best at its level (hindsight, no lag), so it pays a move's drain as `auto` does
+    SERVED_ORACLE: {"DRAFTGATE_SPILL": "false", "DRAFTGATE_SELECTOR_LOAD_WINDOW_S": "0"},
 }
 
 
@@ -302,6 +311,15 @@ def report(name: str, runs: dict[str, Run], ground: Truth) -> None:
     print(f"{'policy':<36} {'$/1M out':>9} {'regret':>8} {'within ITL':>11}")
     for policy, (usd, within_tokens, regret, total) in rows.items():
         print(f"{policy:<36} {usd / total * 1e6:9.4f} {regret:8.1%} {within_tokens / total:11.1%}")
+    baseline = next((k for k in rows if k.startswith(SERVED_ORACLE)), None)
+    if baseline is not None:  # what a policy that must drain its moves could at best have done
+        usd, _, _, total = rows[baseline]
+        against = [
+            f"{label.split(' (')[0]} {mine / tokens / (usd / total) - 1:+.1%}"
+            for label, (mine, _, _, tokens) in rows.items()
+            if label.startswith("auto")
+        ]
+        print(f"against the oracle served ({usd / total * 1e6:.4f}): " + ", ".join(against))
     attribute(first, ground, runs["auto"].levels)
     for label, run in runs.items():
         by_method = {m: sum(s.tokens for s in run.load.served if s.method == m) for m in METHODS}
@@ -357,9 +375,29 @@ def spills(server: Server) -> int:
     ))  # fmt: skip
 
 
-def serve(directory: Path, config: dict[str, str], traces: list[str], step_s: float,
+def pin_oracle(
+    base_url: str, token: str, ground: Truth, pins: list[str]
+) -> Callable[[int], Awaitable[None]]:
+    """The served oracle's step: pin the model to the best method at the step's level (each
+    change of method appended to `pins`)."""
+
+    async def pin(level: int) -> None:
+        method = ground.oracle(level)
+        if pins and pins[-1] == method:
+            return
+        pins.append(method)
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=base_url, headers=headers) as admin:
+            policy = {"mode": "pinned", "method": method}
+            (await admin.put(f"/admin/v1/models/{MODEL}/policy", json=policy)).raise_for_status()
+
+    return pin
+
+
+def serve(directory: Path, label: str, traces: list[str], step_s: float,
           objective_ms: float, time_scale: float) -> tuple[dict[str, Run], Truth]:  # fmt: skip
     """Run `traces` through a fresh `draftgate up` in one configuration."""
+    config = CONFIGS[label]
     directory.mkdir()
     server, token, key = start_up(directory, config, time_scale)
     runs: dict[str, Run] = {}
@@ -383,9 +421,12 @@ def serve(directory: Path, config: dict[str, str], traces: list[str], step_s: fl
                 make, relative = TRACES[name]
                 levels = make()
                 since, spilled_before = time.time(), spills(server)
-                load = Load(server.base_url, key)
+                load, pins = Load(server.base_url, key), list[str]()
+                if label == SERVED_ORACLE:
+                    load.on_step = pin_oracle(server.base_url, token, ground, pins)
                 asyncio.run(load.run(levels, step_s * relative))
                 moves, spilled = switches(admin, since), spills(server) - spilled_before
+                moves += max(0, len(pins) - 1)  # the served oracle's moves are its pins
                 runs[name] = Run(levels, load, moves, spilled, choices_said(directory))
     finally:
         server.close()
@@ -402,6 +443,9 @@ def main() -> None:
     parser.add_argument("--traces", default="diurnal,bursty")
     parser.add_argument("--without-spill", default="bursty", help="traces ('' none)")
     parser.add_argument("--without-load-window", default="diurnal,bursty", help="traces")
+    parser.add_argument(
+        "--served-oracle", default="diurnal,bursty", help="traces to serve the oracle on ('' none)"
+    )
     args = parser.parse_args()
     print("command: .venv/bin/python bench/regret.py " + " ".join(sys.argv[1:]))
     traces = args.traces.split(",")
@@ -409,6 +453,7 @@ def main() -> None:
         "auto": traces,
         "auto, no spill": [t for t in args.without_spill.split(",") if t in traces],
         "auto, no load window": [t for t in args.without_load_window.split(",") if t in traces],
+        SERVED_ORACLE: [t for t in args.served_oracle.split(",") if t in traces],
     }
     runs: dict[str, dict[str, Run]] = {name: {} for name in traces}  # by trace, then config
     with tempfile.TemporaryDirectory() as directory:  # a fresh stack for every run
@@ -416,7 +461,7 @@ def main() -> None:
             for label, its_traces in each.items():
                 if name in its_traces:
                     done, ground = serve(Path(directory, f"{name}-{len(runs[name])}"),
-                                         CONFIGS[label], [name], args.step_s,
+                                         label, [name], args.step_s,
                                          args.itl_objective_ms, args.time_scale)  # fmt: skip
                     runs[name][label] = done[name]
     print(f"B200 at ${ground.usd_per_gpu_hour}/GPU-hour (the demo's price); ITL objective "

@@ -33,7 +33,8 @@ on a method costing more than plain reads.
 
 A request class with an objective of its own is chosen for at its own prices: where it has
 enough reports of its own acceptance (gateway/acceptance.py), each method's $/1M and ITL
-scaled by the method's acceptance over the class's; else the method's.
+scaled by the method's acceptance over the class's; else the method's. A class's method is
+kept within its ITL ceiling by the same band as the model's (`kept_within`).
 """
 
 # Over 400 lines: one control round from load average to published choices, prices and
@@ -262,7 +263,10 @@ class Selector:
         for name, objective in (policy.classes if policy is not None else {}).items():
             current = chosen.classes.get((model, name))  # None: first choice
             own_costs, own_itls = _class_prices(snapshot, model, name, costs, itls)
-            scores = candidates(objective, own_costs, own_itls)
+            scores = kept_within(
+                candidates(objective, own_costs, own_itls), current, objective, own_costs,
+                own_itls, bands,
+            )  # fmt: skip
             decision = self._decide(model, name, current, scores, load, now)
             if decision is not None:  # a class's own choice moves at once
                 chosen.classes[(model, name)] = decision.after

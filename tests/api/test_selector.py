@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.acceptance import ClassPrice
 from gateway.control.selector import PriceGauges, Selector, decide, kept_within
+from gateway.curves import Band
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.db.tables import AuditEntry
@@ -422,3 +423,47 @@ def test_the_current_method_is_left_for_the_objective_only_once_surely_over_it()
     assert kept_within(
         candidates(latency, costs, near), "p-eagle", latency, costs, near, bands
     ) == candidates(latency, costs, near)
+
+
+@pytest.mark.parametrize(("band", "kept"), [(0.10, True), (0.01, False)])
+async def test_a_class_keeps_its_method_until_its_band_is_wholly_over_its_ceiling(
+    database_url: str, band: float, kept: bool
+) -> None:
+    """A class with an ITL ceiling of its own chose P-EAGLE, the cheapest, at 1 stream; at 32
+    its curve puts P-EAGLE 5% over the ceiling, where EAGLE-3 on dearer, faster GPUs is
+    within (plain, slow here, is not). With a ±10% band P-EAGLE may still be within: the class stays (as the model's
+    own objective does, `kept_within`); with ±1% it is surely over and moves to EAGLE-3."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        registry, selector = crossover(sessions)
+        fast = BackendView("c", "http://c", "m", "eagle3", 7, "H200", 1)
+        snapshot = registry.snapshot
+        ceiling = snapshot.itl_ms("m", "p-eagle", snapshot.backends["m"][1], 32) / 1.05
+        classes = {"chat": ClassView("cost", itl_objective_ms=ceiling)}
+        registry.snapshot = dataclasses.replace(
+            snapshot,
+            backends={"m": (*snapshot.backends["m"], fast)},
+            policies={"m": PolicyView("auto", classes=classes)},
+            prices={"B200": 6.0, "H200": 12.0},
+            curves={
+                **snapshot.curves,
+                ("m", "plain", "B200"): ThroughputCurve((1, 64), (100, 3000)),
+                ("m", "eagle3", "H200"): ThroughputCurve((1, 64), (1350, 22500)),
+            },
+            bands={
+                ("m", m, g): Band((), band)
+                for m, g in (("plain", "B200"), ("p-eagle", "B200"), ("eagle3", "H200"))
+            },
+        )
+        await selector.step()
+        assert auto_method(registry.snapshot, registry.choices, "m", "chat") == "p-eagle"
+        for name in ("a", "b", "c"):
+            registry.states[name].in_flight = 32 // 3 + (name == "a") * (32 % 3)
+        for _ in range(30):  # the moving average climbs to 32
+            await selector.step()
+        chosen = auto_method(registry.snapshot, registry.choices, "m", "chat")
+        assert chosen == ("p-eagle" if kept else "eagle3")
+    finally:
+        engine.dispose()

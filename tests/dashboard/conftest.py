@@ -41,6 +41,7 @@ class Stack:
     gateway: Server
     requests: int
     dashboard_url: str
+    started: float  # monotonic seconds when `draftgate up` was started
 
     def admin(self) -> httpx.Client:
         """An admin API client of the gateway."""
@@ -147,6 +148,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     dashboard_port = free_port()
     args = ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", "20",
             "--dashboard-port", str(dashboard_port))  # fmt: skip
+    started = time.monotonic()
     server = spawn_server(args, stack_env(f"sqlite:///{log_dir}/draftgate.db"), log_dir)
     try:
         server.wait_healthy(60.0)
@@ -156,7 +158,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             _sweep(admin)
         dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         wait_for_dashboard(dashboard_url)
-        yield Stack(server, REQUESTS, dashboard_url)
+        yield Stack(server, REQUESTS, dashboard_url, started)
     finally:
         server.close()
 
