@@ -64,6 +64,7 @@ ANSWER_TOKENS = 256
 PROMPT = "Summarise the plot of a long novel about a lighthouse keeper."
 TIME_SCALE = 0.2  # simulated time per wall second (--time-scale; 1: real time)
 GROUND_TRUTH_STEPS = 1500
+WARM_LEVELS = [1, 4, 16, 48, 96]  # where each method is benchmarked before a trace (--warm-s)
 
 
 def diurnal(low: int = 2, high: int = 96) -> list[int]:
@@ -394,8 +395,29 @@ def pin_oracle(
     return pin
 
 
-def serve(directory: Path, label: str, traces: list[str], step_s: float,
-          objective_ms: float, time_scale: float) -> tuple[dict[str, Run], Truth]:  # fmt: skip
+def warm(admin: httpx.Client, levels: list[int], seconds: float) -> None:
+    """Benchmark every backend at `levels` (output as the trace's), one after another, so each
+    method's curve is measured where the trace runs it. Without this, a method's curve is the
+    planner's estimate at full speed until traffic measures it; with the simulators run slower
+    than real time (`--time-scale`), a measured point is that many times slower, and a method
+    once measured looked that much dearer than one not yet measured."""
+    for backend in admin.get("/admin/v1/backends").json()["data"]:
+        body = {"backend": backend["name"], "concurrency": levels, "duration_s": seconds,
+                "output_len": ANSWER_TOKENS}  # fmt: skip
+        run = admin.post("/admin/v1/benchmarks", json=body)
+        run.raise_for_status()
+        deadline = time.monotonic() + 60 * len(levels) * seconds
+        while admin.get(f"/admin/v1/benchmarks/{run.json()['id']}").json()["status"] in {
+            "queued",
+            "running",
+        }:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the benchmark of {backend['name']} did not end")
+            time.sleep(0.5)
+
+
+def serve(directory: Path, label: str, traces: list[str], step_s: float, objective_ms: float,
+          time_scale: float, warm_s: float) -> tuple[dict[str, Run], Truth]:  # fmt: skip
     """Run `traces` through a fresh `draftgate up` in one configuration."""
     config = CONFIGS[label]
     directory.mkdir()
@@ -405,7 +427,9 @@ def serve(directory: Path, label: str, traces: list[str], step_s: float,
         with httpx.Client(
             base_url=server.base_url, headers={"Authorization": f"Bearer {token}"}
         ) as admin:
-            policy = {"mode": "auto", "itl_objective_ms": objective_ms}
+            # The simulators' latencies reach the gateway in wall time, `1 / time_scale` times
+            # the simulated (the ground truth's): the objective it is given is scaled alike
+            policy = {"mode": "auto", "itl_objective_ms": objective_ms / time_scale}
             admin.put(f"/admin/v1/models/{MODEL}/policy", json=policy).raise_for_status()
             prices = admin.get("/admin/v1/prices").json()["data"]
             price = min(p["usd_per_gpu_hour"] for p in prices if p["gpu_type"] == GPU)
@@ -417,6 +441,8 @@ def serve(directory: Path, label: str, traces: list[str], step_s: float,
                 timeout=60,
             )  # fmt: skip
             ground = Truth(price, objective_ms, probe.json()["usage"]["prompt_tokens"])
+            if warm_s > 0:
+                warm(admin, WARM_LEVELS, warm_s)
             for name in traces:
                 make, relative = TRACES[name]
                 levels = make()
@@ -444,6 +470,9 @@ def main() -> None:
     parser.add_argument("--without-spill", default="bursty", help="traces ('' none)")
     parser.add_argument("--without-load-window", default="diurnal,bursty", help="traces")
     parser.add_argument(
+        "--warm-s", type=float, default=6.0, help="seconds per level of the sweeps before (0: none)"
+    )
+    parser.add_argument(
         "--served-oracle", default="diurnal,bursty", help="traces to serve the oracle on ('' none)"
     )
     args = parser.parse_args()
@@ -462,7 +491,8 @@ def main() -> None:
                 if name in its_traces:
                     done, ground = serve(Path(directory, f"{name}-{len(runs[name])}"),
                                          label, [name], args.step_s,
-                                         args.itl_objective_ms, args.time_scale)  # fmt: skip
+                                         args.itl_objective_ms, args.time_scale,
+                                         args.warm_s)  # fmt: skip
                     runs[name][label] = done[name]
     print(f"B200 at ${ground.usd_per_gpu_hour}/GPU-hour (the demo's price); ITL objective "
           f"{ground.objective_ms} ms; prompt {ground.prompt_tokens} tokens, answers "

@@ -526,7 +526,11 @@ def kept_within(
     the objective: it is left for missing the objective only once its curve's 95% band is
     wholly above it (a method enters on its estimate). At low load a curve rests on few
     windows, and an estimate flickering across the objective moved traffic back and forth
-    within seconds, past the dwell time (a method out of the objective is left at once)."""
+    within seconds, past the dwell time (a method out of the objective is left at once).
+    When no method is within it (the fastest stands in), the current one is kept beside the
+    fastest while their bands overlap, so cost and the dwell time decide between them: in a
+    burst that put every method over the objective, two about as fast by their window's
+    estimates traded places twice in 1.5 s."""
     ceiling = objective.itl_objective_ms
     if (
         objective.objective != "cost"
@@ -536,18 +540,27 @@ def kept_within(
         or current not in itls
     ):
         return scores
-    if itls[current] / (1 + bands.get(current, 0.0)) > ceiling:
-        return scores  # surely over the objective
+    low = itls[current] / (1 + bands.get(current, 0.0))  # its ITL at best, within its band
+    if low > ceiling:  # surely over the objective: kept only beside a fastest it may match
+        fastest = next(iter(scores), None)
+        if any(itls[m] <= ceiling for m in scores) or fastest is None:
+            return scores
+        if low > itls[fastest] * (1 + bands.get(fastest, 0.0)):
+            return scores  # surely slower than the fastest
+        return {**scores, current: costs[current]}
     within = {m: s for m, s in scores.items() if itls[m] <= ceiling}  # not the fastest's stand-in
     return {**within, current: costs[current]}
 
 
 def _log(d: Decision, reason: str) -> None:
     """The log's line for a first choice or a move, with the prices behind it."""
-    prices = ", ".join(f"{m} {usd:.3f}" for m, usd in sorted(d.usd_per_mtok.items()))
+    prices = ", ".join(
+        f"{m} {usd:.3f}" + (f" ({d.itl_ms[m]:.2f} ms)" if m in d.itl_ms else "")
+        for m, usd in sorted(d.usd_per_mtok.items())
+    )
     what = "first choice" if reason == "start" else "moved"
     scope = d.model if d.request_class is None else f"{d.model} class {d.request_class}"
-    logger.info("auto: %s %s %s -> %s at %.1f streams ($/1M output: %s)",
+    logger.info("auto: %s %s %s -> %s at %.1f streams ($/1M output, ITL: %s)",
                 scope, what, d.before, d.after, d.concurrency, prices)  # fmt: skip
 
 

@@ -425,14 +425,31 @@ def test_the_current_method_is_left_for_the_objective_only_once_surely_over_it()
     ) == candidates(latency, costs, near)
 
 
+def test_when_no_method_is_within_the_current_one_is_kept_beside_a_fastest_it_may_match() -> None:
+    """In a burst every method is over 6 ms; p-eagle is the fastest by 2%, within the bands:
+    eagle3, serving, stays a candidate beside it and, cheaper, the choice (before, it was
+    left at once for p-eagle and taken back a round later). 30% slower, surely, it is left."""
+    own = ClassView("cost", 6.0)
+    costs = {"p-eagle": 0.66, "eagle3": 0.62}
+    bands = {"p-eagle": 0.05, "eagle3": 0.05}
+    burst = {"p-eagle": 7.0, "eagle3": 7.14}
+    scores = kept_within(candidates(own, costs, burst), "eagle3", own, costs, burst, bands)
+    assert scores == {"p-eagle": 0.66, "eagle3": 0.62}
+    slower = {**burst, "eagle3": 9.1}
+    assert kept_within(candidates(own, costs, slower), "eagle3", own, costs, slower, bands) == {
+        "p-eagle": 0.66
+    }
+
+
 @pytest.mark.parametrize(("band", "kept"), [(0.10, True), (0.01, False)])
 async def test_a_class_keeps_its_method_until_its_band_is_wholly_over_its_ceiling(
     database_url: str, band: float, kept: bool
 ) -> None:
     """A class with an ITL ceiling of its own chose P-EAGLE, the cheapest, at 1 stream; at 32
     its curve puts P-EAGLE 5% over the ceiling, where EAGLE-3 on dearer, faster GPUs is
-    within (plain, slow here, is not). With a ±10% band P-EAGLE may still be within: the class stays (as the model's
-    own objective does, `kept_within`); with ±1% it is surely over and moves to EAGLE-3."""
+    within (plain, slow here, is not). With a ±10% band P-EAGLE may still be within: the
+    class stays (as the model's own objective does, `kept_within`); with ±1% it is surely
+    over and moves to EAGLE-3."""
     engine = make_engine(database_url)
     migrate.upgrade(engine)
     sessions = make_sessionmaker(engine)
