@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python bench/regret.py [--step-s 12] [--itl-objective-ms 6] [--time-scale 0.2]
      [--traces diurnal,bursty] [--without-spill bursty] [--without-load-window diurnal,bursty]
+     [--served-oracle diurnal,bursty] [--warm-s 6]
 
 A real `draftgate up` (five simulated backends of GPT-OSS-20B on B200, one per method: plain,
 EAGLE-3, P-EAGLE, DFlash, DSpark; simulators at a fifth of real time) serves closed-loop
@@ -16,7 +17,15 @@ are compressed with the trace: selector every 0.5 s, dwell 4 s, move steps 1 s, 
 every 1 s over 4 s windows (production: 10 s, 60 s, 15 s, 5 s): a step is to the selector
 what an hour or a burst is in production. `auto` runs with per-request spill and a 20 s
 load window (`CONFIGS`), and beside it without spill and without the window, every run on a
-fresh stack.
+fresh stack. Before each trace every backend is benchmarked at 1-96 streams (`--warm-s` per
+level), as a fleet that has served a while has its curves measured; the simulators' latencies
+reach the gateway in wall time, so its ITL objective is the bench's over `--time-scale`.
+
+The oracle is also served (`--served-oracle`): the same trace through a fresh stack whose
+policy is pinned, at each step's start, to the method the simulator's model says is best at
+the step's level. It moves with hindsight and no lag, but pays what every real move pays:
+the old pool drains its requests while the new one fills. `auto` against it is what its
+decisions cost; the served oracle against the oracle is what moving at all costs.
 
 Ground truth is the simulator's own model, not what the gateway measured: each method's
 output tokens/s at each level, in virtual time (backends/sim/calibrate.run_closed_loop, the
