@@ -36,6 +36,10 @@ class Faults:
     startup_delay_s: float = 0.0  # time before the server accepts connections
     delay_s: float = 0.0  # time every completion waits before its response starts (slow)
     poison: str = ""  # a prompt containing this text is answered with HTTP 500, always
+    # A lossy verify path: this fraction of answers leave the target's tokens from token
+    # `diverge_at` on (what speculation must never do: tests of the lossless watchdog)
+    diverge_rate: float = 0.0
+    diverge_at: float = 0.0
 
     def updated(self, changes: dict[str, object]) -> Faults:
         """These switches with `changes` applied; ValueError names a bad key or value."""

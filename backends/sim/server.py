@@ -321,7 +321,9 @@ class SimServer:
             arrived_s=self.runner.now_s(),
             block_hashes=blocks,
         )
-        return request, self.runner.submit(request, PseudoText(seed))
+        diverge = self.faults.diverge_rate and self._rng.random() < self.faults.diverge_rate
+        at = int(self.faults.diverge_at) if diverge else None
+        return request, self.runner.submit(request, PseudoText(seed, at))
 
     async def _stream(self, generation: Generation, stream: Stream, send: Send) -> None:
         writer = self._writer(generation)

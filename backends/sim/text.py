@@ -48,13 +48,28 @@ def seed_of(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
-class PseudoText:
-    """An endless deterministic stream of tokens (" word") seeded by the prompt."""
+DIVERGED = 0x5EED  # mixed into the seed from a diverging answer's first changed token on
 
-    def __init__(self, seed: int) -> None:
+
+class PseudoText:
+    """An endless deterministic stream of tokens (" word") seeded by the prompt; with
+    `diverge_at`, another stream from that token on (a lossy verify path's answer)."""
+
+    def __init__(self, seed: int, diverge_at: int | None = None) -> None:
         self._rng = random.Random(seed)
+        self._seed, self._taken, self._diverge_at = seed, 0, diverge_at
 
     def take(self, n: int) -> str:
         """The next `n` tokens as text."""
+        at = self._diverge_at
+        if at is not None and self._taken <= at < self._taken + n:
+            kept = at - self._taken
+            before = self._words(kept)
+            self._rng, self._diverge_at = random.Random(self._seed ^ DIVERGED), None
+            return before + self._words(n - kept)
+        return self._words(n)
+
+    def _words(self, n: int) -> str:
         choice, words = self._rng.choice, WORDS
+        self._taken += n
         return "".join(" " + choice(words) for _ in range(n))

@@ -171,3 +171,30 @@ def test_startup_delay_s_holds_back_health(start_server: ServerStarter) -> None:
         server.wait_healthy()
         assert time.monotonic() - launched >= 2.0
         assert http.post("/v1/chat/completions", json=chat()).status_code == 200
+
+
+def test_diverge_rate_leaves_the_targets_tokens_at_the_given_token(
+    start_server: ServerStarter,
+) -> None:
+    """A clean answer is the same every time (the target's, greedy); with the switch on,
+    the answer keeps its first `diverge_at` tokens and differs from there (a lossy verify
+    path, for the lossless watchdog's tests); off again, the target's once more."""
+    server = start_sim(start_server)
+    body = chat("the same question", max_tokens=16, ignore_eos=True, temperature=0)
+    with server.client() as http:
+
+        def words() -> list[str]:
+            response = http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            content: str = response.json()["choices"][0]["message"]["content"]
+            return content.split()
+
+        clean = words()
+        assert words() == clean
+        set_faults(http, diverge_rate=1, diverge_at=5)
+        lossy = words()
+        assert len(lossy) == len(clean) == 16
+        assert lossy[:5] == clean[:5]
+        assert lossy[5:] != clean[5:]
+        set_faults(http, diverge_rate=0)
+        assert words() == clean
