@@ -110,17 +110,28 @@ def _sizing_note(fleet: Fleet) -> str:
 
 
 def _methods(fleet: Fleet) -> None:
-    """Each method's right-sized fleet, a row per method."""
+    """Each method's right-sized fleet, a row per method: a replica, then the fleet and its
+    bill (two tables, each whole on the page: one of twelve columns was cut at its edge)."""
     st.dataframe(
         [
             {
                 "method": m.method,
                 "K": m.k,
-                "GPUs per replica": f"{m.gpu_count}x {m.gpu_type}",
-                "streams per replica": f"{m.concurrency_per_replica:,.0f}",
-                "tokens/s per replica": f"{m.output_tokens_per_s_per_replica:,.0f}",
-                "per-token latency at those streams": ms(m.itl_ms),
+                "replica": f"{m.gpu_count}x {m.gpu_type}",
+                "streams": f"{m.concurrency_per_replica:,.0f}",
+                "tokens/s": f"{m.output_tokens_per_s_per_replica:,.0f}",
+                "latency at those streams": ms(m.itl_ms),
                 "meets objective": "yes" if m.meets_objective else "no",
+            }
+            for m in fleet.methods
+        ],
+        hide_index=True,
+    )
+    st.caption("One replica of each method: its streams, tokens/s and per-token latency.")
+    st.dataframe(
+        [
+            {
+                "method": m.method,
                 "peak replicas": m.peak_replicas,
                 "GPU-hours": f"{m.gpu_hours:,.3f}",
                 "right-sized bill": money(m.bill_usd),
@@ -131,6 +142,7 @@ def _methods(fleet: Fleet) -> None:
         ],
         hide_index=True,
     )
+    st.caption("Each method's fleet sized for the traffic, hour by hour, and its bill.")
 
 
 def _latency(fleet: Fleet) -> None:

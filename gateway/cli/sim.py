@@ -66,10 +66,6 @@ def sim(
     crash_after_s: Annotated[float | None, typer.Option(min=0)] = None,
     startup_delay_s: Annotated[float, typer.Option(min=0)] = 0.0,
     delay_s: Delay = 0.0,
-    diverge_rate: Annotated[
-        float, typer.Option(min=0, max=1, help="Share of answers that leave the target's tokens.")
-    ] = 0.0,
-    diverge_at: Annotated[int, typer.Option(min=0, help="The token they leave it at.")] = 0,
     api_key: ApiKey = None,
     engine_version: EngineVersion = VLLM_VERSION,
 ) -> None:
@@ -79,10 +75,7 @@ def sim(
     model = model or fail("--model is required (e.g. --model openai/gpt-oss-20b)")
     from backends.sim.config import Faults, SimConfig
 
-    faults = Faults(
-        error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s, delay_s,
-        diverge_rate=diverge_rate, diverge_at=diverge_at,
-    )  # fmt: skip
+    faults = Faults(error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s, delay_s)
     config = SimConfig(
         model=model,
         method=method,
