@@ -134,6 +134,8 @@ class ApiKey(Base):
     tokens_per_minute: Mapped[int | None]
     max_concurrent_requests: Mapped[int | None]
     max_body_bytes: Mapped[int | None]
+    # Its requests are never replayed by the lossless watchdog (gateway/lossless.py)
+    lossless_opt_out: Mapped[bool] = mapped_column(default=False, server_default=false())
     budget_usd: Mapped[float | None]
     budget_period: Mapped[str] = mapped_column(String(16), default="monthly")
     request_class: Mapped[str | None] = mapped_column(String(CLASS_NAME))
@@ -368,3 +370,34 @@ class Lease(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     holder: Mapped[str] = mapped_column(String(NAME))
     expires_at: Mapped[float] = mapped_column(Double)
+
+
+class LosslessCheck(Base):
+    """One served answer compared with its replay on the model's reference method by the
+    lossless watchdog: where the two first differ, never what they say (hashes only)."""
+
+    __tablename__ = "lossless_checks"
+    __table_args__ = (Index("ix_lossless_checks_model_created", "model", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    model: Mapped[str] = mapped_column(String(NAME))
+    # The served answer's method, K, drafter, backend and its engine version (`/version`)
+    method: Mapped[str] = mapped_column(String(32))
+    k: Mapped[int | None]
+    drafter: Mapped[str | None] = mapped_column(String(URL))
+    backend_name: Mapped[str] = mapped_column(String(NAME))
+    engine_version: Mapped[str | None] = mapped_column(String(VERSION))
+    # The replay's: the model's reference method (plain unless configured)
+    reference_method: Mapped[str] = mapped_column(String(32))
+    reference_backend: Mapped[str] = mapped_column(String(NAME))
+    reference_engine_version: Mapped[str | None] = mapped_column(String(VERSION))
+    unit: Mapped[str] = mapped_column(String(8))  # "token" (ids compared) or "char" (text)
+    served_length: Mapped[int]
+    reference_length: Mapped[int]
+    common_prefix: Mapped[int]  # in `unit`s; where they first differ when they do
+    diverged: Mapped[bool]
+    served_sha256: Mapped[str] = mapped_column(String(64))
+    reference_sha256: Mapped[str] = mapped_column(String(64))
+    served_request_id: Mapped[str] = mapped_column(String(64))  # the usage records' ids
+    replay_request_id: Mapped[str] = mapped_column(String(64))

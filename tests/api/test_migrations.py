@@ -13,7 +13,7 @@ from gateway.db import migrate
 from gateway.db.base import Base
 from gateway.db.session import make_engine, make_sessionmaker
 
-HEAD = "0023"  # the newest migration
+HEAD = "0024"  # the newest migration
 TABLES = {
     "alembic_version",
     "api_keys",
@@ -22,6 +22,7 @@ TABLES = {
     "benchmark_runs",
     "gpu_prices",
     "leases",
+    "lossless_checks",
     "measurements",
     "models",
     "pools",
