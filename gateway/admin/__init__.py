@@ -10,6 +10,7 @@ from gateway.admin import (
     fleet,
     gpus,
     keys,
+    lossless,
     measurements,
     methods,
     models,
@@ -54,6 +55,7 @@ def admin_router() -> APIRouter:
         measurements,
         methods,
         usage,
+        lossless,
         whoami,
     ):
         router.include_router(module.router)

@@ -487,3 +487,89 @@ class UsagePage(Report):
     object: Literal["list"] = "list"
     data: list[UsageRow]
     next_cursor: str | None
+
+
+class FirstDivergence(Report):
+    """Where diverged answers first left their replays: `common_prefix` over a group's
+    diverged checks, in linearly interpolated quantiles."""
+
+    unit: str = Field(
+        description="token: ids compared; char: text compared; mixed: the group has both"
+    )
+    min: int = Field(description="The earliest divergence, in `unit`s from the answer's start")
+    p25: float = Field(description="A quarter of the divergences come at or before this")
+    p50: float = Field(description="The median divergence")
+    p75: float
+    max: int
+
+
+class LosslessFloor(Report):
+    """A model's checks of a method against itself (method == reference_method) pooled: the
+    divergence batch nondeterminism alone causes, to read every group's rate beside."""
+
+    samples: int = Field(description="Served answers compared with their replay")
+    divergences: int = Field(description="Of them, those that differ from their replay")
+    divergence_rate: float | None = Field(description="divergences / samples; None: no samples")
+    interval_95: tuple[float, float] | None = Field(
+        description="The Wilson score interval of the rate at 95%; None: no samples"
+    )
+
+
+class LosslessGroup(Report):
+    """One serving configuration's checks against one reference method."""
+
+    method: str = Field(description="The served answer's method")
+    k: int | None = Field(description="Its speculative tokens per step; None: not speculative")
+    drafter: str | None = Field(description="Its drafter; None: none")
+    backend: str = Field(description="The backend that served the answer")
+    engine_version: str | None = Field(description="The serving engine's version, if it said")
+    reference_method: str = Field(description="The method the replay ran on")
+    is_floor: bool = Field(
+        description=(
+            "method == reference_method: what batch nondeterminism alone makes differ, the "
+            "rate every other group is read against"
+        )
+    )
+    samples: int = Field(description="Served answers compared with their replay")
+    divergences: int = Field(description="Of them, those that differ from their replay")
+    divergence_rate: float = Field(description="divergences / samples")
+    interval_95: tuple[float, float] = Field(
+        description="The Wilson score interval of the rate at 95%"
+    )
+    first_divergence: FirstDivergence | None = Field(
+        description="Where the diverged answers first differ; None: none diverged"
+    )
+    first_seen: dt.datetime = Field(description="The group's first check in the period")
+    last_seen: dt.datetime = Field(description="Its last check in the period")
+
+
+class LosslessReplays(Report):
+    """The watchdog's own cost: its replays, recorded as requests of the class
+    `lossless-replay`, a capacity cost priced like any request."""
+
+    requests: int = Field(description="Replays recorded in the period")
+    unpriced: int = Field(description="Of them, those without a cost (not in cost_usd)")
+    cost_usd: float = Field(
+        description=(
+            "Their capacity cost, priced like any request (its method's curve at its load): "
+            "the share of the GPUs' time the replays took"
+        )
+    )
+
+
+class LosslessModel(Report):
+    """One model's checks: the floor, the replays' cost and each serving configuration."""
+
+    model: str
+    floor: LosslessFloor
+    replays: LosslessReplays
+    groups: list[LosslessGroup]
+
+
+class LosslessReport(Report):
+    """How often served answers differ from their replays on the reference method, per model
+    and serving configuration, beside the floor, over [from, to)."""
+
+    start: str = Field(alias="from", description="ISO 8601, UTC")
+    end: str = Field(alias="to", description="ISO 8601, UTC")
+    models: list[LosslessModel]
