@@ -206,6 +206,7 @@ class KeyView:
     max_concurrent_requests: int | None = None  # on each replica
     request_class: str | None = None  # its requests' class without a class header
     max_body_bytes: int | None = None  # its bodies' bound, under the gateway's
+    lossless_opt_out: bool = False  # its requests are never replayed by the lossless watchdog
 
 
 def by_method(backends: Iterable[BackendView]) -> dict[str, tuple[BackendView, ...]]:
@@ -418,6 +419,7 @@ def _keys(session: Session) -> dict[str, KeyView]:
             k.max_concurrent_requests,
             k.request_class,
             k.max_body_bytes,
+            k.lossless_opt_out,
         )
         for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
     }

@@ -83,6 +83,12 @@ def keys_create(
         int | None, typer.Option(min=1024, help="Largest request body it may send, in bytes.")
     ] = None,
     budget_usd: Annotated[float | None, typer.Option(min=0)] = None,
+    lossless_opt_out: Annotated[
+        bool,
+        typer.Option(
+            "--lossless-opt-out", help="Its requests are never replayed by the lossless watchdog."
+        ),
+    ] = False,
 ) -> None:
     """Create an API key and print it once."""
     from gateway.schemas.resources import KeyCreate
@@ -95,6 +101,7 @@ def keys_create(
         max_concurrent_requests=max_concurrent_requests,
         max_body_bytes=max_body_bytes,
         budget_usd=budget_usd,
+        lossless_opt_out=lossless_opt_out,
     )
     with session() as db:
         created = create_key(db, data, CLI_ACTOR)

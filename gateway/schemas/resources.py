@@ -479,6 +479,10 @@ class KeyLimits(Strict):
     request_class: ClassName | None = Field(
         default=None, description="The class of its requests without an x-draftgate-class."
     )
+    lossless_opt_out: bool = Field(
+        default=False,
+        description="Its requests are never replayed by the lossless watchdog (docs/lossless.md).",
+    )
 
 
 class KeyCreate(KeyLimits):
@@ -499,6 +503,7 @@ class KeyUpdate(Strict):
     budget_period: Literal["daily", "monthly", "total"] | None = None
     allowed_models: list[Name] | None = None
     request_class: ClassName | None = None
+    lossless_opt_out: bool | None = None
 
 
 class KeyPublic(Public):
@@ -515,6 +520,7 @@ class KeyPublic(Public):
     budget_period: str
     allowed_models: list[str] | None
     request_class: str | None = None
+    lossless_opt_out: bool = False
     created_at: dt.datetime
     revoked_at: dt.datetime | None
 

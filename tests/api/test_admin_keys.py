@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import httpx
+from fastapi import FastAPI
 from sqlalchemy import create_engine, text
 
 from gateway.settings import Settings
@@ -70,3 +71,38 @@ async def test_key_errors(client: httpx.AsyncClient) -> None:
     assert_envelope(
         await client.post("/admin/v1/keys", json=no_slot), 422, "max_concurrent_requests"
     )
+
+
+async def test_a_key_opts_out_of_the_lossless_watchdog(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    plain = (await client.post("/admin/v1/keys", json={"name": "checked"})).json()
+    assert plain["lossless_opt_out"] is False  # replayed unless it says otherwise
+    created = await client.post(
+        "/admin/v1/keys", json={"name": "private", "lossless_opt_out": True}
+    )
+    assert created.status_code == 201, created.text
+    key_id, secret = created.json()["id"], created.json()["key"]
+    assert created.json()["lossless_opt_out"] is True
+    assert (await client.get(f"/admin/v1/keys/{key_id}")).json()["lossless_opt_out"] is True
+    listed = (await client.get("/admin/v1/keys")).json()["data"]
+    assert {k["name"]: k["lossless_opt_out"] for k in listed} == {"checked": False, "private": True}
+    keys = app.state.components.registry.snapshot.keys  # what the relay reads
+    assert keys[hashlib.sha256(secret.encode()).hexdigest()].lossless_opt_out is True
+
+    patched = await client.patch(f"/admin/v1/keys/{key_id}", json={"lossless_opt_out": False})
+    assert patched.json()["lossless_opt_out"] is False
+    assert keys is not app.state.components.registry.snapshot.keys  # reloaded after the change
+    keys = app.state.components.registry.snapshot.keys
+    assert keys[hashlib.sha256(secret.encode()).hexdigest()].lossless_opt_out is False
+    renamed = await client.patch(f"/admin/v1/keys/{key_id}", json={"name": "renamed"})
+    assert renamed.json()["lossless_opt_out"] is False  # a patch without it keeps it
+    audit = (await client.get("/admin/v1/audit")).json()["data"]
+    change = next(e for e in audit if e["action"] == "update" and e["after"]["name"] == "private")
+    assert (change["before"]["lossless_opt_out"], change["after"]["lossless_opt_out"]) == (
+        True,
+        False,
+    )
+    for bad in (None, "maybe"):
+        response = await client.patch(f"/admin/v1/keys/{key_id}", json={"lossless_opt_out": bad})
+        assert_envelope(response, 422, "lossless_opt_out")

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from gateway.db.base import Base
 from gateway.db.tables import Measurement
@@ -311,6 +311,22 @@ def test_keys_create_list_revoke(run_cli: CliRunner, database_url: str) -> None:
     unknown = run_cli("keys", "revoke", "999999", env=env)
     assert unknown.returncode == 1
     assert "999999" in unknown.stderr
+
+
+def test_keys_create_opts_out_of_the_lossless_watchdog(
+    run_cli: CliRunner, database_url: str
+) -> None:
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    for args in (("checked",), ("private", "--lossless-opt-out")):
+        created = run_cli("keys", "create", *args, env=env)
+        assert created.returncode == 0, created.stderr
+    engine = create_engine(sqlalchemy_url(database_url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT name, lossless_opt_out FROM api_keys")).all()
+    finally:
+        engine.dispose()
+    assert sorted(rows) == [("checked", False), ("private", True)]
 
 
 # --- commands still to come -------------------------------------------------------------
