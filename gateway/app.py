@@ -6,19 +6,17 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from httpx_aiohttp import AiohttpTransport
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import apidocs, health, openai_routes
 from gateway.accounting import Ledger
@@ -32,9 +30,14 @@ from gateway.control.windows import Gate
 from gateway.db import migrate
 from gateway.db.sealed import use_keys
 from gateway.db.session import make_engine, make_sessionmaker, on_audit_commit, transaction
+from gateway.db.tables import LosslessCheck
 from gateway.deps import Components, authorize_admin
-from gateway.error_handlers import install_error_handlers, on_out_of_range
-from gateway.errors import ServiceUnavailable
+from gateway.error_handlers import (
+    install_error_handlers,
+    limited,
+    on_database_unavailable,
+    on_out_of_range,
+)
 from gateway.events.budget_alerts import BudgetWatch
 from gateway.events.webhooks import WebhookSender
 from gateway.homes import STORED_RESPONSES, ResponseHomes
@@ -42,6 +45,7 @@ from gateway.limits import Limiter, budgeted_spend
 from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
+from gateway.relay.shadow import Check, Shadow
 from gateway.relay.upstream import UPSTREAM_KEEPALIVE_S, Upstream
 from gateway.server.inflight import INFLIGHT_FILE, SharedInFlight
 from gateway.server.replica import Changes, Replica
@@ -75,12 +79,6 @@ def prepare_database(settings: Settings, engine: Engine) -> None:
                 "DRAFTGATE_SECRETS_KEY_FILE) to seal them (docs/deploy.md)",
                 plain,
             )
-
-
-async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
-    logger.warning("database unavailable: %s", type(exc).__name__)
-    error = ServiceUnavailable("database unavailable; retry shortly")
-    return JSONResponse(error.envelope(), status_code=error.status_code)
 
 
 CONTROL_CONNECTIONS = 8  # the prober's and collector's own pool: short, sequential calls
@@ -127,28 +125,12 @@ class GatewayApp(FastAPI):
             await self.relay(scope, receive, send)
             return
         if scope["type"] == "http" and self.max_body_bytes is not None:
-            receive = _limited(receive, self.max_body_bytes)
+            receive = limited(receive, self.max_body_bytes)
         tracing = self.tracing
         if tracing is not None and scope["type"] == "http" and tracing.is_admin_change(scope):
             await tracing.serve_admin(scope, receive, send, super().__call__)
             return
         await super().__call__(scope, receive, send)
-
-
-def _limited(receive: Any, limit: int) -> Any:
-    """`receive` refusing (413, rendered as the envelope) a body beyond `limit` bytes."""
-    size = 0
-
-    async def limited() -> Any:
-        nonlocal size
-        message = await receive()
-        size += len(message.get("body", b""))
-        if size > limit:
-            message = f"Request body larger than {limit} bytes"
-            raise StarletteHTTPException(413, message, headers={"connection": "close"})
-        return message
-
-    return limited
 
 
 def create_app(
@@ -182,7 +164,7 @@ def create_app(
     )
     app.max_body_bytes = settings.max_body_bytes
     install_error_handlers(app, authorize_admin)
-    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(OperationalError, on_database_unavailable)
     app.add_exception_handler(DataError, on_out_of_range)  # PostgreSQL's, on a huge integer
     app.include_router(health.router)
     app.include_router(apidocs.router)  # /docs and /redoc, offline
@@ -327,6 +309,18 @@ def _start_loops(
     return _Loops(stop, stoppable, prober)
 
 
+def _shadow(
+    settings: Settings, metrics: GatewayMetrics, registry: Registry, sessions: sessionmaker[Session]
+) -> Shadow | None:
+    """The lossless watchdog's sampler, storing each check (None: it samples nothing)."""
+
+    def insert(check: Check) -> None:
+        with transaction(sessions) as session:
+            session.add(LosslessCheck(**asdict(check)))
+
+    return Shadow.of(settings, metrics, registry.states, insert)
+
+
 async def _close(
     client: Upstream,
     control: httpx.AsyncClient,
@@ -382,9 +376,15 @@ async def _running(
     tracing = start_tracing(settings)
     if tracing is not None:
         on_audit_commit(sessions, tracing.audited)
-    app.relay = Relay(settings, registry, ledger, limiter, metrics, client, homes, tracing)
+    shadow = _shadow(settings, metrics, registry, sessions)
+    app.relay = relay = Relay(
+        settings, registry, ledger, limiter, metrics, client, homes, tracing, shadow
+    )
     app.tracing = tracing
     loops = _start_loops(components, ledger, limiter, control, webhooks, replica)
+    if shadow is not None:  # replays through this worker's relay, one at a time
+        replays = shadow.run(relay, lambda: registry.snapshot, loops.stop)
+        loops.stoppable.append(asyncio.create_task(replays))
     try:
         yield
     finally:

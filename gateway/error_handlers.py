@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.errors import GatewayError, ValidationFailed, error_body, validation_failed
+from gateway.errors import (
+    GatewayError,
+    ServiceUnavailable,
+    ValidationFailed,
+    error_body,
+    validation_failed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +80,25 @@ def install_error_handlers(
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(OverflowError, on_out_of_range)  # SQLite's, on a huge integer
     app.add_exception_handler(Exception, _on_unexpected)
+
+
+async def on_database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    logger.warning("database unavailable: %s", type(exc).__name__)
+    error = ServiceUnavailable("database unavailable; retry shortly")
+    return JSONResponse(error.envelope(), status_code=error.status_code)
+
+
+def limited(receive: Any, limit: int) -> Any:
+    """`receive` refusing (413, rendered as the envelope) a body beyond `limit` bytes."""
+    size = 0
+
+    async def limited() -> Any:
+        nonlocal size
+        message = await receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            message = f"Request body larger than {limit} bytes"
+            raise StarletteHTTPException(413, message, headers={"connection": "close"})
+        return message
+
+    return limited

@@ -65,6 +65,7 @@ class GatewayMetrics:
         self._series: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
         self._requests(r)
         self._routing(r)
+        self._lossless(r)
         self._backends(r)
         self._pricing(r)
         self._replica(r)
@@ -173,6 +174,25 @@ class GatewayMetrics:
             "draftgate_rejections",
             "Requests refused before routing, by reason.",
             ["reason"],
+            registry=r,
+        )
+
+    def _lossless(self, r: CollectorRegistry) -> None:
+        """The lossless watchdog's checks and drops (gateway/relay/shadow.py)."""
+        self.lossless_checks = Counter(
+            "draftgate_lossless_checks",
+            "Served answers the lossless watchdog compared with their replay on the model's "
+            "reference method, by the served method and backend and whether they diverged "
+            '(result="match" or "diverged"); method equal to reference is the floor.',
+            ["model", "method", "backend", "reference", "result"],
+            registry=r,
+        )
+        self.lossless_dropped = Counter(
+            "draftgate_lossless_dropped",
+            "Samples the lossless watchdog dropped unreplayed: over its cap per minute "
+            '("cap"), its queue full ("queue"), no healthy reference backend ("no_reference"), '
+            'or the replay failed ("replay_failed").',
+            ["model", "reason"],
             registry=r,
         )
 

@@ -336,6 +336,45 @@ class Settings(BaseSettings):
             "spill`. Default true."
         ),
     )
+    lossless_sample_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "The lossless watchdog (docs/lossless.md): the share of eligible requests (greedy: "
+            "`temperature` 0, one choice, on `/v1/chat/completions` or `/v1/completions`, from "
+            "a key not opted out) whose answer is compared with a replay of the same request "
+            "on the model's reference method. The replays run one at a time per gateway "
+            "process, after the client has its answer, and are priced and recorded as "
+            "requests of the class `lossless-replay`. Default 0: off."
+        ),
+    )
+    lossless_max_per_minute: int = Field(
+        default=30,
+        ge=1,
+        description=(
+            "At most this many replays per minute per gateway process; samples beyond it are "
+            'dropped and counted in `draftgate_lossless_dropped_total{reason="cap"}`. '
+            "Default 30."
+        ),
+    )
+    lossless_queue: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Samples waiting for their replay, per gateway process; beyond it they are dropped "
+            '(`reason="queue"`). Default 64.'
+        ),
+    )
+    lossless_reference: str = Field(
+        default="",
+        description=(
+            "Each model's reference method for the watchdog's replays, as `model=method` "
+            "pairs separated by commas (`Qwen/Qwen3-8B=plain`); a model not named replays on "
+            "`plain`. A model without a healthy backend of its reference method is not "
+            'checked (`reason="no_reference"`). Default: plain for every model.'
+        ),
+    )
     class_acceptance_min_requests: int = Field(
         default=200,
         ge=0,
@@ -863,6 +902,12 @@ class Settings(BaseSettings):
         """`keyless_allowed_hosts` as the relay looks them up (lower-case bytes)."""
         names = self.keyless_allowed_hosts.split(",")
         return frozenset(n.strip().lower().strip("[]").encode() for n in names if n.strip())
+
+    @property
+    def lossless_references(self) -> dict[str, str]:
+        """`lossless_reference` by model; a model not named replays on plain."""
+        pairs = (p.rpartition("=") for p in self.lossless_reference.split(",") if p.strip())
+        return {model.strip(): method.strip() for model, _, method in pairs if model.strip()}
 
     @property
     def classes(self) -> tuple[str, ...]:

@@ -34,6 +34,8 @@ from gateway.usage import Speculation, Tokens, tokens_of
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from gateway.relay.transcripts import Sample
+
 # A model with no throughput curve is charged its share of the backend's GPU time; before it
 # runs, its worst case assumes one stream alone on the GPUs at this many seconds per token
 # (20 tokens/s: slower than any interactive serving, so a reservation rarely falls short).
@@ -83,6 +85,8 @@ class Exchange:
     home: BackendView | None = None  # the backend holding its `previous_response_id`, if any
     response_id: str | None = None  # the id of the response its backend stored, if any
     refusal: str | None = None  # why it was refused before its body was read (no record)
+    sample: Sample | None = None  # its answer as served, sampled for the lossless watchdog
+    pinned: str | None = None  # the only method that may serve it (a watchdog's replay)
 
 
 def admit(

@@ -45,7 +45,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.affinity import Affinity, later_turn, session_key
 from gateway.policy.rules import CLASS_HEADER, first_match
 from gateway.policy.rules import Request as RuleRequest
-from gateway.registry import BackendState, BackendView, PolicyView, Registry
+from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry
 from gateway.relay.asgi import ClientGone, Receive, Scope, Send
 from gateway.relay.checks import (
     COMPLETION_PATHS,
@@ -77,6 +77,7 @@ from gateway.relay.headers import (
     upstream_headers,
 )
 from gateway.relay.routing import Route, route_request
+from gateway.relay.shadow import REPLAY, REPLAY_CLASS, ReplayOrder, Shadow
 from gateway.relay.spans import end_span
 from gateway.relay.sse import UsageTap, hold_done
 from gateway.relay.upstream import (
@@ -133,8 +134,10 @@ class Relay:
         client: Upstream,
         homes: ResponseHomes,
         tracing: Tracing | None = None,
+        shadow: Shadow | None = None,
     ) -> None:
         self.settings = settings
+        self.shadow = shadow  # the lossless watchdog's sampler, when it samples
         self.homes = homes
         self.registry = registry
         self.ledger = ledger
@@ -186,6 +189,8 @@ class Relay:
                 self.homes.remember(exchange.response_id, Home(exchange.backend.name, key))
             if self.tracing is not None:
                 end_span(exchange, self.tracing)
+            if exchange.sample is not None and self.shadow is not None:
+                self.shadow.offer(exchange)  # after the record: its replay comes later
 
     async def _handle(
         self, scope: Scope, headers: dict[bytes, bytes], x: Exchange, receive: Receive, send: Send
@@ -194,15 +199,11 @@ class Relay:
         path = scope["path"]
         if path not in self.relayed:  # an exact list: no dot segments, no operator routes
             raise UnknownPath(f"Unknown path {path[:100]!r}")
-        if self.keyless_hosts is not None:
-            keyless_door(headers, self.keyless_hosts)
-        x.snapshot = snapshot = self.registry.snapshot  # the request's only read of it
+        order: ReplayOrder | None = scope.get(REPLAY)  # the watchdog's own replay: no key
+        x.snapshot = self.registry.snapshot  # the request's only read of it
         x.choices = self.registry.choices  # and of these
-        try:  # the key is in a header: a caller without one costs no body read and no record
-            x.key = authenticate(headers, snapshot, self.settings.require_api_key)
-        except InvalidApiKey as refusal:
-            x.refusal = refusal.code
-            raise
+        if order is None:  # the key is in a header: without one, no body read and no record
+            x.key = self._authenticate(headers, x)
         body = await read_body(headers, receive, body_bound(x.key, self.settings.max_body_bytes))
         payload = parse_body(body, self.settings.max_json_depth)
         model = payload.get("model")
@@ -228,6 +229,8 @@ class Relay:
         self._say_how_it_routes(
             x, headers, path, payload, len(body), x.snapshot.policies.get(model)
         )
+        if order is not None or self.shadow is not None:
+            self._replay_or_sample(x, order, path, payload)
         stream = payload.get("stream") is True
         asked = usage_asked(
             path,
@@ -246,6 +249,29 @@ class Relay:
             if not stream:  # the backend never said what it generated: estimate it
                 estimate_abandoned(x, path, payload, len(body), limit)
             raise
+
+    def _authenticate(self, headers: dict[bytes, bytes], x: Exchange) -> KeyView | None:
+        """The request's key (None: keys are not required and it sent none), from a host
+        that may call without one when keys are not required."""
+        assert x.snapshot is not None
+        if self.keyless_hosts is not None:
+            keyless_door(headers, self.keyless_hosts)
+        try:
+            return authenticate(headers, x.snapshot, self.settings.require_api_key)
+        except InvalidApiKey as refusal:
+            x.refusal = refusal.code
+            raise
+
+    def _replay_or_sample(
+        self, x: Exchange, order: ReplayOrder | None, path: str, payload: dict[str, Any]
+    ) -> None:
+        """A watchdog's replay runs on its reference method alone, recorded as a replay; any
+        other request may be sampled for one."""
+        if order is not None:
+            order.exchange, x.pinned, x.request_class = x, order.method, REPLAY_CLASS
+            x.rule = x.affinity = None
+        elif self.shadow is not None:
+            x.sample = self.shadow.sample(path, payload, x.key)
 
     async def _home(self, x: Exchange, previous: object) -> BackendView | None:
         """The backend holding the response a later turn continues (None: no replica has
@@ -471,6 +497,8 @@ class Relay:
                     out, held = hold_done(out, held)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                if x.sample is not None:
+                    x.sample.transcript.feed(chunk)
             call.release()
             rest = tap.finish()
             if asked.cost:
@@ -515,6 +543,8 @@ class Relay:
             x.outcome = "upstream_error" if x.status >= 500 else "client_error"
         body = json_body(content)
         x.usage, x.speculation = usage_in(body), speculation_in(body)
+        if x.sample is not None:
+            x.sample.transcript.whole(body)
         if body is not None and not call.asked.speculation and cut_speculation(body):
             content = orjson.dumps(body)  # the gateway asked for the block, not the client
         if call.path == RESPONSES_PATH and x.status == 200:

@@ -220,6 +220,10 @@ def route_request(
     assert model is not None
     if x.home is not None:  # a later turn: only the backend holding the conversation can
         return Route((x.home,), x.home.method, affinity="stored")
+    if x.pinned is not None:  # a watchdog's replay: its reference method's backends alone
+        pool = snapshot.pools[model].get(x.pinned, ())
+        healthy = [b for b in pool if states[b.name].available(now)]
+        return Route(tuple(order_by_load(healthy, states, rng, limit)), x.pinned)
     policy = snapshot.policies.get(model) or PolicyView()
     own = x.request_class if x.request_class in policy.classes else None
     chosen = auto_method(snapshot, x.choices, model, own)

@@ -45,9 +45,7 @@ def upgrade() -> None:
     op.create_index(
         op.f("ix_lossless_checks_created_at"), "lossless_checks", ["created_at"], unique=False
     )
-    op.create_index(
-        "ix_lossless_checks_model_created", "lossless_checks", ["model", "created_at"]
-    )
+    op.create_index("ix_lossless_checks_model_created", "lossless_checks", ["model", "created_at"])
     with op.batch_alter_table("api_keys") as batch:
         batch.add_column(
             sa.Column("lossless_opt_out", sa.Boolean(), nullable=False, server_default=sa.false())
