@@ -40,7 +40,14 @@ from gateway.curves import (
     pool,
 )
 from gateway.db.measurements import usable
-from gateway.db.tables import ApiKey, Backend, GpuPrice, ModelPolicy, UsageHourly
+from gateway.db.tables import (
+    ApiKey,
+    Backend,
+    GpuPrice,
+    ModelPolicy,
+    Quarantine,
+    UsageHourly,
+)
 from gateway.drafters import DrafterCurve, DrafterKey, drafter_curves
 from gateway.policy.affinity import stable_hash
 from gateway.policy.choices import Choices
@@ -190,6 +197,7 @@ class PolicyView:
     move: Move | None = None  # a gradual move to the pinned method (maybe already over)
     classes: Mapping[str, ClassView] = field(default_factory=dict)  # objectives for auto
     drafter_trial: DrafterTrial | None = None  # an A/B of two drafters of one method
+    quarantined: frozenset[str] = frozenset()  # methods auto must not choose (lossless)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +398,10 @@ def load_snapshot(
 
 
 def _policies(session: Session) -> dict[str, PolicyView]:
+    quarantined: dict[str, frozenset[str]] = {}
+    active = select(Quarantine.model, Quarantine.method).where(Quarantine.lifted_at.is_(None))
+    for model, method in session.execute(active):
+        quarantined[model] = quarantined.get(model, frozenset()) | {method}
     return {
         m.name: PolicyView(
             m.mode,
@@ -401,6 +413,7 @@ def _policies(session: Session) -> dict[str, PolicyView]:
             stored_move(m.move, m.method) if m.mode == "pinned" else None,
             compile_classes(m.classes),
             stored_trial(m.drafter_trial),
+            quarantined.get(m.name, frozenset()),
         )
         for m in session.scalars(select(ModelPolicy))
     }

@@ -375,6 +375,29 @@ class Settings(BaseSettings):
             'checked (`reason="no_reference"`). Default: plain for every model.'
         ),
     )
+    lossless_quarantine_rate: float = Field(
+        default=0.02,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "A model whose policy sets `lossless_quarantine` loses a method from its `auto` "
+            "choices once the lower end of the method's divergence rate's 95% interval is "
+            "above this (docs/lossless.md). Default 0.02."
+        ),
+    )
+    lossless_quarantine_min_checks: int = Field(
+        default=50,
+        ge=1,
+        description=(
+            "Checks of a method (since its last lift, within a day) before it can be "
+            "quarantined. Default 50."
+        ),
+    )
+    lossless_quarantine_interval_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Seconds between the leader's quarantine rounds. Default 30.",
+    )
     class_acceptance_min_requests: int = Field(
         default=200,
         ge=0,

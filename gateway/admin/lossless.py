@@ -8,9 +8,12 @@ from fastapi import APIRouter, Query
 
 from gateway.deps import SessionDep
 from gateway.schemas.reports import Instant, LosslessReport
+from gateway.schemas.resources import ListOf, QuarantinePublic
 from gateway.services.lossless import lossless
+from gateway.services.quarantine import lift, listed
 
 router = APIRouter(prefix="/lossless", tags=["lossless"])
+ACTOR = "admin-api"
 
 
 @router.get("")
@@ -26,3 +29,19 @@ def get_lossless(
     rate with its 95% interval and where answers first differ, each model's floor (a method
     against itself) to read them beside, and what the replays cost."""
     return lossless(session, start, end, model)
+
+
+@router.get("/quarantines")
+def get_quarantines(
+    session: SessionDep, model: str | None = None, include_lifted: bool = False
+) -> ListOf[QuarantinePublic]:
+    """Methods the watchdog took out of `auto`'s choices, newest first; lifted ones only when
+    asked."""
+    rows = listed(session, model, include_lifted)
+    return ListOf[QuarantinePublic](data=[QuarantinePublic.model_validate(r) for r in rows])
+
+
+@router.delete("/quarantines/{quarantine_id}")
+def delete_quarantine(quarantine_id: int, session: SessionDep) -> QuarantinePublic:
+    """Lift a quarantine: `auto` may choose the method again, judged by later checks only."""
+    return QuarantinePublic.model_validate(lift(session, quarantine_id, ACTOR))

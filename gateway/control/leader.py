@@ -18,6 +18,7 @@ from gateway.control.collector import Collector
 from gateway.control.discovery import Discovery
 from gateway.control.dns import Resolver
 from gateway.control.kube import ServiceAccount
+from gateway.control.quarantine import quarantine_forever
 from gateway.control.readiness import publish_readiness
 from gateway.control.retention import prune_forever
 from gateway.control.selector import PriceGauges, Selector
@@ -98,6 +99,15 @@ class Leader:
             prune_forever(self.sessions, settings.usage_retention_days, metrics, stop),
             publish_readiness(self.sessions, self.registry, ready, settings.probe_interval_s, stop),
             self.benchmarks.run(stop),
+            quarantine_forever(
+                self.sessions,
+                self.registry,
+                self.webhooks,
+                stop,
+                threshold=settings.lossless_quarantine_rate,
+                min_checks=settings.lossless_quarantine_min_checks,
+                interval_s=settings.lossless_quarantine_interval_s,
+            ),
         ]
         if self.webhooks is not None:  # at the stop, queued events get a short grace to go out
             self.webhooks.lead()

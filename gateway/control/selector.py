@@ -231,7 +231,8 @@ class Selector:
         """Choose an auto model's method, and each of its classes' with an objective of its
         own, at `loads` ((load, weight) pairs): into `chosen`, and the moves made (and a
         first choice) into the lists."""
-        costs, itls, bands = self._prices(snapshot, model, snapshot.backends[model], loads, now)
+        quarantined = policy.quarantined if policy is not None else frozenset()  # lossless
+        costs, itls, bands = self._prices(snapshot, model, _choosable(snapshot, model), loads, now)
         load = sum(c * w for c, w in loads) / sum(w for _, w in loads)  # what the audit says
         own = ClassView("cost", policy.itl_objective_ms if policy is not None else None)
         current = chosen.auto.get(model)
@@ -256,7 +257,8 @@ class Selector:
                 self._unpriced.discard(model)
         if decision is not None:
             chosen.auto[model] = decision.after
-            self._start_move(decision, chosen.moves, at_once)
+            # leaving a quarantined method is at once too: it changes answers
+            self._start_move(decision, chosen.moves, at_once or current in quarantined)
             decision = replace(decision, itl_ms={m: itls[m] for m in decision.usd_per_mtok})
             # the first priced choice is the replica's first choice still (a start, no move)
             (starts if at_once else decisions).append(decision)
@@ -550,6 +552,13 @@ def kept_within(
         return {**scores, current: costs[current]}
     within = {m: s for m, s in scores.items() if itls[m] <= ceiling}  # not the fastest's stand-in
     return {**within, current: costs[current]}
+
+
+def _choosable(snapshot: Snapshot, model: str) -> list[BackendView]:
+    """The model's backends whose method the lossless watchdog has not quarantined."""
+    policy = snapshot.policies.get(model)
+    quarantined = policy.quarantined if policy is not None else frozenset()
+    return [b for b in snapshot.backends[model] if b.method not in quarantined]
 
 
 def _log(d: Decision, reason: str) -> None:

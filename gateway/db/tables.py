@@ -121,6 +121,8 @@ class ModelPolicy(Timestamps, Base):
     classes: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # An A/B of two drafters of one method: {"drafter", "share"} (None: no trial)
     drafter_trial: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The lossless watchdog quarantines a method whose answers diverge (docs/lossless.md)
+    lossless_quarantine: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class ApiKey(Base):
@@ -403,3 +405,20 @@ class LosslessCheck(Base):
     reference_sha256: Mapped[str] = mapped_column(String(64))
     served_request_id: Mapped[str] = mapped_column(String(64))  # the usage records' ids
     replay_request_id: Mapped[str] = mapped_column(String(64))
+
+
+class Quarantine(Base):
+    """A method the lossless watchdog took out of a model's `auto` choices for changing its
+    answers, with the evidence; active until an admin lifts it."""
+
+    __tablename__ = "quarantines"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(NAME), index=True)
+    method: Mapped[str] = mapped_column(String(32))
+    since: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    # {"samples", "divergences", "divergence_rate", "interval_95", "reference_method",
+    #  "threshold", "floor": {...}, "checks_since"}: what the watchdog saw
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON)
+    lifted_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    lifted_by: Mapped[str | None] = mapped_column(String(64))

@@ -48,7 +48,12 @@ SHUTDOWN_GRACE_S = 2.0  # at shutdown, queued events get this long to go out
 HANDOVER_S = 2.0
 HELD_EVENTS = 256  # the most a worker that does not lead keeps for a hand-over
 EventType = Literal[
-    "method.moved", "budget.threshold", "backend.down", "backend.up", "backend.mismatch"
+    "method.moved",
+    "method.quarantined",
+    "budget.threshold",
+    "backend.down",
+    "backend.up",
+    "backend.mismatch",
 ]
 
 
@@ -99,6 +104,15 @@ class BackendMismatch(BaseModel):
     reason: str
 
 
+class MethodQuarantined(BaseModel):
+    """The lossless watchdog took a method out of a model's `auto` choices (docs/lossless.md):
+    the evidence it saw, as the audit log records it."""
+
+    method: str
+    quarantine_id: int
+    evidence: dict[str, object]
+
+
 class WebhookEvent(BaseModel):
     """One event as every receiver gets it (the JSON body)."""
 
@@ -108,7 +122,7 @@ class WebhookEvent(BaseModel):
     replica: str = ""  # the host name of the gateway that sent it
     model: str | None = None
     backend: str | None = None
-    data: MethodMoved | BudgetThreshold | BackendHealth | BackendMismatch
+    data: MethodMoved | MethodQuarantined | BudgetThreshold | BackendHealth | BackendMismatch
 
 
 def _now() -> dt.datetime:
@@ -166,6 +180,16 @@ def method_moved(decision: MoveDecision, snapshot: Snapshot) -> WebhookEvent:
     )
     return WebhookEvent(
         type="method.moved", id=_new_id(), time=_now(), model=decision.model, data=data
+    )
+
+
+def method_quarantined(
+    model: str, method: str, quarantine_id: int, evidence: dict[str, object]
+) -> WebhookEvent:
+    """The event of a quarantine, with the evidence behind it."""
+    data = MethodQuarantined(method=method, quarantine_id=quarantine_id, evidence=evidence)
+    return WebhookEvent(
+        type="method.quarantined", id=_new_id(), time=_now(), model=model, data=data
     )
 
 

@@ -71,9 +71,10 @@ def load(state: BackendState) -> float:
 def choose_method(
     policy: PolicyView, auto_method: str | None, methods: set[str], rng: random.Random
 ) -> tuple[str | None, bool]:
-    """The policy's method (pinned, or auto), or with `explore_fraction` another one."""
+    """The policy's method (pinned, or auto), or with `explore_fraction` another one (never
+    one the lossless watchdog quarantined)."""
     chosen = policy.method if policy.mode == "pinned" else auto_method
-    others = sorted(methods - {chosen})
+    others = sorted(methods - {chosen} - policy.quarantined)
     if others and policy.explore_fraction and rng.random() < policy.explore_fraction:
         return rng.choice(others), True
     return chosen, False
@@ -252,7 +253,7 @@ def route_request(
     if not spill or policy.mode != "auto" or x.rule is not None or objective is None:
         return plan
     held = x.affinity is not None and x.affinity.held
-    return spilled(plan, snapshot, model, objective, states, now, held)
+    return spilled(plan, snapshot, model, objective, states, now, held, policy.quarantined)
 
 
 def streams(state: BackendState) -> float:
@@ -269,11 +270,12 @@ def spilled(
     states: Mapping[str, BackendState],
     now: float,
     held: bool = False,
+    quarantined: frozenset[str] = frozenset(),
 ) -> Route:
     """`plan`, or, when its first backend has no room left within the objective, the same
     request led by the lightest backend of the cheapest other method that has (None of
-    them: `plan` as it is, slow rather than refused). A session its home backend's cache
-    holds (`held`, and routed home) stays."""
+    them: `plan` as it is, slow rather than refused), never a `quarantined` one. A session
+    its home backend's cache holds (`held`, and routed home) stays."""
     if plan.explored or plan.fallback or plan.panic or not plan.backends:
         return plan
     if held and plan.affinity == "home":
@@ -284,7 +286,9 @@ def spilled(
         return plan  # the common case: one comparison
     best, best_usd = None, math.inf
     for method, pool in snapshot.pools[model].items():
-        healthy = [b for b in pool if method != first.method and states[b.name].available(now)]
+        if method == first.method or method in quarantined:
+            continue
+        healthy = [b for b in pool if states[b.name].available(now)]
         if not healthy:
             continue
         lightest = min(healthy, key=lambda b: streams(states[b.name]))

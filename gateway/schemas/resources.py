@@ -374,6 +374,9 @@ class Policy(Strict):
     rules: list[PolicyRule] = Field(default_factory=list, max_length=MAX_RULES)
     classes: dict[ClassName, ClassObjective] = Field(default_factory=dict, max_length=MAX_CLASSES)
     drafter_trial: DrafterTrial | None = None
+    # The lossless watchdog takes a method whose greedy answers diverge out of `auto`'s
+    # choices (docs/lossless.md); a pinned method or a rule's is never overridden
+    lossless_quarantine: bool = False
 
     @model_validator(mode="after")
     def _pinned_names_method(self) -> Self:
@@ -545,6 +548,21 @@ class AuditPublic(Public):
 
 
 ItemT = TypeVar("ItemT", bound=BaseModel)
+
+
+class QuarantinePublic(Public):
+    """A method the lossless watchdog took out of a model's `auto` choices (docs/lossless.md),
+    with the evidence it saw: checks, divergences, the rate and its 95% interval, the
+    threshold, the reference method and the model's floor over the same checks. Active
+    until `lifted_at`."""
+
+    id: int
+    model: str
+    method: str
+    since: dt.datetime
+    evidence: dict[str, Any]
+    lifted_at: dt.datetime | None
+    lifted_by: str | None
 
 
 class ListOf(BaseModel, Generic[ItemT]):

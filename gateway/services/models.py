@@ -28,6 +28,7 @@ def policy_of(row: ModelPolicy) -> Policy:
         rules=row.rules or [],
         classes=row.classes or {},
         drafter_trial=row.drafter_trial,
+        lossless_quarantine=row.lossless_quarantine,
     )
 
 

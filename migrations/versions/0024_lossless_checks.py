@@ -1,5 +1,5 @@
 """lossless checks: each served answer compared with its replay on the reference method;
-a key's opt-out of replays
+a key's opt-out of replays; quarantines of methods that change answers
 
 Revision ID: 0024
 Revises: 0023
@@ -50,9 +50,31 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("lossless_opt_out", sa.Boolean(), nullable=False, server_default=sa.false())
         )
+    with op.batch_alter_table("models") as batch:
+        batch.add_column(
+            sa.Column(
+                "lossless_quarantine", sa.Boolean(), nullable=False, server_default=sa.false()
+            )
+        )
+    op.create_table(
+        "quarantines",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("model", sa.String(length=200), nullable=False),
+        sa.Column("method", sa.String(length=32), nullable=False),
+        sa.Column("since", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("evidence", sa.JSON(), nullable=False),
+        sa.Column("lifted_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("lifted_by", sa.String(length=64), nullable=True),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_quarantines")),
+    )
+    op.create_index(op.f("ix_quarantines_model"), "quarantines", ["model"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index(op.f("ix_quarantines_model"), table_name="quarantines")
+    op.drop_table("quarantines")
+    with op.batch_alter_table("models") as batch:
+        batch.drop_column("lossless_quarantine")
     with op.batch_alter_table("api_keys") as batch:
         batch.drop_column("lossless_opt_out")
     op.drop_index("ix_lossless_checks_model_created", table_name="lossless_checks")

@@ -24,6 +24,7 @@ TABLES = {
     "leases",
     "lossless_checks",
     "measurements",
+    "quarantines",
     "models",
     "pools",
     "rate_windows",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 from sqlalchemy import select, text
@@ -17,6 +18,7 @@ from gateway.db.tables import AuditEntry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.classes import ClassView, candidates
 from gateway.registry import BackendView, PolicyView, Registry, Snapshot, auto_method
+from gateway.relay.routing import choose_method
 from gateway.services.rightsizing import Sizing
 from planner.cost import ThroughputCurve
 
@@ -482,5 +484,37 @@ async def test_a_class_keeps_its_method_until_its_band_is_wholly_over_its_ceilin
             await selector.step()
         chosen = auto_method(registry.snapshot, registry.choices, "m", "chat")
         assert chosen == ("p-eagle" if kept else "eagle3")
+    finally:
+        engine.dispose()
+
+
+async def test_a_quarantined_method_is_left_at_once_and_never_chosen(database_url: str) -> None:
+    """The lossless watchdog quarantines p-eagle, the cheapest at rest: `auto` leaves it in
+    one step (not a gradual move: it changes answers) and does not come back while it is
+    cheaper, nor explores it; lifted, it is chosen again."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    try:
+        registry, selector = crossover(sessions)
+        selector.move_steps = (0.25, 15.0)
+        await selector.step()
+        assert auto_method(registry.snapshot, registry.choices, "m") == "p-eagle"
+        free = registry.snapshot
+        held = PolicyView("auto", explore_fraction=1.0, quarantined=frozenset({"p-eagle"}))
+        registry.snapshot = dataclasses.replace(free, policies={"m": held})
+        [decision] = await selector.step()
+        assert (decision.before, decision.after) == ("p-eagle", "plain")
+        assert "p-eagle" not in decision.usd_per_mtok  # not even a candidate
+        assert "m" not in registry.choices.moves or registry.choices.moves["m"].done(0)
+        for _ in range(3):
+            assert await selector.step() == []
+        assert auto_method(registry.snapshot, registry.choices, "m") == "plain"
+        rng = random.Random(0)
+        explored = {choose_method(held, "plain", {"plain", "p-eagle"}, rng) for _ in range(50)}
+        assert explored == {("plain", False)}  # nothing else to explore
+        registry.snapshot = free  # lifted
+        [back] = await selector.step()
+        assert back.after == "p-eagle"
     finally:
         engine.dispose()
