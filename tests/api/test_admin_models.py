@@ -25,6 +25,7 @@ async def test_backend_creates_its_model_with_the_auto_policy(client: httpx.Asyn
         "rules": [],
         "classes": {},
         "drafter_trial": None,
+        "lossless_quarantine": False,
     }
 
 
@@ -34,7 +35,13 @@ async def test_put_policy_pins_a_method_and_is_audited(client: httpx.AsyncClient
     response = await client.put(f"/admin/v1/models/{MODEL}/policy", json=policy)
     assert response.status_code == 200, response.text
     stored = (await client.get(f"/admin/v1/models/{MODEL}/policy")).json()
-    expected = {"explore_fraction": 0.0, "rules": [], "classes": {}, "drafter_trial": None}
+    expected = {
+        "explore_fraction": 0.0,
+        "rules": [],
+        "classes": {},
+        "drafter_trial": None,
+        "lossless_quarantine": False,
+    }
     assert stored == {**policy, **expected}
     [entry, *_] = (await client.get("/admin/v1/audit", params={"resource_type": "model"})).json()[
         "data"
