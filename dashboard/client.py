@@ -29,6 +29,7 @@ from dashboard.schemas import (
     DecodingMethod,
     Fleet,
     Gpu,
+    LosslessReport,
     Measurement,
     MethodRendering,
     ModelInfo,
@@ -225,6 +226,13 @@ class AdminClient:
     def measurements(self, limit: int = 20) -> list[Measurement]:
         """The newest stored measurements, newest first."""
         return self._list(Measurement, "/measurements", limit=limit)
+
+    def lossless(self, model: str, start: dt.datetime) -> LosslessReport:
+        """The lossless watchdog's checks of `model` since `start`: each serving configuration's
+        divergences from its replays, the model's floor, and the replays' cost."""
+        return _parse(
+            LosslessReport, self._get("/lossless", model=model, **{"from": start.isoformat()})
+        )
 
     def accuracy(self) -> Accuracy:
         return _parse(Accuracy, self._get("/accuracy"))

@@ -480,3 +480,60 @@ class Curve(Record):
 class Curves(Record):
     price_kind: str
     curves: list[Curve]
+
+
+class FirstDivergence(Record):
+    """Where a group's diverged answers first left their replays, in `unit`s."""
+
+    unit: str  # token, char, or mixed (both in one group)
+    min: int
+    p50: float
+    max: int
+
+
+class LosslessFloor(Record):
+    """A model's checks of a method against itself, pooled: nondeterminism alone."""
+
+    samples: int
+    divergences: int
+    divergence_rate: float | None  # None: no samples
+    interval_95: tuple[float, float] | None
+
+
+class LosslessGroup(Record):
+    """One serving configuration's checks against one reference method."""
+
+    method: str
+    k: int | None
+    drafter: str | None
+    backend: str
+    engine_version: str | None
+    reference_method: str
+    is_floor: bool
+    samples: int
+    divergences: int
+    divergence_rate: float
+    interval_95: tuple[float, float]
+    first_divergence: FirstDivergence | None
+    last_seen: dt.datetime
+
+
+class LosslessReplays(Record):
+    """The watchdog's replays in the ledger and their capacity cost."""
+
+    requests: int
+    unpriced: int
+    cost_usd: float
+
+
+class LosslessModel(Record):
+    model: str
+    floor: LosslessFloor
+    replays: LosslessReplays
+    groups: list[LosslessGroup]
+
+
+class LosslessReport(Record):
+    """GET /lossless: served answers against their replays on the reference method."""
+
+    models: list[LosslessModel]

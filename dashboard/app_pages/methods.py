@@ -12,13 +12,15 @@ from dashboard import charts
 from dashboard.audit_view import MOVES, audit_rows, candidates
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA, count, ms, or_missing, usd
+from dashboard.lossless_view import OFF_NOTE, READING_NOTE, group_rows, replays_note, summary
 from dashboard.schemas import Backend, BenchmarkLevel, ModelInfo, Plan, Policy
 from dashboard.widgets.curves import live_curves
 from dashboard.widgets.flash import changed, show_flash
-from dashboard.widgets.periods import choose_price_kind
+from dashboard.widgets.periods import choose_price_kind, period_start
 
 GPUS = ("B200", "H100")
 TRAFFIC_WINDOW = dt.timedelta(hours=1)
+LOSSLESS_PERIOD = "30 days"
 
 
 def _choose_model(models: list[ModelInfo], backends: list[Backend]) -> str | None:
@@ -152,6 +154,21 @@ def _acceptance_row(backend: Backend, level: BenchmarkLevel) -> dict[str, object
         "acceptance length": or_missing(level.acceptance_length),
         "accepted per position": " ".join(f"{rate:.0%}" for rate in per_position),
     }
+
+
+def _lossless(api: AdminClient, model: str) -> None:
+    """Whether speculation changed greedy answers: the watchdog's checks beside the floor."""
+    st.subheader(f"Lossless: served answers against their replays ({LOSSLESS_PERIOD})")
+    report = api.lossless(model, period_start(LOSSLESS_PERIOD))
+    found = next((m for m in report.models if m.model == model), None)
+    if found is None or not found.groups:
+        st.caption(OFF_NOTE)
+    else:
+        st.markdown(summary(found))
+        st.dataframe(group_rows(found.groups), hide_index=True)
+        st.caption(READING_NOTE)
+    if found is not None:
+        st.caption(replays_note(found.replays))
 
 
 def _traffic(api: AdminClient, model: str) -> None:
@@ -346,6 +363,7 @@ def render() -> None:
         "the Planner page: a what-if. The chart above is what prices requests now."
     )
     _acceptance(api, model, backends)
+    _lossless(api, model)
     methods = sorted({b.method for b in backends if b.model == model}) or ["plain"]
     _control(api, model, models, methods)
     _traffic(api, model)

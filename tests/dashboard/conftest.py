@@ -42,6 +42,7 @@ class Stack:
     requests: int
     dashboard_url: str
     started: float  # monotonic seconds when `draftgate up` was started
+    database_url: str  # the gateway's database, for tests that seed rows the API reads
 
     def admin(self) -> httpx.Client:
         """An admin API client of the gateway."""
@@ -149,7 +150,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     args = ("up", "--sim-base-port", str(free_port_block(5)), "--time-scale", "20",
             "--dashboard-port", str(dashboard_port))  # fmt: skip
     started = time.monotonic()
-    server = spawn_server(args, stack_env(f"sqlite:///{log_dir}/draftgate.db"), log_dir)
+    database_url = f"sqlite:///{log_dir}/draftgate.db"
+    server = spawn_server(args, stack_env(database_url), log_dir)
     try:
         server.wait_healthy(60.0)
         _send_traffic(server.base_url, REQUESTS)
@@ -158,7 +160,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             _sweep(admin)
         dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         wait_for_dashboard(dashboard_url)
-        yield Stack(server, REQUESTS, dashboard_url, started)
+        yield Stack(server, REQUESTS, dashboard_url, started, database_url)
     finally:
         server.close()
 
