@@ -118,6 +118,7 @@ class Policy(Record):
     rules: list[dict[str, Any]] = []  # kept as they are when the form saves the rest
     classes: dict[str, dict[str, Any]] = {}  # request classes' objectives under auto
     drafter_trial: dict[str, Any] | None = None  # an A/B of two drafters, kept as it is
+    lossless_quarantine: bool = False  # auto leaves diverging methods; kept as it is
 
 
 class Move(Record):

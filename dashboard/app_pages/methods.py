@@ -244,6 +244,7 @@ def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool
         rules=rules,  # the admin API checks each feature (422 naming the vocabulary)
         classes=classes,  # and each objective
         drafter_trial=current.drafter_trial,  # the form does not edit it: kept
+        lossless_quarantine=current.lossless_quarantine,  # nor this
     )
     return policy, immediate
 

@@ -105,7 +105,8 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
     rules = [{"when": ["structured_output"], "method": "plain", "k": None}]
     with dashboard_env.admin() as admin:  # set through the API: the page shows and keeps them
         # Pinned at once to p-eagle first, so the form's pin to dflash below is a move.
-        body = {"mode": "pinned", "method": "p-eagle", "rules": rules, "drafter_trial": TRIAL}
+        body = {"mode": "pinned", "method": "p-eagle", "rules": rules, "drafter_trial": TRIAL,
+                "lossless_quarantine": True}  # fmt: skip
         url = f"/admin/v1/models/{MODEL}/policy"
         put = admin.put(url, json=body, params={"immediate": "true"})
     assert put.status_code == 200, put.text
@@ -145,6 +146,7 @@ def test_the_policy_control_pins_a_method_through_the_admin_api(dashboard_env: S
         "rules": rules,  # saving the form kept them
         "classes": {},
         "drafter_trial": TRIAL,  # and it
+        "lossless_quarantine": True,  # and it
     }
     assert any((e["after"] or {}).get("policy", {}).get("method") == "dflash" for e in audit)
     audit = next(d.value for d in at.dataframe if "change" in d.value.columns)
