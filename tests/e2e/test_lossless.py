@@ -30,6 +30,7 @@ from tests.e2e.conftest import (
     spawn_server,
     write_fleet,
 )
+from tests.webhook_receiver import Receiver, running_receiver
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 WAIT_S = 90.0  # a deadline for the replays and their writes, not a wait
@@ -37,6 +38,17 @@ ANSWER_TOKENS = 24
 DIVERGE_AT = 5  # the token from which a lossy answer differs
 DIVERGE_RATE = 0.5
 LOSSY = 60  # requests sent while DSpark is lossy
+POLICY = {"mode": "pinned", "method": "dspark", "lossless_quarantine": True}
+SECRET = "whsec-lossless-e2e"
+SETTINGS = {
+    "REQUIRE_API_KEY": "true",
+    "LOSSLESS_SAMPLE_SHARE": "1",
+    "LOSSLESS_MAX_PER_MINUTE": "10000",
+    "LOSSLESS_QUEUE": "1000",
+    "LOSSLESS_QUARANTINE_MIN_CHECKS": "40",
+    "LOSSLESS_QUARANTINE_INTERVAL_S": "0.5",
+    "WEBHOOK_SECRET": SECRET,
+}
 
 
 @dataclass
@@ -46,6 +58,7 @@ class Stack:
     dspark: Server
     key: str  # an ordinary key
     private_key: str  # a key that opted out of replays
+    receiver: Receiver  # the webhooks' receiver
 
     def client(self, key: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(
@@ -65,7 +78,7 @@ class Stack:
 
     def pin(self, method: str) -> None:
         url = f"{self.gateway.base_url}/admin/v1/models/{SIM_MODEL}/policy"
-        policy = {"mode": "pinned", "method": method, "explore_fraction": 0}
+        policy = POLICY | {"method": method}
         response = httpx.put(
             url, json=policy, params={"immediate": "true"}, headers=ADMIN, timeout=10.0
         )
@@ -155,21 +168,29 @@ def stack(
             fleet_backend("b-plain", plain.base_url),
             fleet_backend("b-dspark", dspark.base_url, "dspark", k=5),
         ],
-        [{"name": SIM_MODEL, "policy": {"mode": "pinned", "method": "dspark"}}],
+        [{"name": SIM_MODEL, "policy": POLICY}],
     )
-    settings = {
-        "REQUIRE_API_KEY": "true",
-        "LOSSLESS_SAMPLE_SHARE": "1",
-        "LOSSLESS_MAX_PER_MINUTE": "10000",
-        "LOSSLESS_QUEUE": "1000",
-    }
-    gateway = spawn_server(("gateway",), gateway_env(database, fleet, **settings), log_dir)
-    try:
-        gateway.wait_healthy()
-        stack = Stack(gateway, plain, dspark, _key(gateway), _key(gateway, lossless_opt_out=True))
-        yield stack
-    finally:
-        gateway.close()
+    with running_receiver(SECRET) as receiver:
+        settings = SETTINGS | {"WEBHOOK_URLS": receiver.url}
+        gateway = spawn_server(("gateway",), gateway_env(database, fleet, **settings), log_dir)
+        try:
+            gateway.wait_healthy()
+            _versions_known(gateway)
+            keys = _key(gateway), _key(gateway, lossless_opt_out=True)
+            yield Stack(gateway, plain, dspark, *keys, receiver)
+        finally:
+            gateway.close()
+
+
+def _versions_known(gateway: Server) -> None:
+    """Wait until the gateway has read each backend's engine version: checks are grouped by
+    it, and a check made before the first read would stand in a group of its own."""
+
+    def known() -> bool:
+        backends = httpx.get(f"{gateway.base_url}/admin/v1/backends", headers=ADMIN).json()
+        return all((b.get("runtime") or {}).get("engine_version") for b in backends["data"])
+
+    Stack._until(known, "the backends' engine versions")
 
 
 def _ask(client: openai.OpenAI, n: int, stream: bool = False, **sampling: Any) -> None:
@@ -253,6 +274,44 @@ def test_a_lossy_speculative_backend_is_caught_at_its_rate_and_where_it_diverges
     assert first["unit"] == "char"
     assert first["min"] >= 2 * DIVERGE_AT
     assert first["max"] < ANSWER_TOKENS * 20
+    _quarantined_yet_pinned(stack)
+
+
+def _quarantined_yet_pinned(stack: Stack) -> None:
+    """The model's policy asks for quarantines: DSpark is taken out of auto's choices with
+    the evidence, audited and sent as a webhook; pinned, it still serves."""
+    [event] = [
+        e
+        for e in stack.receiver.wait_for(
+            lambda events: any(e["type"] == "method.quarantined" for e in events),
+            "the quarantine's webhook",
+        )
+        if e["type"] == "method.quarantined"
+    ]
+    assert (event["model"], event["data"]["method"]) == (SIM_MODEL, "dspark")
+    evidence = event["data"]["evidence"]
+    assert evidence["divergences"] >= 1
+    assert evidence["interval_95"][0] > 0.02
+    quarantines = httpx.get(
+        f"{stack.gateway.base_url}/admin/v1/lossless/quarantines", headers=ADMIN, timeout=10.0
+    ).json()["data"]
+    assert [(q["method"], q["id"]) for q in quarantines] == [
+        ("dspark", event["data"]["quarantine_id"])
+    ]
+    audit = httpx.get(
+        f"{stack.gateway.base_url}/admin/v1/audit",
+        params={"resource_type": "quarantine"},
+        headers=ADMIN,
+        timeout=10.0,
+    ).json()["data"]
+    assert [(e["actor"], e["action"]) for e in audit] == [("lossless-watchdog", "quarantine")]
+    assert stack._serves("dspark")  # pinned: never overridden
+    lifted = httpx.delete(
+        f"{stack.gateway.base_url}/admin/v1/lossless/quarantines/{quarantines[0]['id']}",
+        headers=ADMIN,
+        timeout=10.0,
+    )
+    assert lifted.status_code == 200, lifted.text
 
 
 def test_plain_against_plain_is_the_floor_beside_every_rate(stack: Stack) -> None:
