@@ -311,3 +311,69 @@ def test_real_prometheus_fires_the_shipped_alerts(
     assert {"DraftgateBackendDown", "DraftgateGatewayNotReady"} <= {
         r["metric"]["alertname"] for r in shown
     }
+
+
+def test_real_prometheus_fires_the_lossless_alert_only_for_the_lossy_method(
+    start_server: ServerStarter,
+    start_prometheus: Callable[[dict[str, Any]], Prometheus],
+    tmp_path: Path,
+) -> None:
+    """The lossless watchdog replays every greedy answer of a DSpark simulator on plain:
+    clean, 60 checks and no alert; told to diverge half its answers, the alert fires for
+    DSpark alone (docs/lossless.md)."""
+    fast = ("--time-scale", "20")
+    sims = {
+        "sim-plain": start_server(*sim_args(*fast), env=draftgate_env()),
+        "sim-dspark": start_server(*sim_args("--method", "dspark", *fast), env=draftgate_env()),
+    }
+    fleet = write_fleet(
+        tmp_path / "fleet.yaml",
+        [
+            fleet_backend("sim-plain", sims["sim-plain"].base_url),
+            fleet_backend("sim-dspark", sims["sim-dspark"].base_url, "dspark", k=5),
+        ],
+        [{"name": SIM_MODEL, "policy": {"mode": "pinned", "method": "dspark"}}],
+    )
+    env = gateway_env(
+        f"sqlite:///{tmp_path}/draftgate.db",
+        fleet,
+        LOSSLESS_SAMPLE_SHARE="1",
+        LOSSLESS_MAX_PER_MINUTE="10000",
+        LOSSLESS_QUEUE="1000",
+    )
+    gateway = start_server("gateway", env=env)
+    prom = start_prometheus(
+        prometheus_config(gateway, sims, rules_for_the_test(tmp_path / "a.yml"))
+    )
+    checks = 'sum(draftgate_lossless_checks_total{method="dspark"})'
+
+    def checked(n: int) -> bool:
+        result = prom.get("/api/v1/query", query=checks)["result"]
+        return bool(result) and float(result[0]["value"][1]) >= n
+
+    def ask(n: int) -> None:
+        for i in range(n):
+            body = {
+                "model": SIM_MODEL,
+                "messages": [{"role": "user", "content": f"lossless {i} {time.monotonic()}"}],
+                "max_tokens": 24,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=body, timeout=30)
+            answer.raise_for_status()
+
+    ask(60)
+    until(lambda: checked(60), ALERT_TIMEOUT_S, "60 clean checks scraped", prom)
+    assert prom.alerts("DraftgateLosslessDivergence") == []
+    faults = {"diverge_rate": 0.5, "diverge_at": 5}
+    httpx.post(f"{sims['sim-dspark'].base_url}/sim/faults", json=faults).raise_for_status()
+    ask(60)
+    until(
+        lambda: firing(prom, "DraftgateLosslessDivergence", "method") == {"dspark"},
+        ALERT_TIMEOUT_S,
+        "DraftgateLosslessDivergence firing for dspark",
+        prom,
+    )
+    [alert] = prom.alerts("DraftgateLosslessDivergence")
+    assert (alert["labels"]["model"], alert["labels"]["reference"]) == (SIM_MODEL, "plain")
