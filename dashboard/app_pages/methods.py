@@ -228,25 +228,39 @@ def _policy_from_form(current: Policy, methods: list[str]) -> tuple[Policy, bool
         immediate = st.checkbox("Move all traffic at once (else in steps)", key="policy-immediate")
         if not st.form_submit_button("Save policy", key="policy-save"):
             return None
-    rules = _json_field(text or "[]", list, "Rules are a JSON list of {when, method, k} objects")
+    parsed = _rules_and_classes(text, classes_text)
+    if parsed is None:
+        return None
+    rules, classes = parsed
+    pinned = mode == "pinned"
+    # A copy: what the form does not edit (drafter_trial, lossless_quarantine) is kept
+    policy = current.model_copy(
+        update={
+            "mode": "pinned" if pinned else "auto",
+            "method": method if pinned else None,
+            "k": int(k) if pinned and k and method != "plain" else None,
+            "itl_objective_ms": float(itl) or None,
+            "explore_fraction": float(explore),
+            "rules": rules,  # the admin API checks each feature (422 naming the vocabulary)
+            "classes": classes,  # and each objective
+        }
+    )
+    return policy, immediate
+
+
+def _rules_and_classes(
+    rules_text: str | None, classes_text: str | None
+) -> tuple[list[Any], dict[str, Any]] | None:
+    """The form's rules and classes, or None after saying what is wrong with them."""
+    rules = _json_field(
+        rules_text or "[]", list, "Rules are a JSON list of {when, method, k} objects"
+    )
     classes = _json_field(
         classes_text or "{}", dict, "Classes are a JSON object of {name: {objective, ...}}"
     )
     if rules is None or classes is None:
         return None
-    pinned = mode == "pinned"
-    policy = Policy(
-        mode="pinned" if pinned else "auto",
-        method=method if pinned else None,
-        k=int(k) if pinned and k and method != "plain" else None,
-        itl_objective_ms=float(itl) or None,
-        explore_fraction=float(explore),
-        rules=rules,  # the admin API checks each feature (422 naming the vocabulary)
-        classes=classes,  # and each objective
-        drafter_trial=current.drafter_trial,  # the form does not edit it: kept
-        lossless_quarantine=current.lossless_quarantine,  # nor this
-    )
-    return policy, immediate
+    return rules, classes
 
 
 def _json_field(text: str, kind: type, wrong: str) -> Any:
