@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -412,6 +413,17 @@ class Quarantine(Base):
     answers, with the evidence; active until an admin lifts it."""
 
     __tablename__ = "quarantines"
+    # One active quarantine per method: two replicas' leaders judging at once cannot both hold
+    __table_args__ = (
+        Index(
+            "uq_quarantines_active",
+            "model",
+            "method",
+            unique=True,
+            sqlite_where=text("lifted_at IS NULL"),
+            postgresql_where=text("lifted_at IS NULL"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     model: Mapped[str] = mapped_column(String(NAME), index=True)

@@ -68,9 +68,18 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_quarantines")),
     )
     op.create_index(op.f("ix_quarantines_model"), "quarantines", ["model"], unique=False)
+    op.create_index(
+        "uq_quarantines_active",
+        "quarantines",
+        ["model", "method"],
+        unique=True,
+        sqlite_where=sa.text("lifted_at IS NULL"),
+        postgresql_where=sa.text("lifted_at IS NULL"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("uq_quarantines_active", table_name="quarantines")
     op.drop_index(op.f("ix_quarantines_model"), table_name="quarantines")
     op.drop_table("quarantines")
     with op.batch_alter_table("models") as batch:
