@@ -44,6 +44,9 @@ K = {"ngram": 4, "draft_model": 3, "p-eagle": 3, "dflash": 3}
 # Two plain servers also serve this name: a pool of one method, for cache affinity.
 POOL_MODEL = "tiny-pool"
 POOL_KEYS = ("plain", "plain-b")
+# Every server runs the same target and also serves it under this name, so one gateway
+# model can be served by each method in turn (tests/vllm/test_lossless.py).
+TARGET_MODEL = "tiny-target"
 # Each server keeps the Responses API's responses (tests/vllm/test_stored_responses.py).
 STORE_RESPONSES = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 
@@ -138,7 +141,7 @@ def vllm_servers(
     base = free_port_block(len(specs))
     for i, (key, spec) in enumerate(specs.items()):
         port = base + i
-        names = [f"tiny-{key}", *([POOL_MODEL] if key in POOL_KEYS else [])]
+        names = [f"tiny-{key}", TARGET_MODEL, *([POOL_MODEL] if key in POOL_KEYS else [])]
         argv = vllm_argv(
             str(tiny_models.target),
             spec,
