@@ -79,7 +79,7 @@ from gateway.relay.headers import (
 from gateway.relay.routing import Route, route_request
 from gateway.relay.shadow import REPLAY, REPLAY_CLASS, ReplayOrder, Shadow
 from gateway.relay.spans import end_span
-from gateway.relay.sse import UsageTap, hold_done
+from gateway.relay.sse import UsageTap, closes, hold_done
 from gateway.relay.upstream import (
     Upstream,
     UpstreamBroke,
@@ -497,6 +497,8 @@ class Relay:
                     out, held = hold_done(out, held)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    # the client has it all: closing now, as clients do, is no disconnect
+                    x.responded = x.responded or closes(out)
                 if x.sample is not None:
                     x.sample.transcript.feed(chunk)
             call.release()

@@ -369,6 +369,18 @@ def _usage_of_last(data: bytes) -> dict[str, Any] | None:
     return None
 
 
+DONE_EVENTS = (DONE + b"\n\n", DONE + b"\r\n\r\n", DONE + b"\r\r")
+
+
+def closes(data: bytes) -> bool:
+    """Whether whole events end with the stream's closing `data: [DONE]` event: once it is
+    forwarded the client has its whole answer (the `openai` client closes on it)."""
+    if not data.endswith(DONE_EVENTS):  # one comparison for every other chunk
+        return False
+    at = data.rfind(DONE)
+    return at == 0 or data[at - 1 : at] in (b"\n", b"\r")
+
+
 def hold_done(data: bytes, held: bytes) -> tuple[bytes, bytes]:
     """`data` to forward now, and what is held back: from a closing `data: [DONE]` event on
     (whole events only reach here, so it starts a line)."""

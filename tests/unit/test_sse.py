@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.relay.sse import UsageTap
+from gateway.relay.sse import UsageTap, closes
 from gateway.usage import Speculation
 
 
@@ -447,3 +447,19 @@ def test_the_block_is_cut_from_a_responses_stream_with_its_empty_metrics() -> No
     assert b"event: response.completed\n" in relayed
     assert tap.speculation == Speculation(4, 28, 9)
     assert tap.usage == {"input_tokens": 5, "output_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    ("data", "closing"),
+    [
+        (b"data: [DONE]\n\n", True),
+        (b'data: {"choices":[]}\n\ndata: [DONE]\n\n', True),
+        (b"data: [DONE]\r\n\r\n", True),
+        (b'data: {"a":1}\r\rdata: [DONE]\r\r', True),
+        (b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n', False),
+        (b'data: {"content":"say data: [DONE]\n\n', False),  # inside a line, not an event
+        (b"data: [DONE]\n", False),  # not yet a whole event
+    ],
+)
+def test_a_stream_closes_on_its_done_event_alone(data: bytes, closing: bool) -> None:
+    assert closes(data) is closing
