@@ -353,9 +353,9 @@ class Settings(BaseSettings):
         default=30,
         ge=1,
         description=(
-            "At most this many replays per minute per gateway process; samples beyond it are "
-            'dropped and counted in `draftgate_lossless_dropped_total{reason="cap"}`. '
-            "Default 30."
+            "At most this many replays per minute per gateway process, spread over the minute "
+            "(a tenth of them at once at most); samples beyond it are dropped and counted in "
+            '`draftgate_lossless_dropped_total{reason="cap"}`. Default 30.'
         ),
     )
     lossless_queue: int = Field(

@@ -123,7 +123,9 @@ class Shadow:
         self.metrics, self.states, self.store = metrics, states, store
         self.rng = rng or random.Random()  # noqa: S311  (sampling, not secrets)
         self.queue: asyncio.Queue[_Served] = asyncio.Queue(queue)
-        self._minute, self._this_minute = 0, 0
+        # A token bucket: `per_minute` a minute, evenly, at most a tenth of a minute's at once
+        self._burst = max(1.0, per_minute / 10)
+        self._tokens, self._filled_at = self._burst, time.monotonic()
 
     @classmethod
     def of(
@@ -157,10 +159,7 @@ class Shadow:
             return
         if x.status != 200 or x.outcome != "ok" or (text := sample.transcript.text()) is None:
             return
-        minute = int(time.monotonic() // 60)
-        if minute != self._minute:
-            self._minute, self._this_minute = minute, 0
-        if self._this_minute >= self.per_minute:
+        if not self._allowed(time.monotonic()):
             self.metrics.lossless_dropped.labels(model, "cap").inc()
             return
         served = _Served(
@@ -172,7 +171,13 @@ class Shadow:
         except asyncio.QueueFull:
             self.metrics.lossless_dropped.labels(model, "queue").inc()
             return
-        self._this_minute += 1
+        self._tokens -= 1
+
+    def _allowed(self, now: float) -> bool:
+        """Whether the cap leaves room for one more replay now (spread over the minute)."""
+        refill = (now - self._filled_at) * self.per_minute / 60
+        self._tokens, self._filled_at = min(self._burst, self._tokens + refill), now
+        return self._tokens >= 1
 
     async def run(
         self, relay: Relay, snapshot: Callable[[], Snapshot], stop: asyncio.Event

@@ -125,8 +125,10 @@ def _served(model: str = "m") -> Exchange:
 
 
 def test_replays_are_capped_per_minute_and_failed_answers_are_not_queued() -> None:
+    """20 a minute: at most a tenth of them at once (2), then one every 3 s, evenly."""
+
     async def go() -> Shadow:
-        shadow = _shadow(per_minute=2)
+        shadow = _shadow(per_minute=20)
         failed = _served()
         failed.status, failed.outcome = 502, "upstream_error"
         shadow.offer(failed)
@@ -136,3 +138,11 @@ def test_replays_are_capped_per_minute_and_failed_answers_are_not_queued() -> No
 
     shadow = asyncio.run(go())
     assert shadow.queue.qsize() == 2
+    start = shadow._filled_at
+    allowed = []
+    for tenth in range(1, 91):  # 9 s, in tenths of a second
+        now = start + tenth / 10
+        if shadow._allowed(now):
+            shadow._tokens -= 1
+            allowed.append(round(now - start, 1))
+    assert allowed == [3.0, 6.0, 9.0]
