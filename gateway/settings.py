@@ -382,7 +382,8 @@ class Settings(BaseSettings):
         description=(
             "A model whose policy sets `lossless_quarantine` loses a method from its `auto` "
             "choices once the lower end of the method's divergence rate's 95% interval is "
-            "above this (docs/lossless.md). Default 0.02."
+            "above this, and above the upper end of the floor's (the reference method against "
+            "itself), where measured (docs/lossless.md). Default 0.02."
         ),
     )
     lossless_quarantine_min_checks: int = Field(

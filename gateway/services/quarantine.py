@@ -3,8 +3,10 @@
 For a model whose policy asks for it (`lossless_quarantine`), a method is quarantined once
 its checks against the reference method (docs/lossless.md) since it was last lifted, within
 the last day, number at least `min_checks` and the lower end of their divergence rate's 95%
-Wilson interval is above `threshold`: the watchdog is confident the method changes more
-answers than that, not merely unlucky. Each quarantine is audited (actor
+Wilson interval is above `threshold` and above the upper end of the floor's (the reference
+against itself over the same time, where it has been measured): the watchdog is confident
+the method changes more answers than that, and more than the engine's own nondeterminism
+does, not merely unlucky. Each quarantine is audited (actor
 `lossless-watchdog`) with its evidence: the counts, the rate and its interval, the
 threshold, and the model's floor (the reference against itself) over the same checks. It
 stays until an admin lifts it (audited too); checks before the lift no longer count.
@@ -62,8 +64,8 @@ def quarantine_due(
         for method, evidence in _evidence(session, model, now).items():
             if method in held or evidence["samples"] < min_checks:
                 continue
-            if evidence["interval_95"][0] <= threshold:
-                continue
+            if evidence["interval_95"][0] <= max(threshold, evidence["floor"]["interval_95"][1]):
+                continue  # not surely over the threshold, or over the engine's own noise
             made.append(_quarantine(session, model, method, evidence | {"threshold": threshold}))
     return made
 
@@ -101,7 +103,12 @@ def _evidence(session: Session, model: str, now: dt.datetime) -> dict[str, dict[
             "interval_95": list(wilson_interval(d, n)),
             "reference_method": reference,
             "checks_since": start.isoformat(),
-            "floor": {"samples": floor[0], "divergences": floor[1]},
+            "floor": {
+                "samples": floor[0],
+                "divergences": floor[1],
+                # no floor measured yet: no bound from it (0 to 0)
+                "interval_95": list(wilson_interval(floor[1], floor[0])) if floor[0] else [0, 0],
+            },
         }
     return found
 
