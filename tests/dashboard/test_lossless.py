@@ -16,6 +16,7 @@ from dashboard.widgets.periods import period_start
 from gateway.accounting import UsageEntry, write_batch
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import LosslessCheck
+from tests.api.test_admin_lossless import check
 from tests.dashboard.conftest import MODEL, Stack
 
 TIMEOUT_S = 30.0
@@ -30,28 +31,9 @@ EAGLE3: dict[str, Any] = {
 
 def _check(n: int, prefix: int | None = None, **changes: object) -> LosslessCheck:
     """Answer `n` checked minutes ago: it diverged at token `prefix` when one is given."""
-    values: dict[str, object] = {
-        "created_at": dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1 + n % 20),
-        "model": MODEL,
-        "method": "plain",
-        "k": None,
-        "drafter": None,
-        "backend_name": "demo-plain",
-        "engine_version": "0.11.0",
-        "reference_method": "plain",
-        "reference_backend": "demo-plain",
-        "reference_engine_version": "0.11.0",
-        "unit": "token",
-        "served_length": 24,
-        "reference_length": 24,
-        "common_prefix": 24 if prefix is None else prefix,
-        "diverged": prefix is not None,
-        "served_sha256": "a" * 64,
-        "reference_sha256": ("a" if prefix is None else "b") * 64,
-        "served_request_id": f"served-{uuid.uuid4().hex}",
-        "replay_request_id": f"replay-{uuid.uuid4().hex}",
-    }
-    return LosslessCheck(**(values | changes))
+    ago = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1 + n % 20)
+    where = {"model": MODEL, "backend_name": "demo-plain", "reference_backend": "demo-plain"}
+    return check(n, prefix=prefix, **({"created_at": ago} | where | changes))
 
 
 def _checks() -> list[LosslessCheck]:
