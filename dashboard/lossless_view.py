@@ -94,6 +94,7 @@ def group_rows(groups: list[LosslessGroup]) -> list[dict[str, object]]:
             "against": f"{g.reference_method} (the floor)" if g.is_floor else g.reference_method,
             "checks": g.samples,
             "divergences": g.divergences,
+            "by token ids": g.by_tokens,
             "rate (95% interval)": percent(g.divergence_rate, g.interval_95),
             "first divergence": first_divergence(g.first_divergence),
             "last seen": f"{g.last_seen:%Y-%m-%d %H:%M} UTC",

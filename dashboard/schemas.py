@@ -513,6 +513,7 @@ class LosslessGroup(Record):
     is_floor: bool
     samples: int
     divergences: int
+    by_tokens: int  # of the samples, those compared by token ids (the rest as text)
     divergence_rate: float
     interval_95: tuple[float, float]
     first_divergence: FirstDivergence | None

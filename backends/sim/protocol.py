@@ -70,6 +70,7 @@ class Generation:
     # as vLLM serves it (then `prompt_text` and `prompt_tokens` are their whole).
     prompts: tuple[tuple[str, int], ...] = ()
     store: bool = False  # the Responses API's `store` (kept only where the server stores)
+    token_ids: bool = False  # vLLM's `return_token_ids`: each choice's ids, and the prompt's
 
     def prompt_words(self) -> list[str]:
         """The prompt as the engine sees it, one string per token: a chat prompt's
@@ -134,6 +135,7 @@ def parse_generation(
         workload=body.get("sim_workload") if isinstance(body.get("sim_workload"), str) else None,
         parts=parts,
         prompts=tuple(zip(texts, counts, strict=True)) if len(texts) > 1 else (),
+        token_ids=_flag(body, "return_token_ids"),
     )
 
 

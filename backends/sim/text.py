@@ -43,6 +43,20 @@ def template_words(parts: Sequence[tuple[str, str]]) -> list[str]:
     return words
 
 
+VOCAB = {word: i for i, word in enumerate(WORDS, start=1000)}  # the output's token ids
+
+
+def token_ids(text: str) -> list[int]:
+    """The ids of pseudo-text's tokens (" word" each)."""
+    return ids_of(prompt_words(text))
+
+
+def ids_of(words: Sequence[str]) -> list[int]:
+    """The ids of tokens given as strings; one not of the vocabulary (a prompt's) gets a
+    stable id of its own beyond it."""
+    return [VOCAB.get(w) or 2000 + seed_of(w) % 30_000 for w in words]
+
+
 def seed_of(text: str) -> int:
     """A stable 64-bit seed from text (Python's `hash` is salted per process)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from backends.sim.protocol import Generation, full_usage, prompt_details, usage
+from backends.sim.text import ids_of, token_ids
 
 _json = functools.partial(json.dumps, separators=(",", ":"))
 
@@ -61,7 +62,7 @@ class ResponseWriter:
         """The first chat chunk, announcing the assistant role."""
         delta = '{"role":"assistant","content":""}'
         choice = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}'
-        return self._chunk(choice, ',"prompt_token_ids":null,"prompt_text":null')
+        return self._chunk(choice, f',"prompt_token_ids":{self._prompt_ids()},"prompt_text":null')
 
     def text_chunk(
         self,
@@ -78,18 +79,26 @@ class ResponseWriter:
             stop = ',"stop_reason":null' if finish_reason is not None else ""
             choice = (
                 f'{{"index":{index},"delta":{{"content":{_json(text)}}},"logprobs":null,'
-                f'{finish}{stop},"token_ids":null}}'
+                f'{finish}{stop},"token_ids":{self._ids(text)}}}'
             )
         else:
             choice = (
                 f'{{"index":{index},"text":{_json(text)},"logprobs":null,{finish},'
-                '"stop_reason":null,"prompt_token_ids":null,"token_ids":null}'
+                f'"stop_reason":null,"prompt_token_ids":null,"token_ids":{self._ids(text)}}}'
             )
         extra = ""
         if self.g.continuous_usage:
             prompt = self.g.prompt_tokens if prompt_tokens is None else prompt_tokens
             extra = f',"usage":{_json(usage(prompt, completion_tokens))}'
         return self._chunk(choice, extra)
+
+    def _ids(self, text: str) -> str:
+        """A chunk's `token_ids`: its text's, when the request asked for them."""
+        return _json(token_ids(text)) if self.g.token_ids else "null"
+
+    def _prompt_ids(self) -> str:
+        """The `prompt_token_ids`, when the request asked for them."""
+        return _json(ids_of(self.g.prompt_words())) if self.g.token_ids else "null"
 
     def usage_chunk(
         self,
@@ -148,6 +157,8 @@ class ResponseWriter:
         }
         if self.g.chat:
             body |= _CHAT_BODY_EXTRAS
+            if self.g.token_ids:
+                body["prompt_token_ids"] = ids_of(self.g.prompt_words())
         return _json(body | _TRANSFER_EXTRAS | {"metrics": metrics}).encode()
 
     def _choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
@@ -155,8 +166,18 @@ class ResponseWriter:
         if self.g.chat:
             message = {"role": "assistant", "content": text, "refusal": None}
             choice = {"index": index, "message": message | _CHAT_MESSAGE_EXTRAS}
-            return choice | ending | _CHAT_CHOICE_EXTRAS
-        return {"index": index, "text": text} | ending | _COMPLETION_CHOICE_EXTRAS
+            return choice | ending | _CHAT_CHOICE_EXTRAS | self._choice_ids(text, False)
+        choice = {"index": index, "text": text} | ending | _COMPLETION_CHOICE_EXTRAS
+        return choice | self._choice_ids(text, True)
+
+    def _choice_ids(self, text: str, prompt: bool) -> dict[str, Any]:
+        """A whole choice's ids (and its prompt's, on a text completion), when asked."""
+        if not self.g.token_ids:
+            return {}
+        ids: dict[str, Any] = {"token_ids": token_ids(text)}
+        if prompt:
+            ids["prompt_token_ids"] = ids_of(self.g.prompt_words())
+        return ids
 
 
 DONE = b"data: [DONE]\n\n"

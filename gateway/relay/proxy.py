@@ -80,6 +80,12 @@ from gateway.relay.routing import Route, route_request
 from gateway.relay.shadow import REPLAY, REPLAY_CLASS, ReplayOrder, Shadow
 from gateway.relay.spans import end_span
 from gateway.relay.sse import UsageTap, closes, hold_done
+from gateway.relay.transcripts import (
+    asks_token_ids,
+    cut_body_token_ids,
+    cut_token_ids,
+    with_token_ids,
+)
 from gateway.relay.upstream import (
     Upstream,
     UpstreamBroke,
@@ -111,6 +117,10 @@ class Call:
     departure: Departure
     send: Send
     occupied: BackendState | None = None  # the backend serving it, until its answer is read
+    # The body asking for the answer's token ids too, for the lossless watchdog: sent to a
+    # backend that serves its engine's `/version`; `cut_ids`: they go to no client as asked
+    ids_body: bytes | None = None
+    cut_ids: bool = False
 
     def release(self) -> None:
         """The backend is done with it (its whole answer read): one request fewer in flight
@@ -229,8 +239,9 @@ class Relay:
         self._say_how_it_routes(
             x, headers, path, payload, len(body), x.snapshot.policies.get(model)
         )
+        ids_body = None  # the body asking for token ids, for the watchdog's comparison
         if order is not None or self.shadow is not None:
-            self._replay_or_sample(x, order, path, payload)
+            ids_body = self._replay_or_sample(x, order, path, payload)
         stream = payload.get("stream") is True
         asked = usage_asked(
             path,
@@ -243,6 +254,7 @@ class Relay:
         states, limit = self.registry.states, self.settings.default_max_model_len
         admit(x, path, payload, len(body), states, limit, self.limiter, self.metrics)
         call = Call(x, path, body, stream, asked, Departure(scope, receive, x), send)
+        call.ids_body = ids_body
         try:
             await self._forward(call)
         except (ClientGone, UpstreamTimeout):
@@ -264,14 +276,19 @@ class Relay:
 
     def _replay_or_sample(
         self, x: Exchange, order: ReplayOrder | None, path: str, payload: dict[str, Any]
-    ) -> None:
+    ) -> bytes | None:
         """A watchdog's replay runs on its reference method alone, recorded as a replay; any
-        other request may be sampled for one."""
+        other request may be sampled for one. Either asks for its answer's token ids: the
+        body that does (None: neither, or the client asked for them itself)."""
         if order is not None:
             order.exchange, x.pinned, x.request_class = x, order.method, REPLAY_CLASS
             x.rule = x.affinity = None
         elif self.shadow is not None:
             x.sample = self.shadow.sample(path, payload, x.key)
+        if (x.sample is None and order is None) or asks_token_ids(payload):
+            return None
+        stream = payload.get("stream") is True and path in COMPLETION_PATHS
+        return _body(with_token_ids(payload), stream)
 
     async def _home(self, x: Exchange, previous: object) -> BackendView | None:
         """The backend holding the response a later turn continues (None: no replica has
@@ -398,9 +415,12 @@ class Relay:
             self.tracing.inject(x.span, upstream)
         departure.arm()
         x.sent = time.perf_counter()
+        body, call.cut_ids = call.body, False
+        if call.ids_body is not None and state.engine_version:  # vLLM's, which serves it
+            body, call.cut_ids = call.ids_body, x.sample is not None
         try:
             url, stream = backend.url + call.path, call.stream
-            response = await self._send_upstream(url, call.body, upstream, state, stream)
+            response = await self._send_upstream(url, body, upstream, state, stream)
             try:
                 headers = response_headers(response, backend, fallback, x)
                 headers += limit_headers(x, self.limiter)
@@ -493,6 +513,8 @@ class Relay:
                     x.first_byte = now
                 x.last_byte = now
                 out = tap.feed(chunk)
+                if call.cut_ids:
+                    out = cut_token_ids(out)
                 if asked.cost:
                     out, held = hold_done(out, held)
                 if out:
@@ -547,8 +569,8 @@ class Relay:
         x.usage, x.speculation = usage_in(body), speculation_in(body)
         if x.sample is not None:
             x.sample.transcript.whole(body)
-        if body is not None and not call.asked.speculation and cut_speculation(body):
-            content = orjson.dumps(body)  # the gateway asked for the block, not the client
+        if body is not None and _cut_asked(body, call):
+            content = orjson.dumps(body)  # the gateway asked for these, not the client
         if call.path == RESPONSES_PATH and x.status == 200:
             x.response_id = response_id_in(body)
         headers.append((b"content-length", str(len(content)).encode()))
@@ -556,6 +578,20 @@ class Relay:
         await send({"type": "http.response.start", "status": x.status, "headers": headers})
         x.responded = True
         await send({"type": "http.response.body", "body": content, "more_body": False})
+
+
+def _cut_asked(body: dict[str, Any], call: Call) -> bool:
+    """Whether what the gateway asked for and the client did not (the speculative decoding
+    block, the token ids) was cut out of a whole answer."""
+    cut = not call.asked.speculation and cut_speculation(body)
+    if call.cut_ids:
+        cut_body_token_ids(body)
+    return cut or call.cut_ids
+
+
+def _body(payload: dict[str, Any], usage_options: bool) -> bytes:
+    """A request's body as sent: with usage asked of the stream where it is a completion's."""
+    return with_usage_options(payload) if usage_options else orjson.dumps(payload)
 
 
 class _Retryable(Exception):

@@ -11,9 +11,12 @@ model's reference method (plain, unless `DRAFTGATE_LOSSLESS_REFERENCE` names ano
 replay is a request like any other, without a key: routed, priced and recorded in the
 ledger, as the class `lossless-replay`, so what the assurance costs is a line of its own.
 
-The two answers are compared as text (reasoning, content and tool-call arguments, each
-whole): equal or not, and the length of their common prefix, in characters, which is where
-they first differ. Nothing of either is kept beyond that and their SHA-256 hashes.
+The two answers are compared by their token ids where the engine returned them for both
+(vLLM's `return_token_ids`, asked by the gateway and cut out of the client's answer unless it
+asked too: gateway/relay/transcripts.py), else as text (reasoning, content and tool-call
+arguments, each whole): equal or not, and the length of their common prefix, in tokens or
+characters, which is where they first differ. Nothing of either is kept beyond that and
+their SHA-256 hashes.
 
 A sampled request with a `seed` but a temperature above 0 is not eligible: speculative
 decoding keeps the target's distribution, not its random draws (rejection sampling draws
@@ -74,8 +77,20 @@ class Check:
     replay_request_id: str
 
 
-def _sha256(text: str) -> str:
+def _sha256(answer: str | list[int]) -> str:
+    """The hash kept of an answer: of its text (UTF-8), or of its token ids written as
+    decimals joined by commas."""
+    text = answer if isinstance(answer, str) else ",".join(map(str, answer))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _compared(served: _Served, answer: Transcript) -> tuple[str, str | list[int], str | list[int]]:
+    """The unit of comparison and both answers in it: tokens where both have their ids,
+    else characters."""
+    ids = answer.ids()
+    if served.ids is not None and ids is not None:
+        return "token", served.ids, ids
+    return "char", served.text, answer.text() or ""
 
 
 @dataclass
@@ -93,6 +108,7 @@ class _Served:
 
     sample: Sample
     text: str
+    ids: list[int] | None  # its token ids, where the engine returned them
     model: str
     request_id: str  # its usage record's
     backend: str
@@ -163,8 +179,8 @@ class Shadow:
             self.metrics.lossless_dropped.labels(model, "cap").inc()
             return
         served = _Served(
-            sample, text, model, x.ledger_id, backend.name, backend.method, backend.k,
-            backend.drafter,
+            sample, text, sample.transcript.ids(), model, x.ledger_id, backend.name,
+            backend.method, backend.k, backend.drafter,
         )  # fmt: skip
         try:
             self.queue.put_nowait(served)
@@ -213,23 +229,25 @@ class Shadow:
             return
         answer = Transcript()
         answer.whole(_json(body))
-        text = answer.text()
-        if text is None:
+        if answer.text() is None:
             self.metrics.lossless_dropped.labels(served.model, "replay_failed").inc()
             return
-        await self._record(served, reference, x, text)
+        await self._record(served, reference, x, answer)
 
-    async def _record(self, served: _Served, reference: str, x: Exchange, text: str) -> None:
+    async def _record(
+        self, served: _Served, reference: str, x: Exchange, answer: Transcript
+    ) -> None:
         assert x.backend is not None
-        shared = common_prefix(served.text, text)
-        diverged = served.text != text
+        unit, ours, theirs = _compared(served, answer)
+        shared = common_prefix(ours, theirs)
+        diverged = ours != theirs
         versions = (self.states.get(served.backend), self.states.get(x.backend.name))
         served_version, reference_version = (s.engine_version if s else None for s in versions)
         check = Check(
             served.model, served.method, served.k, served.drafter, served.backend,
-            served_version, reference, x.backend.name, reference_version, "char",
-            len(served.text), len(text), shared, diverged, _sha256(served.text),
-            _sha256(text), served.request_id, x.ledger_id,
+            served_version, reference, x.backend.name, reference_version, unit,
+            len(ours), len(theirs), shared, diverged, _sha256(ours), _sha256(theirs),
+            served.request_id, x.ledger_id,
         )  # fmt: skip
         result = "diverged" if diverged else "match"
         self.metrics.lossless_checks.labels(
@@ -237,9 +255,9 @@ class Shadow:
         ).inc()
         if diverged:
             logger.warning(
-                "lossless check: %s on %s (%s) differs from %s on %s from character %d of %d",
-                served.model, served.backend, served.method, reference, x.backend.name, shared,
-                len(served.text),
+                "lossless check: %s on %s (%s) differs from %s on %s from %s %d of %d",
+                served.model, served.backend, served.method, reference, x.backend.name, unit,
+                shared, len(ours),
             )  # fmt: skip
         await asyncio.to_thread(self.store, check)
 

@@ -532,6 +532,12 @@ class LosslessGroup(Report):
     )
     samples: int = Field(description="Served answers compared with their replay")
     divergences: int = Field(description="Of them, those that differ from their replay")
+    by_tokens: int = Field(
+        description=(
+            "Of them, those compared by token ids (both engines returned them); the rest "
+            "were compared as text"
+        )
+    )
     divergence_rate: float = Field(description="divergences / samples")
     interval_95: tuple[float, float] = Field(
         description="The Wilson score interval of the rate at 95%"

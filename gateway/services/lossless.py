@@ -117,6 +117,7 @@ def _groups(session: Session, window: Window) -> dict[str, list[LosslessGroup]]:
         *GROUP,
         func.count(),
         func.sum(case((c.diverged, 1), else_=0)),
+        func.sum(case((c.unit == "token", 1), else_=0)),
         func.min(c.created_at),
         func.max(c.created_at),
     ).group_by(*GROUP)
@@ -129,7 +130,8 @@ def _groups(session: Session, window: Window) -> dict[str, list[LosslessGroup]]:
 
 def _group(key: GroupKey, sums: Sequence[Any], diverged: list[tuple[str, int]]) -> LosslessGroup:
     _, method, k, drafter, backend, engine_version, reference_method = key
-    samples, divergences, first_seen, last_seen = int(sums[0]), int(sums[1]), sums[2], sums[3]
+    samples, divergences, by_tokens = int(sums[0]), int(sums[1]), int(sums[2])
+    first_seen, last_seen = sums[3], sums[4]
     return LosslessGroup(
         method=method,
         k=k,
@@ -140,6 +142,7 @@ def _group(key: GroupKey, sums: Sequence[Any], diverged: list[tuple[str, int]]) 
         is_floor=method == reference_method,
         samples=samples,
         divergences=divergences,
+        by_tokens=by_tokens,
         divergence_rate=divergences / samples,
         interval_95=wilson_interval(divergences, samples),
         first_divergence=first_divergence(diverged),

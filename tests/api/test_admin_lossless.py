@@ -132,6 +132,7 @@ async def test_each_group_has_its_rate_interval_and_first_divergence(
         HOUR + dt.timedelta(minutes=19),
     )
     assert groups[3]["first_divergence"]["unit"] == "mixed"
+    assert (eagle3["by_tokens"], groups[3]["by_tokens"]) == (10, groups[3]["samples"] - 1)
     assert groups[3]["first_divergence"]["min"] == 3
 
 

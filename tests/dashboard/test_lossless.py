@@ -135,6 +135,7 @@ def test_the_lossless_panel_names_the_floor_beside_each_rate(
     assert list(table["method"]) == ["plain", "dspark", "eagle3"]  # the floor first
     assert list(table["against"]) == ["plain (the floor)", "plain", "plain"]
     assert list(table["checks"]) == [50, 40, 30]
+    assert list(table["by token ids"]) == [50, 40, 30]  # the seeded checks compared tokens
     assert list(table["rate (95% interval)"]) == [_rate(g) for g in found["groups"]]
     first = dspark["first_divergence"]
     assert (first["min"], first["p50"], first["max"]) == (5, 5.0, 9)

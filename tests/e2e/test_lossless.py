@@ -7,10 +7,11 @@ rate, within the report's interval. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
@@ -59,11 +60,18 @@ class Stack:
     key: str  # an ordinary key
     private_key: str  # a key that opted out of replays
     receiver: Receiver  # the webhooks' receiver
+    clients: dict[str, openai.OpenAI] = field(default_factory=dict)  # one per key, closed
 
     def client(self, key: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=f"{self.gateway.base_url}/v1", api_key=key or self.key, max_retries=0
-        )
+        key = key or self.key
+        if key not in self.clients:
+            url = f"{self.gateway.base_url}/v1"
+            self.clients[key] = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+        return self.clients[key]
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
 
     def report(self) -> dict[str, Any]:
         response = httpx.get(
@@ -177,7 +185,9 @@ def stack(
             gateway.wait_healthy()
             _versions_known(gateway)
             keys = _key(gateway), _key(gateway, lossless_opt_out=True)
-            yield Stack(gateway, plain, dspark, *keys, receiver)
+            stack = Stack(gateway, plain, dspark, *keys, receiver)
+            yield stack
+            stack.close()
         finally:
             gateway.close()
 
@@ -268,12 +278,12 @@ def test_a_lossy_speculative_backend_is_caught_at_its_rate_and_where_it_diverges
     # the set rate over the lossy requests, and the whole group's interval holds that share
     share = LOSSY * DIVERGE_RATE / group["samples"]
     assert low <= share <= high, (low, share, high)
-    # each answer is " word" per token: the first DIVERGE_AT tokens are kept, so the common
-    # prefix is at least their characters (a new word may share a start with the old)
+    # compared by token ids (the engine returned them): the first DIVERGE_AT tokens are
+    # kept, so each answer differs from that token on (or later, where a new token happens
+    # to be the old one)
     first = group["first_divergence"]
-    assert first["unit"] == "char"
-    assert first["min"] >= 2 * DIVERGE_AT
-    assert first["max"] < ANSWER_TOKENS * 20
+    assert first["unit"] == "token"
+    assert DIVERGE_AT <= first["min"] <= first["max"] < ANSWER_TOKENS
     _quarantined_yet_pinned(stack)
 
 
@@ -312,6 +322,41 @@ def _quarantined_yet_pinned(stack: Stack) -> None:
         timeout=10.0,
     )
     assert lifted.status_code == 200, lifted.text
+
+
+def test_the_token_ids_asked_for_a_replay_reach_no_client_that_did_not_ask(
+    stack: Stack,
+) -> None:
+    """Every request is sampled here, so each asks the engine for its token ids; a client
+    gets them only when it asked too: whole, streamed, chat and text completions."""
+    url, headers = stack.gateway.base_url, {"Authorization": f"Bearer {stack.key}"}
+    chat = {"messages": [{"role": "user", "content": "ids?"}]}
+    text = {"prompt": "ids?"}
+    for path, request in (("/v1/chat/completions", chat), ("/v1/completions", text)):
+        for stream in (False, True):
+            body = {"model": SIM_MODEL, "max_tokens": 6, "temperature": 0, "stream": stream}
+            plain = _choices(httpx.post(f"{url}{path}", json=body | request, headers=headers))
+            asked = body | request | {"return_token_ids": True}
+            given = _choices(httpx.post(f"{url}{path}", json=asked, headers=headers))
+            assert all(c.get("token_ids") is None for c in plain), (path, stream, plain)
+            assert all(c.get("prompt_token_ids") is None for c in plain), (path, stream)
+            ids = [i for c in given for i in c.get("token_ids") or ()]
+            assert len(ids) == 6, (path, stream, given)
+
+
+def _choices(response: httpx.Response) -> list[dict[str, Any]]:
+    """Every choice a response carried, whole or in its stream's chunks; each body's
+    `prompt_token_ids` set on its choices, where it has them."""
+    assert response.status_code == 200, response.text
+    if not response.headers["content-type"].startswith("text/event-stream"):
+        bodies = [response.json()]
+    else:
+        lines = response.text.splitlines()
+        data = [line[6:] for line in lines if line.startswith("data: ") and "[DONE]" not in line]
+        bodies = [json.loads(line) for line in data]
+    return [
+        {"prompt_token_ids": b.get("prompt_token_ids")} | c for b in bodies for c in b["choices"]
+    ]
 
 
 def test_plain_against_plain_is_the_floor_beside_every_rate(stack: Stack) -> None:

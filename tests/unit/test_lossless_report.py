@@ -76,6 +76,7 @@ def _group(method: str, samples: int, divergences: int) -> LosslessGroup:
         is_floor=method == "plain",
         samples=samples,
         divergences=divergences,
+        by_tokens=samples,
         divergence_rate=divergences / samples,
         interval_95=wilson_interval(divergences, samples),
         first_divergence=None,

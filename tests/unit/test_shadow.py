@@ -13,7 +13,14 @@ from gateway.metrics import GatewayMetrics
 from gateway.registry import BackendView, KeyView
 from gateway.relay.exchange import Exchange
 from gateway.relay.shadow import Shadow
-from gateway.relay.transcripts import Sample, Transcript, common_prefix, greedy
+from gateway.relay.transcripts import (
+    Sample,
+    Transcript,
+    common_prefix,
+    cut_body_token_ids,
+    cut_token_ids,
+    greedy,
+)
 
 CHAT = "/v1/chat/completions"
 
@@ -82,7 +89,52 @@ def test_a_completion_reads_its_text_and_other_choices_are_ignored() -> None:
     assert t.text() == "\x1eyes\x1e"
 
 
+def test_token_ids_are_gathered_across_a_stream_and_absent_where_not_returned() -> None:
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}, "token_ids": None}]},
+        {"choices": [{"index": 0, "delta": {"content": " a b"}, "token_ids": [7, 8]}]},
+        {"choices": [{"index": 1, "delta": {"content": " z"}, "token_ids": [99]}]},
+        {"choices": [{"index": 0, "delta": {}, "token_ids": []}]},
+        {"choices": [{"index": 0, "delta": {"content": " c"}, "token_ids": [9]}]},
+    ]
+    stream = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    streamed = Transcript()
+    for at in range(0, len(stream), 5):
+        streamed.feed(stream[at : at + 5])
+    assert streamed.ids() == [7, 8, 9]
+    whole = Transcript()
+    whole.whole({"choices": [{"index": 0, "text": " a b c", "token_ids": [7, 8, 9]}]})
+    assert whole.ids() == [7, 8, 9]
+    text_only = Transcript()
+    text_only.whole({"choices": [{"index": 0, "text": " a b c", "token_ids": None}]})
+    assert text_only.ids() is None
+
+
+def test_the_token_ids_the_gateway_asked_for_are_written_as_null_again() -> None:
+    event = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"say \\"token_ids\\":[1]"},'
+        b'"token_ids":[5, 6]}],"prompt_token_ids":[1,2,3]}\n\n'
+    )
+    cut = cut_token_ids(event)
+    assert cut == (
+        b'data: {"choices":[{"index":0,"delta":{"content":"say \\"token_ids\\":[1]"},'
+        b'"token_ids":null}],"prompt_token_ids":null}\n\n'
+    )
+    assert orjson.loads(cut[6:])["choices"][0]["delta"]["content"] == 'say "token_ids":[1]'
+    assert cut_token_ids(b'data: {"choices":[]}\n\n') == b'data: {"choices":[]}\n\n'
+    body = {
+        "prompt_token_ids": [1],
+        "choices": [{"index": 0, "token_ids": [2], "prompt_token_ids": [1], "text": "x"}],
+    }
+    cut_body_token_ids(body)
+    assert body == {
+        "prompt_token_ids": None,
+        "choices": [{"index": 0, "token_ids": None, "prompt_token_ids": None, "text": "x"}],
+    }
+
+
 def test_the_common_prefix_is_where_two_answers_first_differ() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix("abcdef", "abcxef") == 3
     assert common_prefix("abc", "abcdef") == 3
     assert common_prefix("", "a") == 0
