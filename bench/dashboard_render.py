@@ -32,11 +32,11 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 from streamlit.testing.v1 import AppTest
 
-from gateway.accounting import hour_of
 from gateway.app import prepare_database
 from gateway.cli import stack
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import UsageHourly, UsageRecord
+from gateway.rollups import hour_of
 from gateway.schemas.resources import KeyCreate
 from gateway.services.keys import create_key
 from gateway.settings import Settings

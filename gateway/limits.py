@@ -1,5 +1,6 @@
 """Per-key limits: requests and tokens per minute, and a USD budget, across replicas;
-requests in flight at once, on each replica.
+requests in flight at once, on each replica. A team's are checked alike after its key's
+(docs/teams.md), as one more subject, under its id below 0.
 
 Checks read memory only. A request is admitted with a *reservation*: its worst-case tokens
 (the prompt's estimate plus every completion token it may ask for) and cost, counted at once,
@@ -81,16 +82,16 @@ class Reservation:
     window: int  # the minute it was admitted in: its tokens count there
     tokens: int
     usd: float
-    shared: bool = (
-        False  # counted in flight over the replica's workers (gateway/server/inflight.py)
-    )
+    shared: bool = False  # counted in flight over the replica's workers (server/inflight.py)
     shared_budget: bool = False  # held over the replica's workers (gateway/server/shared_budget.py)
 
 
 def budgeted_spend(snapshot: Snapshot) -> dict[int, float]:
-    """Each budgeted key's spend in its period, as of `snapshot`, by key id."""
+    """Each budgeted key's and team's spend in its period, as of `snapshot`, by subject id
+    (a key's id; a team's, below 0)."""
     spend = snapshot.key_spend_usd
-    return {k.id: spend.get(k.id, 0.0) for k in snapshot.keys.values() if k.budget_usd is not None}
+    subjects = [*snapshot.keys.values(), *snapshot.teams.values()]
+    return {k.id: spend.get(k.id, 0.0) for k in subjects if k.budget_usd is not None}
 
 
 def current_window(now_s: float) -> int:
@@ -276,6 +277,12 @@ class Limiter:
                 self._reserved_usd.pop(held.key_id, None)
         if cost_usd:
             self._spend_since_snapshot[held.key_id] += cost_usd
+
+    def release(self, held: Reservation) -> None:
+        """Undo an admission its team then refused: as if its request never came."""
+        self.settle(held, 0, None)
+        if (counts := self._counts.get((held.key_id, held.window))) is not None:
+            counts.unsynced_requests -= 1
 
     def remaining(self, key: KeyView, now_s: float | None = None) -> tuple[int | None, int | None]:
         """The key's requests and tokens left this minute (None: no such limit)."""

@@ -46,6 +46,7 @@ from gateway.db.tables import (
     GpuPrice,
     ModelPolicy,
     Quarantine,
+    Team,
     UsageHourly,
 )
 from gateway.drafters import DrafterCurve, DrafterKey, drafter_curves
@@ -215,6 +216,7 @@ class KeyView:
     request_class: str | None = None  # its requests' class without a class header
     max_body_bytes: int | None = None  # its bodies' bound, under the gateway's
     lossless_opt_out: bool = False  # its requests are never replayed by the lossless watchdog
+    team_id: int | None = None  # the team it belongs to (its allowed models are within its)
 
 
 def by_method(backends: Iterable[BackendView]) -> dict[str, tuple[BackendView, ...]]:
@@ -242,7 +244,11 @@ class Snapshot:
     prefill: Mapping[CurveKey, Prefill] = field(default_factory=dict)
     context: Mapping[CurveKey, Context] = field(default_factory=dict)  # gateway/context.py
     rejected: Rejections = field(default_factory=dict)
+    # Each budgeted key's spend in its period, by key id; and each budgeted team's, by its
+    # subject id (`team_subject`: below 0)
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
+    # Each team as the limiter checks it, by team id: its limits under its subject id
+    teams: Mapping[int, KeyView] = field(default_factory=dict)
     # By (model, method, request class): the class's price from its own acceptance, where it
     # has enough requests that reported their speculation (gateway/acceptance.py)
     class_prices: Mapping[tuple[str, str, str], ClassPrice] = field(default_factory=dict)
@@ -365,7 +371,7 @@ def load_snapshot(
         )  # fmt: skip
         backends[b.model].append(view)
     policies = _policies(session)
-    keys = _keys(session)
+    keys, teams = _keys(session), _teams(session)
     prices = {
         p.gpu_type: p.usd_per_gpu_hour
         for p in session.scalars(select(GpuPrice).where(GpuPrice.kind == PRICE_KIND))
@@ -391,7 +397,8 @@ def load_snapshot(
         prefill=curves.prefill,
         context=curves.context,
         rejected=rejected,
-        key_spend_usd=_key_spend(session, keys.values()),
+        key_spend_usd=_key_spend(session, keys.values()) | _team_spend(session, teams.values()),
+        teams=teams,
         class_prices=_class_prices(session, class_min_requests) if class_min_requests else {},
         drafters=drafter_curves(samples, live, curves.k),
     )
@@ -420,6 +427,7 @@ def _policies(session: Session) -> dict[str, PolicyView]:
 
 
 def _keys(session: Session) -> dict[str, KeyView]:
+    teams = {t.id: t for t in session.scalars(select(Team))}
     return {
         k.key_hash: KeyView(
             k.id,
@@ -428,14 +436,63 @@ def _keys(session: Session) -> dict[str, KeyView]:
             k.tokens_per_minute,
             k.budget_usd,
             k.budget_period,
-            frozenset(k.allowed_models) if k.allowed_models is not None else None,
+            _allowed(k.allowed_models, teams.get(k.team_id or 0)),
             k.max_concurrent_requests,
             k.request_class,
             k.max_body_bytes,
             k.lossless_opt_out,
+            k.team_id,
         )
         for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
     }
+
+
+def team_subject(team_id: int) -> int:
+    """A team's id among what the limiter counts: keys from 1 up, teams from -1 down."""
+    return -team_id
+
+
+def _teams(session: Session) -> dict[int, KeyView]:
+    """Each team with a limit, as the limiter checks it (its subject id, its limits)."""
+    return {
+        t.id: KeyView(
+            team_subject(t.id),
+            t.name,
+            t.requests_per_minute,
+            t.tokens_per_minute,
+            t.budget_usd,
+            t.budget_period,
+            None,
+        )
+        for t in session.scalars(select(Team))
+        if t.budget_usd is not None or t.requests_per_minute or t.tokens_per_minute
+    }
+
+
+def _team_spend(session: Session, teams: Iterable[KeyView]) -> dict[int, float]:
+    """USD each budgeted team's keys spent in its period, from the hourly rollups (by the
+    team each request was served for), by the team's subject id."""
+    now = dt.datetime.now(dt.UTC)
+    spend: dict[int, float] = {}
+    for team in teams:
+        if team.budget_usd is None:
+            continue
+        h = UsageHourly
+        query = select(func.coalesce(func.sum(h.cost_usd), 0.0)).where(
+            h.team_id == -team.id  # its subject id is minus its own
+        )
+        start = period_start(team.budget_period, now)
+        if start is not None:
+            query = query.where(h.hour >= start)
+        spend[team.id] = float(session.scalar(query) or 0.0)
+    return spend
+
+
+def _allowed(own: list[str] | None, team: Team | None) -> frozenset[str] | None:
+    """The models a key may use: its own list within its team's (None: any)."""
+    theirs = team.allowed_models if team is not None else None
+    lists = [set(names) for names in (own, theirs) if names is not None]
+    return frozenset(set.intersection(*lists)) if lists else None
 
 
 def auto_method(

@@ -290,6 +290,23 @@ class Settings(BaseSettings):
             "Default `x-session-id`."
         ),
     )
+    user_header: str = Field(
+        default="",
+        description=(
+            "A request header naming the end user a request is attributed to, before the "
+            "OpenAI `user` field (docs/teams.md); at most 128 characters. Empty (the "
+            "default): the `user` field alone."
+        ),
+    )
+    tags_header: str = Field(
+        default="x-draftgate-tags",
+        min_length=1,
+        description=(
+            "The request header carrying a request's tags, comma-separated: at most 8, each "
+            "1 to 64 letters, digits or `_.:/=+-` (else a 400). Usage groups and filters by "
+            "them (docs/teams.md). Default `x-draftgate-tags`."
+        ),
+    )
     affinity_prefix_chars: int = Field(
         default=512,
         ge=0,
@@ -942,6 +959,16 @@ class Settings(BaseSettings):
     def affinity_header_name(self) -> bytes:
         """`affinity_header` as the relay looks it up (lower-case bytes)."""
         return self.affinity_header.strip().lower().encode()
+
+    @property
+    def user_header_name(self) -> bytes:
+        """`user_header` as the relay looks it up (lower-case bytes; b"": none)."""
+        return self.user_header.strip().lower().encode()
+
+    @property
+    def tags_header_name(self) -> bytes:
+        """`tags_header` as the relay looks it up (lower-case bytes)."""
+        return self.tags_header.strip().lower().encode()
 
     @property
     def relayed(self) -> frozenset[str]:

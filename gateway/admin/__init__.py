@@ -20,6 +20,7 @@ from gateway.admin import (
     savings,
     spend,
     switches,
+    teams,
     usage,
     whoami,
 )
@@ -45,6 +46,7 @@ def admin_router() -> APIRouter:
         prices,
         pools,
         keys,
+        teams,
         audit,
         plan,
         savings,

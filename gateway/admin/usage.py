@@ -32,16 +32,21 @@ def get_usage(
     request_class: Annotated[str | None, Query(alias="class")] = None,
     rule: int | None = None,
     drafter: Annotated[str | None, Query(max_length=500)] = None,
+    team: int | None = None,
+    user: Annotated[str | None, Query(max_length=128)] = None,
+    tag: Annotated[str | None, Query(max_length=64)] = None,
+    endpoint: Annotated[str | None, Query(max_length=64)] = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     format: Literal["json", "csv"] = "json",
 ) -> UsagePage | StreamingResponse:
     """Usage records over [from, to), oldest first, with the concurrency, $/1M and curve
-    source that priced each, its request class and rule; `format=csv` streams every
-    matching record (no paging)."""
+    source that priced each, its request class and rule, and who it is attributed to (team,
+    end user, tags, endpoint); `format=csv` streams every matching record (no paging)."""
     where = UsageFilter(
-        start, end, model, method, backend, key, status, request_class, rule, drafter
-    )
+        start, end, model, method, backend, key, status, request_class, rule, drafter, team,
+        user, tag, endpoint,
+    )  # fmt: skip
     if format == "csv":
         headers = {"content-disposition": 'attachment; filename="usage.csv"'}
         lines = csv_lines(components.sessions, where)

@@ -19,8 +19,10 @@ from gateway.cli.up import up
 app = typer.Typer(help="draftgate: a cost-aware gateway for speculative-decoding vLLM fleets.")
 db_app = typer.Typer(help="Database schema.")
 keys_app = typer.Typer(help="Client API keys.")
+teams_app = typer.Typer(help="Teams: groups of keys that spend as one.")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
+app.add_typer(teams_app, name="teams")
 app.add_typer(plan_app, name="plan")
 app.add_typer(import_app, name="import")
 app.add_typer(dev_app, name="dev")
@@ -89,6 +91,7 @@ def keys_create(
             "--lossless-opt-out", help="Its requests are never replayed by the lossless watchdog."
         ),
     ] = False,
+    team_id: Annotated[int | None, typer.Option(help="The team it belongs to.")] = None,
 ) -> None:
     """Create an API key and print it once."""
     from gateway.schemas.resources import KeyCreate
@@ -102,11 +105,41 @@ def keys_create(
         max_body_bytes=max_body_bytes,
         budget_usd=budget_usd,
         lossless_opt_out=lossless_opt_out,
+        team_id=team_id,
     )
     with session() as db:
         created = create_key(db, data, CLI_ACTOR)
     typer.echo(f"created key {created.id} ({created.name}); it is shown only this once:")
     typer.echo(created.key)
+
+
+@teams_app.command("create")
+def teams_create(
+    name: str,
+    budget_usd: Annotated[
+        float | None, typer.Option(min=0, help="Its keys' spend together, per month.")
+    ] = None,
+) -> None:
+    """Create a team (give it keys with `keys create --team-id`)."""
+    from gateway.schemas.teams import TeamCreate
+    from gateway.services.teams import create_team
+
+    with session() as db:
+        team = create_team(db, TeamCreate(name=name, budget_usd=budget_usd), CLI_ACTOR)
+    typer.echo(f"created team {team.id} ({team.name})")
+
+
+@teams_app.command("list")
+def teams_list() -> None:
+    """List teams with their active keys."""
+    from gateway.services.teams import list_teams
+
+    with session() as db:
+        teams = list_teams(db)
+    typer.echo(f"{'id':>5}  {'name':<24} {'keys':>5}  budget")
+    for team in teams:
+        budget = "-" if team.budget_usd is None else f"${team.budget_usd:,.2f} {team.budget_period}"
+        typer.echo(f"{team.id:>5}  {team.name:<24} {team.keys:>5}  {budget}")
 
 
 @keys_app.command("list")

@@ -35,6 +35,9 @@ URL = 500
 VERSION = 64
 RESPONSE_ID = 128  # a vLLM response id is `resp_` and 32 hex digits
 CLASS_NAME = 32  # a request class, as DRAFTGATE_REQUEST_CLASSES names it
+END_USER = 128  # the end user a request names (OpenAI's `user`), at most
+TAGS = 600  # a request's tags as stored: ",a,b,", at most 8 of 64 characters
+ENDPOINT = 64  # a relayed path
 
 
 class Timestamps:
@@ -126,6 +129,21 @@ class ModelPolicy(Timestamps, Base):
     lossless_quarantine: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
+class Team(Base):
+    """A group of keys that spends as one: usage is attributed to it (docs/teams.md)."""
+
+    __tablename__ = "teams"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME), unique=True)
+    budget_usd: Mapped[float | None]
+    budget_period: Mapped[str] = mapped_column(String(16), default="monthly")
+    requests_per_minute: Mapped[int | None]
+    tokens_per_minute: Mapped[int | None]
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
 class ApiKey(Base):
     """A client API key; only its SHA-256 hash and a display prefix are stored."""
 
@@ -147,6 +165,7 @@ class ApiKey(Base):
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), index=True)
 
 
 class GpuPrice(Timestamps, Base):
@@ -224,17 +243,26 @@ class UsageRecord(Base):
     # Its context's correction, in cost_usd and baseline_cost_usd (None: none applied)
     context_usd: Mapped[float | None]
     baseline_context_usd: Mapped[float | None]
+    # Who it is attributed to (docs/teams.md): its key's team then, the end user (the
+    # `user` field or the configured header), the tags header's tags (",a,b,": each found
+    # with LIKE '%,a,%'), and the endpoint (its path)
+    team_id: Mapped[int | None]
+    end_user: Mapped[str | None] = mapped_column(String(END_USER))
+    tags: Mapped[str | None] = mapped_column(String(TAGS))
+    endpoint: Mapped[str | None] = mapped_column(String(ENDPOINT))
 
 
 class UsageHourly(Base):
     """Usage rolled up per hour, model, method, backend, key (0 = no key), request class
-    ('' = none), rule (-1 = none) and drafter ('' = none)."""
+    ('' = none), rule (-1 = none), drafter ('' = none), team (0 = none), end user, tags and
+    endpoint ('' = none)."""
 
     __tablename__ = "usage_hourly"
     __table_args__ = (
         UniqueConstraint(
             "hour", "model", "method", "backend_name", "api_key_id", "request_class",
-            "rule_index", "drafter", name="uq_usage_hourly_row",
+            "rule_index", "drafter", "team_id", "end_user", "tags", "endpoint",
+            name="uq_usage_hourly_row",
         ),
     )  # fmt: skip
 
@@ -269,6 +297,10 @@ class UsageHourly(Base):
     request_class: Mapped[str] = mapped_column(String(CLASS_NAME), default="", server_default="")
     rule_index: Mapped[int] = mapped_column(default=-1, server_default="-1")
     drafter: Mapped[str] = mapped_column(String(URL), default="", server_default="")
+    team_id: Mapped[int] = mapped_column(default=0, server_default="0")
+    end_user: Mapped[str] = mapped_column(String(END_USER), default="", server_default="")
+    tags: Mapped[str] = mapped_column(String(TAGS), default="", server_default="")
+    endpoint: Mapped[str] = mapped_column(String(ENDPOINT), default="", server_default="")
     # For the interval of a class's acceptance (a ratio estimator): the requests that
     # reported a verify step or more (a one-token answer has none: no sample, so a stream of
     # them cannot bring a class to its minimum), and the sums of accepted², accepted·steps

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.accounting import Ledger, UsageEntry
+from gateway.accounting import Ledger
 from gateway.errors import GatewayError
+from gateway.ledger_entry import UsageEntry
 from gateway.limits import Limiter, Reservation
 from gateway.metrics import GatewayMetrics
 from gateway.policy.affinity import Affinity
@@ -57,6 +58,9 @@ class Exchange:
     snapshot: Snapshot | None = None
     choices: Choices = NO_CHOICES  # the selector's, read with the snapshot: routing agrees too
     key: KeyView | None = None
+    end_user: str | None = None  # who it is attributed to beside its key (attribution.py)
+    tags: str | None = None
+    endpoint: str | None = None
     backend: BackendView | None = None
     method: str | None = None
     status: int = 0
@@ -68,6 +72,7 @@ class Exchange:
     usage: dict[str, Any] | None = None
     responded: bool = False  # the whole response was handed to the server
     reservation: Reservation | None = None  # held against the key until settled
+    team_reservation: Reservation | None = None  # and against its team, where it has limits
     sent: float | None = None  # when the last attempt went to its backend (perf counter)
     tokens_estimated: bool = False  # usage is the gateway's estimate, not the backend's
     costs: Costs | None = None  # priced once the usage is known
@@ -109,18 +114,41 @@ def admit(
     key, snapshot, model = x.key, x.snapshot, x.model
     if key is None or snapshot is None or model is None:
         return
+    team = snapshot.teams.get(key.team_id) if key.team_id is not None else None
     tokens, usd = 0, 0.0
-    if key.tokens_per_minute is not None or key.budget_usd is not None:
+    subjects = (key,) if team is None else (key, team)
+    if any(s.tokens_per_minute is not None or s.budget_usd is not None for s in subjects):
         backends = snapshot.backends.get(model, ())
         limits = [m for b in backends if (m := states[b.name].max_model_len)]
         tokens = worst_case_tokens(path, payload, body_bytes, max(limits, default=default_limit))
-        if key.budget_usd is not None:
+        if any(s.budget_usd is not None for s in subjects):
             usd = max((_worst_usd(snapshot, model, b, states[b.name], tokens) for b in backends),
                       default=0.0)  # fmt: skip
+    spent = snapshot.key_spend_usd
     try:
-        x.reservation = limiter.admit(key, snapshot.key_spend_usd.get(key.id, 0.0), tokens, usd)
+        x.reservation = limiter.admit(key, spent.get(key.id, 0.0), tokens, usd)
+        if team is not None:
+            x.team_reservation = _admit_team(limiter, team, spent, tokens, usd, x.reservation)
     except GatewayError as refusal:
         metrics.rejections.labels(refusal.code).inc()
+        raise
+
+
+def _admit_team(
+    limiter: Limiter,
+    team: KeyView,
+    spent: Mapping[int, float],
+    tokens: int,
+    usd: float,
+    held: Reservation,
+) -> Reservation:
+    """Reserve the request against its key's team too; refused, its key's reservation is
+    released and the refusal names the team."""
+    try:
+        return limiter.admit(team, spent.get(team.id, 0.0), tokens, usd)
+    except GatewayError as refusal:
+        limiter.release(held)
+        refusal.message = f"Team `{team.name}`: {refusal.message}"
         raise
 
 
@@ -172,8 +200,9 @@ def settle(x: Exchange, ledger: Ledger, limiter: Limiter, metrics: GatewayMetric
     try:
         cost = _record(x, x.model, x.snapshot, tokens, ledger, metrics)
     finally:
-        if x.reservation is not None:
-            limiter.settle(x.reservation, tokens.prompt + tokens.completion, cost)
+        for held in (x.reservation, x.team_reservation):
+            if held is not None:
+                limiter.settle(held, tokens.prompt + tokens.completion, cost)
 
 
 def _record(
@@ -228,6 +257,10 @@ def _record(
             baseline_context_usd=costs.baseline_context_usd,
             rule_index=x.rule.index if x.rule is not None else None,
             drafter=x.backend.drafter if x.backend else None,
+            team_id=x.key.team_id if x.key else None,
+            end_user=x.end_user,
+            tags=x.tags,
+            endpoint=x.endpoint,
         )
     )
     _observe(snapshot, metrics, x, method, latency, ttft, prompt, completion, cost, baseline)

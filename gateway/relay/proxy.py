@@ -47,6 +47,7 @@ from gateway.policy.rules import CLASS_HEADER, first_match
 from gateway.policy.rules import Request as RuleRequest
 from gateway.registry import BackendState, BackendView, KeyView, PolicyView, Registry
 from gateway.relay.asgi import ClientGone, Receive, Scope, Send
+from gateway.relay.attribution import end_user, tags
 from gateway.relay.checks import (
     COMPLETION_PATHS,
     INCLUDE_COST_HEADER,
@@ -162,6 +163,7 @@ class Relay:
         # (a form post, or DNS rebinding): then only listed hosts and JSON bodies are served.
         self.keyless_hosts = None if settings.require_api_key else settings.keyless_hosts
         self.affinity_header = settings.affinity_header_name
+        self.user_header, self.tags_header = settings.user_header_name, settings.tags_header_name
         self.classes = settings.classes
         self.hold_refusal = RefusalHold(settings.refused_key_delay_s)
 
@@ -220,6 +222,7 @@ class Relay:
         if not isinstance(model, str) or not model:
             raise InvalidRequest("you must provide a model parameter", param="model")
         x.model = model
+        self._attribute(x, headers, path, payload)
         x.forward = {
             n.decode(): v.decode("latin-1") for n in self.forwarded if (v := headers.get(n))
         }
@@ -253,14 +256,22 @@ class Relay:
             body = with_usage_options(payload)
         states, limit = self.registry.states, self.settings.default_max_model_len
         admit(x, path, payload, len(body), states, limit, self.limiter, self.metrics)
-        call = Call(x, path, body, stream, asked, Departure(scope, receive, x), send)
-        call.ids_body = ids_body
+        departure = Departure(scope, receive, x)
+        call = Call(x, path, body, stream, asked, departure, send, ids_body=ids_body)
         try:
             await self._forward(call)
         except (ClientGone, UpstreamTimeout):
             if not stream:  # the backend never said what it generated: estimate it
                 estimate_abandoned(x, path, payload, len(body), limit)
             raise
+
+    def _attribute(
+        self, x: Exchange, headers: dict[bytes, bytes], path: str, payload: dict[str, Any]
+    ) -> None:
+        """Who the request is attributed to beside its key: its end user, tags, endpoint."""
+        x.endpoint = path
+        user = headers.get(self.user_header, b"") if self.user_header else b""
+        x.end_user, x.tags = end_user(user, payload), tags(headers.get(self.tags_header, b""))
 
     def _authenticate(self, headers: dict[bytes, bytes], x: Exchange) -> KeyView | None:
         """The request's key (None: keys are not required and it sent none), from a host

@@ -167,8 +167,8 @@ class SpendReport(Report):
 
 
 class SavingsRow(Report):
-    """Ledger totals of one group (model, method, key, backend, class, rule or drafter) over a
-    period."""
+    """Ledger totals of one group (model, method, key, backend, class, rule, drafter, team,
+    end user, tags or endpoint) over a period."""
 
     model: str | None = None
     method: str | None = None
@@ -195,6 +195,10 @@ class SavingsRow(Report):
     request_class: str | None = None  # group_by=class
     rule: int | None = None  # group_by=rule: the policy rule's position; None: no rule
     drafter: str | None = None  # group_by=drafter: the serving backend's; None: none
+    team: int | None = None  # group_by=team: its key's team's id; None: none
+    end_user: str | None = None  # group_by=user: the end user it named; None: none
+    tags: str | None = None  # group_by=tags: its set of tags, `,a,b,`; None: none
+    endpoint: str | None = None  # group_by=endpoint: its path
     # The group's own speculative decoding, over the requests whose engine reported it
     # (vLLM's per-request spec decode metrics): their acceptance length 1 + accepted / steps
     # with its 95% interval (a ratio estimator over those requests); None: none reported.
@@ -479,6 +483,12 @@ class UsageRow(Report):
     # than its curve's traffic's pays more; None where none applied
     context_usd: float | None = None
     baseline_context_usd: float | None = None
+    # Who it is attributed to (docs/teams.md): its key's team when it was served, the end
+    # user it named, its tags (`,a,b,`) and its endpoint (path)
+    team_id: int | None = None
+    end_user: str | None = None
+    tags: str | None = None
+    endpoint: str | None = None
 
 
 class UsagePage(Report):

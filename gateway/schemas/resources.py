@@ -486,6 +486,13 @@ class KeyLimits(Strict):
         default=False,
         description="Its requests are never replayed by the lossless watchdog (docs/lossless.md).",
     )
+    team_id: int | None = Field(
+        default=None,
+        description=(
+            "The team it belongs to (GET /admin/v1/teams): its usage is attributed to it, and "
+            "the team's allowed models bound its own. Null: none."
+        ),
+    )
 
 
 class KeyCreate(KeyLimits):
@@ -507,6 +514,7 @@ class KeyUpdate(Strict):
     allowed_models: list[Name] | None = None
     request_class: ClassName | None = None
     lossless_opt_out: bool | None = None
+    team_id: int | None = None
 
 
 class KeyPublic(Public):
@@ -524,6 +532,7 @@ class KeyPublic(Public):
     allowed_models: list[str] | None
     request_class: str | None = None
     lossless_opt_out: bool = False
+    team_id: int | None = None
     created_at: dt.datetime
     revoked_at: dt.datetime | None
 

@@ -2,7 +2,8 @@
 flight hold and what it served since its snapshot of the ledger (gateway/limits.py).
 
 Each worker keeps three float64 figures per key in its own part of one shared file
-(`budgets` in the replica's directory), at `(slot * KEY_IDS + key_id) * 3`: the USD its
+(`budgets` in the replica's directory), at `(slot * SUBJECTS + index) * 3` (a key's index
+is its id; a team's, below 0, is `KEY_IDS - id`: docs/teams.md): the USD its
 requests in flight hold (each its worst case, reserved at admission), the USD it served that
 its registry's snapshot of the ledger does not include yet, and the key's spend in that
 snapshot. A budget admission reads every worker's figures and adds its reservation to its
@@ -44,6 +45,8 @@ from gateway.server.inflight import KEY_IDS, clear_part
 from gateway.server.private import open_private
 
 BUDGETS_FILE = "budgets"
+TEAM_IDS = 1 << 16  # teams with larger ids have their budgets kept per worker
+SUBJECTS = KEY_IDS + TEAM_IDS  # keys, then teams
 FIGURE_BYTES = 8
 FIGURES = 3  # per key and worker: reserved, unsnapshotted, snapshot
 RESERVED, UNSNAPSHOTTED, SNAPSHOT = range(FIGURES)
@@ -58,6 +61,11 @@ class BudgetFigures:
     reserved_usd: float  # held by requests in flight on every worker
 
 
+def _index(key_id: int) -> int:
+    """Where a key's figures (or a team's: its id below 0) are in a worker's part."""
+    return key_id if key_id >= 0 else KEY_IDS - key_id
+
+
 class SharedBudgets:
     """This worker's view of the replica's budget figures per key."""
 
@@ -67,22 +75,23 @@ class SharedBudgets:
         """Open the file and take over slot `slot`: a dead predecessor's figures cleared
         and `snapshot_usd` (spend per budgeted key id) written, both before any other
         worker reads them."""
-        size = workers * KEY_IDS * FIGURES * FIGURE_BYTES
+        size = workers * SUBJECTS * FIGURES * FIGURE_BYTES
         self._fd = open_private(path, os.O_RDWR | os.O_CREAT)
         if os.fstat(self._fd).st_size < size:  # every worker asks for the same size
             os.ftruncate(self._fd, size)
         self._map = mmap.mmap(self._fd, size)
         self._figures = memoryview(self._map).cast("d")
-        self._own = slot * KEY_IDS * FIGURES
-        self._slots = range(0, workers * KEY_IDS * FIGURES, KEY_IDS * FIGURES)
+        self._own = slot * SUBJECTS * FIGURES
+        self._slots = range(0, workers * SUBJECTS * FIGURES, SUBJECTS * FIGURES)
         self._thread_lock = threading.Lock()  # a flock does not exclude this process's threads
         with self.locked():
             self._clear_own()
             self.publish_snapshot(snapshot_usd)
 
     def covers(self, key_id: int) -> bool:
-        """Whether the key's figures are shared here (else kept per worker)."""
-        return 0 <= key_id < KEY_IDS
+        """Whether the key's (or team's: below 0) figures are shared here (else kept per
+        worker)."""
+        return -TEAM_IDS < key_id < KEY_IDS
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -96,7 +105,7 @@ class SharedBudgets:
 
     def figures(self, key_id: int) -> BudgetFigures:
         """The key's figures over every worker (ours as last written); call locked."""
-        figures, at = self._figures, key_id * FIGURES
+        figures, at = self._figures, _index(key_id) * FIGURES
         snapshot = unsnapshotted = reserved = 0.0
         for start in self._slots:
             snapshot = max(snapshot, figures[start + at + SNAPSHOT])
@@ -106,7 +115,7 @@ class SharedBudgets:
 
     def write(self, key_id: int, reserved_usd: float, unsnapshotted_usd: float) -> None:
         """This worker's reservations and unsnapshotted spend of a key; call locked."""
-        at = self._own + key_id * FIGURES
+        at = self._own + _index(key_id) * FIGURES
         self._figures[at + RESERVED] = reserved_usd
         self._figures[at + UNSNAPSHOTTED] = unsnapshotted_usd
 
@@ -116,9 +125,9 @@ class SharedBudgets:
         figures, own = self._figures, self._own + SNAPSHOT
         for key_id, usd in snapshot_usd.items():
             if self.covers(key_id):
-                figures[own + key_id * FIGURES] = usd
+                figures[own + _index(key_id) * FIGURES] = usd
 
     def _clear_own(self) -> None:
         """Forget the figures a dead predecessor in this slot left."""
         start = self._own * FIGURE_BYTES
-        clear_part(self._fd, self._map, start, start + KEY_IDS * FIGURES * FIGURE_BYTES)
+        clear_part(self._fd, self._map, start, start + SUBJECTS * FIGURES * FIGURE_BYTES)

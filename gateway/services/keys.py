@@ -12,6 +12,7 @@ from gateway.db.base import utcnow
 from gateway.db.tables import ApiKey
 from gateway.schemas.resources import KeyCreate, KeyCreated, KeyPublic, KeyUpdate
 from gateway.services.changes import merged
+from gateway.services.teams import check_team
 
 
 def _snapshot(row: ApiKey) -> dict[str, Any]:
@@ -33,6 +34,7 @@ def _audit(
 
 def create_key(session: Session, data: KeyCreate, actor: str) -> KeyCreated:
     """Create a key; the returned object is the only place its secret appears."""
+    check_team(session, data.team_id)
     new = generate_key()
     row = ApiKey(key_prefix=new.prefix, key_hash=new.sha256, **data.model_dump())
     queries.add(session, row, "API key")
@@ -45,6 +47,7 @@ def update_key(session: Session, key_id: int, patch: KeyUpdate, actor: str) -> A
     row = queries.get_key(session, key_id)
     before = _snapshot(row)
     new = merged(KeyCreate, {k: getattr(row, k) for k in KeyCreate.model_fields}, patch)
+    check_team(session, new.team_id)
     for key, value in new.model_dump().items():
         setattr(row, key, value)
     session.flush()

@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gateway.accounting import hour_of
 from gateway.db import queries
 from gateway.db.tables import UsageHourly
 from gateway.errors import NotFound
 from gateway.registry import Snapshot
+from gateway.rollups import hour_of
 from gateway.schemas.reports import FleetActual, FleetNow, FleetReport
 from gateway.services.fleet_figures import FleetInputs, fleet_figures
 from gateway.services.sizing import (

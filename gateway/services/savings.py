@@ -16,14 +16,19 @@ from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
 from gateway.acceptance import Acceptance
-from gateway.accounting import hour_of
 from gateway.db.tables import UsageHourly, UsageRecord
 from gateway.errors import ValidationFailed
+from gateway.rollups import hour_of
 from gateway.schemas.reports import SavingsReport, SavingsRow
 
-GROUPS = ("model", "method", "key", "backend", "class", "rule", "drafter")
-FIELDS = {"class": "request_class"}  # a group's name in the rows, where it is not its own
-NONE = {"class": "", "rule": -1, "drafter": ""}  # what a rollup holds for none
+GROUPS = (
+    "model", "method", "key", "backend", "class", "rule", "drafter", "team", "user", "tags",
+    "endpoint",
+)  # fmt: skip
+# a group's name in the rows, where it is not its own
+FIELDS = {"class": "request_class", "user": "end_user"}
+# what a rollup holds for none
+NONE = {"class": "", "rule": -1, "drafter": "", "team": 0, "user": "", "tags": "", "endpoint": ""}
 DEFAULT_PERIOD = dt.timedelta(days=30)
 HOUR = dt.timedelta(hours=1)
 # Summed per group, in records and rollups alike, after the served and refused counts.
@@ -66,6 +71,10 @@ def _rollup_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         "class": h.request_class,
         "rule": h.rule_index,
         "drafter": h.drafter,
+        "team": h.team_id,
+        "user": h.end_user,
+        "tags": h.tags,
+        "endpoint": h.endpoint,
     }
     served = h.backend_name != ""
     return _sums(
@@ -88,6 +97,10 @@ def _record_sums(names: Sequence[str], start: dt.datetime, end: dt.datetime) -> 
         "class": func.coalesce(r.request_class, ""),
         "rule": func.coalesce(r.rule_index, -1),
         "drafter": func.coalesce(r.drafter, ""),
+        "team": func.coalesce(r.team_id, 0),
+        "user": func.coalesce(r.end_user, ""),
+        "tags": func.coalesce(r.tags, ""),
+        "endpoint": func.coalesce(r.endpoint, ""),
     }
     served = backend != ""
     saved = r.cached_prompt_tokens * r.prompt_usd_per_mtok / 1e6  # NULL unpriced: not summed

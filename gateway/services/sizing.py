@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from gateway.accounting import hour_of
 from gateway.registry import Snapshot
+from gateway.rollups import hour_of
 from gateway.schemas.reports import FleetMethod
 from gateway.settings import Settings
 from planner.cost import ThroughputCurve

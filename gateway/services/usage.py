@@ -27,7 +27,7 @@ CSV_BATCH = 1000
 @dataclass(frozen=True)
 class UsageFilter:
     """Which records: [start, end), and optionally one model, method, backend, key, status,
-    request class, rule and drafter."""
+    request class, rule, drafter, team, end user, tag and endpoint."""
 
     start: dt.datetime | None = None
     end: dt.datetime | None = None
@@ -39,6 +39,10 @@ class UsageFilter:
     request_class: str | None = None
     rule: int | None = None
     drafter: str | None = None
+    team: int | None = None
+    end_user: str | None = None
+    tag: str | None = None  # one of its tags
+    endpoint: str | None = None
 
     def query(self, after_id: int, limit: int) -> Select[Any]:
         r = UsageRecord
@@ -52,9 +56,14 @@ class UsageFilter:
             (r.request_class, self.request_class),
             (r.rule_index, self.rule),
             (r.drafter, self.drafter),
+            (r.team_id, self.team),
+            (r.end_user, self.end_user),
+            (r.endpoint, self.endpoint),
         ):
             if value is not None:
                 query = query.where(column == value)
+        if self.tag is not None:  # stored `,a,b,`: a tag holds no comma, `%` or `_` matter
+            query = query.where(r.tags.contains(f",{self.tag},", autoescape=True))
         if self.start is not None:
             query = query.where(r.created_at >= self.start)
         if self.end is not None:
@@ -126,6 +135,10 @@ def row_of(r: UsageRecord) -> UsageRow:
         drafter_factor=r.drafter_factor,
         context_usd=r.context_usd,
         baseline_context_usd=r.baseline_context_usd,
+        team_id=r.team_id,
+        end_user=r.end_user,
+        tags=r.tags,
+        endpoint=r.endpoint,
     )
 
 

@@ -10,9 +10,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gateway.accounting import UsageEntry, write_batch
+from gateway.accounting import write_batch
 from gateway.db.session import transaction
 from gateway.db.tables import LosslessCheck
+from gateway.ledger_entry import UsageEntry
 from tests.api.test_admin_backends import assert_envelope
 from tests.api.test_ledger import HOUR, entry
 from tests.conftest import READ_TOKEN

@@ -7,10 +7,12 @@ import datetime as dt
 import pytest
 from sqlalchemy import func, select
 
-from gateway.accounting import UsageEntry, recompute_hour, write_batch
+from gateway.accounting import write_batch
 from gateway.db import migrate
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import UsageHourly, UsageRecord
+from gateway.ledger_entry import UsageEntry
+from gateway.rollups import recompute_hour
 
 HOUR = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
 

@@ -8,12 +8,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from gateway.accounting import UsageEntry, write_batch
+from gateway.accounting import write_batch
 from gateway.db import migrate
 from gateway.db.base import Base
 from gateway.db.session import make_engine, make_sessionmaker
+from gateway.ledger_entry import UsageEntry
 
-HEAD = "0024"  # the newest migration
+HEAD = "0025"  # the newest migration
 TABLES = {
     "alembic_version",
     "api_keys",
@@ -28,6 +29,7 @@ TABLES = {
     "models",
     "pools",
     "rate_windows",
+    "teams",
     "usage_hourly",
     "usage_records",
 }

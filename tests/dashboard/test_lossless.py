@@ -13,9 +13,10 @@ from streamlit.testing.v1 import AppTest
 from dashboard.client import refresh_reads
 from dashboard.formats import share, usd
 from dashboard.widgets.periods import period_start
-from gateway.accounting import UsageEntry, write_batch
+from gateway.accounting import write_batch
 from gateway.db.session import make_engine, make_sessionmaker, transaction
 from gateway.db.tables import LosslessCheck
+from gateway.ledger_entry import UsageEntry
 from tests.api.test_admin_lossless import check
 from tests.dashboard.conftest import MODEL, Stack
 

@@ -171,15 +171,30 @@ def create_key(replicas: Replicas, name: str, **limits: Any) -> tuple[int, str]:
     return created["id"], created["key"]
 
 
-def paced_load_until_refused(replicas: Replicas, key: str, most_s: float) -> list[Outcome]:
-    """One paced client per replica until REFUSED_FOR_S after the first 429 (or `most_s`).
+def create_team(replicas: Replicas, name: str, **limits: Any) -> int:
+    """Create a team through replica A; its id (keys created after it reach B with it)."""
+    with replicas.admin(replicas.a) as http:
+        response = http.post("/admin/v1/teams", json={"name": name} | limits)
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def paced_load_until_refused(
+    replicas: Replicas, key: str | tuple[str, str], most_s: float
+) -> list[Outcome]:
+    """One paced client per replica (with `key`, or each with its own of two) until
+    REFUSED_FOR_S after the first 429 (or `most_s`).
 
     Going on after the first refusal shows whether the replicas keep refusing once their
     counts are shared; stopping on it keeps the run short on a fast machine and long enough
     on a slow one.
     """
     urls = [replicas.a.base_url, replicas.b.base_url]
-    loads = [StreamingLoad([url], SIM_MODEL, 1, api_key=key, pause_s=PAUSE_S) for url in urls]
+    keys = (key, key) if isinstance(key, str) else key
+    loads = [
+        StreamingLoad([url], SIM_MODEL, 1, api_key=k, pause_s=PAUSE_S)
+        for url, k in zip(urls, keys, strict=True)
+    ]
     for load in loads:
         load.start()
     started, refused_at = time.monotonic(), None
@@ -200,20 +215,24 @@ def wait_for_minute_room(seconds: float) -> None:
         time.sleep(left + 0.5)
 
 
-def key_totals(replicas: Replicas, key_id: int) -> dict[str, Any]:
-    """Requests, tokens and cost of one key from the admin savings rollups (via B)."""
+def key_totals(replicas: Replicas, key_id: int, group: str = "key") -> dict[str, Any]:
+    """Requests, tokens and cost of one key (or of the `group` with that id: a team) from
+    the admin savings rollups (via B)."""
     with replicas.admin(replicas.b) as http:
-        response = http.get("/admin/v1/savings", params={"group_by": "key"})
+        response = http.get("/admin/v1/savings", params={"group_by": group})
     assert response.status_code == 200, response.text
-    rows = [r for r in response.json()["data"] if r["key"] == key_id]
+    rows = [r for r in response.json()["data"] if r[group] == key_id]
     assert len(rows) <= 1
     return rows[0] if rows else {"requests": 0, "completion_tokens": 0, "cost_usd": 0.0}
 
 
-def wait_for_key_requests(replicas: Replicas, key_id: int, requests: int) -> dict[str, Any]:
-    """Poll the rollups until they hold `requests` of the key (or time out); the totals."""
+def wait_for_key_requests(
+    replicas: Replicas, key_id: int, requests: int, group: str = "key"
+) -> dict[str, Any]:
+    """Poll the rollups until they hold `requests` of the key (or of the `group` with that
+    id) or time out; the totals."""
     deadline = time.monotonic() + WAIT_S
-    while (totals := key_totals(replicas, key_id))["requests"] < requests:
+    while (totals := key_totals(replicas, key_id, group))["requests"] < requests:
         if time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -262,6 +281,45 @@ def test_budget_holds_across_replicas(replicas: Replicas) -> None:
     )
     assert {o.status for o in outcomes} <= {200, 429}
     assert len(served) < len(outcomes), "the budget never refused anything"
+    assert totals["cost_usd"] >= budget_usd - RESERVE_REQUESTS * per_request_usd
+    assert totals["cost_usd"] <= budget_usd + BUDGET_TOLERANCE_REQUESTS * per_request_usd
+
+
+def test_a_teams_limits_hold_across_its_keys_and_the_replicas(replicas: Replicas) -> None:
+    """Two keys of one team, each through its own replica: the team's requests per minute,
+    then its budget, hold over both within the tolerances of one key's, though neither key
+    has a limit of its own."""
+    rpm_team = create_team(replicas, "team-rpm", requests_per_minute=RPM_LIMIT)
+    keys = tuple(create_key(replicas, f"rpm-{n}", team_id=rpm_team)[1] for n in "ab")
+    wait_for_minute_room(RPM_RUN_S)
+    outcomes = paced_load_until_refused(replicas, (keys[0], keys[1]), RPM_RUN_S - 5)
+    admitted = Counter(int(o.started_s // 60) for o in outcomes if o.status == 200)
+    print(
+        f"\nteam rpm limit {RPM_LIMIT}, two keys on two replicas: sent {len(outcomes)}, "
+        f"admitted per minute {dict(admitted)}, tolerance {RPM_TOLERANCE}"
+    )
+    assert {o.status for o in outcomes} <= {200, 429}
+    assert any(o.status == 429 for o in outcomes), "the team's limit never refused anything"
+    assert RPM_LIMIT <= max(admitted.values()) <= RPM_LIMIT + RPM_TOLERANCE
+
+    probe_id, probe_key = create_key(replicas, "team-price-probe")
+    with httpx.Client(timeout=60.0) as http:
+        assert stream_once(http, replicas.a.base_url, SIM_MODEL, 16, probe_key).completed
+    per_request_usd = wait_for_key_requests(replicas, probe_id, 1)["cost_usd"]
+    assert per_request_usd > 0, "requests are not priced: the budget test would prove nothing"
+    budget_usd = BUDGET_REQUESTS * per_request_usd
+    team = create_team(replicas, "team-budget", budget_usd=budget_usd, budget_period="total")
+    keys = tuple(create_key(replicas, f"budget-{n}", team_id=team)[1] for n in "ab")
+    outcomes = paced_load_until_refused(replicas, (keys[0], keys[1]), WAIT_S)
+    totals = wait_for_key_requests(replicas, team, len(outcomes), group="team")
+    print(
+        f"team budget ${budget_usd:.6f} (~{BUDGET_REQUESTS} requests), two keys on two "
+        f"replicas: sent {len(outcomes)}, served {sum(o.status == 200 for o in outcomes)}, "
+        f"spent ${totals['cost_usd']:.6f} ({totals['cost_usd'] / per_request_usd:.1f} "
+        f"requests' worth), tolerance {BUDGET_TOLERANCE_REQUESTS} requests"
+    )
+    assert {o.status for o in outcomes} <= {200, 429}
+    assert any(o.status == 429 for o in outcomes), "the team's budget never refused anything"
     assert totals["cost_usd"] >= budget_usd - RESERVE_REQUESTS * per_request_usd
     assert totals["cost_usd"] <= budget_usd + BUDGET_TOLERANCE_REQUESTS * per_request_usd
 

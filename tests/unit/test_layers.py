@@ -23,8 +23,9 @@ LAYERS = {
     # shapes, the OpenAI usage vocabulary, pure request policy and where stored responses live
     "ground floor": ("gateway.settings", "gateway.errors", "gateway.registry", "gateway.curves",
                      "gateway.acceptance", "gateway.drafters", "gateway.context",
-                     "gateway.accounting", "gateway.access_log", "gateway.limits",
-                     "gateway.metrics", "gateway.apikeys",
+                     "gateway.accounting", "gateway.ledger_entry", "gateway.rollups",
+                     "gateway.access_log",
+                     "gateway.limits", "gateway.metrics", "gateway.apikeys",
                      "gateway.urls", "gateway.usage", "gateway.db", "gateway.schemas",
                      "gateway.policy", "gateway.server.inflight", "gateway.server.shared_budget",
                      "gateway.server.http_limits", "gateway.server.private",

@@ -137,3 +137,14 @@ def test_a_small_budget_is_named_to_the_cent_fraction() -> None:
     with pytest.raises(QuotaExceeded) as refused:
         limiter().admit(small, 0.003, 0, 0.002)
     assert "of $0.0040 (daily)" in refused.value.message
+
+
+def test_a_released_admission_counts_for_nothing() -> None:
+    """A request its team refused after its key admitted it: the key's minute, tokens and
+    budget are as if it had never come."""
+    lim = limiter()
+    now = time.time()  # settling reads the wall clock's minute
+    one = KeyView(7, "k", 1, 100, 1.0, "monthly", None)
+    lim.release(lim.admit(one, 0.0, 60, 0.9, now))
+    assert lim.remaining(one, now) == (1, 100)
+    lim.admit(one, 0.0, 60, 0.9, now)  # its one request, its tokens and its dollar

@@ -7,7 +7,7 @@ import re
 
 from backends.sim.statlog import StatTally
 from gateway.access_log import AccessSummary
-from gateway.accounting import UsageEntry
+from gateway.ledger_entry import UsageEntry
 
 
 def _entry(outcome: str, method: str | None, tokens: int, latency_ms: float) -> UsageEntry:

@@ -14,9 +14,9 @@ from sqlalchemy.orm import sessionmaker
 
 from gateway.errors import QuotaExceeded
 from gateway.limits import Limiter
-from gateway.registry import KeyView, Snapshot
+from gateway.registry import KeyView, Snapshot, team_subject
 from gateway.server.inflight import INFLIGHT_FILE, KEY_IDS, SharedInFlight
-from gateway.server.shared_budget import BUDGETS_FILE, SharedBudgets
+from gateway.server.shared_budget import BUDGETS_FILE, SUBJECTS, SharedBudgets
 
 DOLLAR = KeyView(7, "k", None, None, 1.0, "monthly", None)
 HUGE = KeyView(KEY_IDS, "huge", None, None, 1.0, "monthly", None)
@@ -133,5 +133,15 @@ def test_the_file_is_sparse_and_a_restart_clears_only_what_its_slot_used(
     worker(tmp_path, 2, workers=3)  # the third dies and starts again
     limiters[0].admit(last, 0.0, 0, 0.7)  # 0.3 held by the first two
     path = tmp_path / BUDGETS_FILE
-    assert path.stat().st_size == 3 * KEY_IDS * 3 * 8  # 72 MiB long
+    assert path.stat().st_size == 3 * SUBJECTS * 3 * 8  # 76.5 MiB long: keys, then teams
     assert os.stat(path).st_blocks * 512 < 1 << 20  # a few pages used
+
+
+def test_a_teams_budget_is_shared_over_the_workers_apart_from_its_keys(tmp_path: Path) -> None:
+    """A team is counted under its id below 0 (registry.team_subject): its figures stand
+    beside its keys', never on them, and both workers see its dollar."""
+    team = KeyView(team_subject(7), "team", None, None, 1.0, "monthly", None)
+    first, second = worker(tmp_path, 0), worker(tmp_path, 1)
+    first.admit(team, 0.0, 0, 0.6)
+    assert refused(second, 0.0, 0.6, team)  # the other worker sees the team's 0.6 held
+    assert not refused(second, 0.0, 0.6)  # key 7's dollar is its own
