@@ -39,6 +39,7 @@ from dashboard.schemas import (
     Pool,
     Price,
     Spend,
+    Team,
     Usage,
 )
 from dashboard.settings import DashboardSettings
@@ -168,6 +169,9 @@ class AdminClient:
     def keys(self, include_revoked: bool = False) -> list[ApiKey]:
         return self._list(ApiKey, "/keys", include_revoked=include_revoked or None)
 
+    def teams(self) -> list[Team]:
+        return self._list(Team, "/teams")
+
     def benchmarks(self) -> list[Benchmark]:
         return self._list(Benchmark, "/benchmarks")
 
@@ -282,11 +286,14 @@ class AdminClient:
     def remove_backend(self, name: str) -> None:
         self._write("DELETE", f"/backends/{_path_name(name)}")
 
-    def create_key(self, name: str, budget_usd: float | None) -> CreatedKey:
-        return _parse(
-            CreatedKey,
-            self._write("POST", "/keys", {"name": name, "budget_usd": budget_usd}),
-        )
+    def create_key(
+        self, name: str, budget_usd: float | None, team_id: int | None = None
+    ) -> CreatedKey:
+        body = {"name": name, "budget_usd": budget_usd, "team_id": team_id}
+        return _parse(CreatedKey, self._write("POST", "/keys", body))
+
+    def create_team(self, name: str, budget_usd: float | None) -> Team:
+        return _parse(Team, self._write("POST", "/teams", {"name": name, "budget_usd": budget_usd}))
 
     def revoke_key(self, key_id: int) -> None:
         self._write("DELETE", f"/keys/{key_id}")

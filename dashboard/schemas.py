@@ -173,6 +173,17 @@ class ApiKey(Record):
     budget_period: str
     created_at: dt.datetime
     revoked_at: dt.datetime | None
+    team_id: int | None = None
+
+
+class Team(Record):
+    """A group of keys that spends as one (docs/teams.md)."""
+
+    id: int
+    name: str
+    budget_usd: float | None
+    budget_period: str
+    keys: int  # not revoked
 
 
 class CreatedKey(ApiKey):
@@ -191,12 +202,15 @@ class AuditEntry(Record):
 
 
 class UsageRow(Record):
-    """Ledger totals of one group (model, method, key or backend) over a period."""
+    """Ledger totals of one group (model, method, key, backend, team or end user) over a
+    period."""
 
     model: str | None = None
     method: str | None = None
     key: int | None = None
     backend: str | None = None
+    team: int | None = None
+    end_user: str | None = None
     requests: int  # served by a backend
     refused: int = 0  # refused before any backend: no tokens, no cost
     prompt_tokens: int

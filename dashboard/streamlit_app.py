@@ -25,7 +25,7 @@ def main() -> None:
         st.Page(planner.render, title="Planner / what-if", url_path="planner"),
         st.Page(backends.render, title="Backends", url_path="backends"),
         st.Page(benchmarks.render, title="Benchmarks", url_path="benchmarks"),
-        st.Page(keys.render, title="Keys and usage", url_path="keys"),
+        st.Page(keys.render, title="Teams and keys", url_path="keys"),
         st.Page(prices.render, title="Prices", url_path="prices"),
         st.Page(accuracy.render, title="Accuracy", url_path="accuracy"),
     ]

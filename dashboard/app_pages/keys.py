@@ -1,4 +1,5 @@
-"""Keys and usage: per-key usage and spend against budget; create and revoke keys."""
+"""Teams and keys: per-key usage and spend against budget, each team's spend and the top end
+users; create teams, create and revoke keys."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import streamlit as st
 
 from dashboard.client import AdminClient, admin_client, offers_changes, shows_api_errors
 from dashboard.formats import NO_DATA, count, or_missing, usd
-from dashboard.schemas import ApiKey, UsageRow
+from dashboard.schemas import ApiKey, Team, UsageRow
 from dashboard.widgets.downloads import usage_csv_button
 from dashboard.widgets.flash import changed, show_flash
 from dashboard.widgets.periods import period_start
 
 KEYLESS = 0  # the ledger's rollups count requests sent without a key under key 0
+TOP_USERS = 10
 
 
 def _spent(key: ApiKey, usage: dict[int | None, UsageRow]) -> float:
@@ -19,7 +21,7 @@ def _spent(key: ApiKey, usage: dict[int | None, UsageRow]) -> float:
     return row.cost_usd if row else 0.0
 
 
-def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow]) -> None:
+def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow], teams: dict[int, str]) -> None:
     rows = []
     for key in keys:
         spent = _spent(key, usage)
@@ -29,6 +31,7 @@ def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow]) -> None:
                 "id": key.id,
                 "name": key.name,
                 "prefix": key.key_prefix,
+                "team": teams.get(key.team_id, NO_DATA) if key.team_id else NO_DATA,
                 "requests (30 days)": count(row.requests if row else 0),
                 "output tokens (30 days)": count(row.completion_tokens if row else 0),
                 "spent (30 days)": usd(spent),
@@ -39,6 +42,55 @@ def _table(keys: list[ApiKey], usage: dict[int | None, UsageRow]) -> None:
             }
         )
     st.dataframe(rows, hide_index=True)
+
+
+def _teams(teams: list[Team], usage: dict[int | None, UsageRow]) -> None:
+    """Each team's keys and what they spent in it."""
+    st.subheader("Teams")
+    if not teams:
+        st.caption("No teams yet: create one below, then give it keys.")
+        return
+    rows = []
+    for team in teams:
+        row = usage.get(team.id)
+        rows.append(
+            {
+                "id": team.id,
+                "team": team.name,
+                "keys": team.keys,
+                "requests (30 days)": count(row.requests if row else 0),
+                "output tokens (30 days)": count(row.completion_tokens if row else 0),
+                "spent (30 days)": usd(row.cost_usd if row else 0.0),
+                "budget": usd(team.budget_usd),
+                "budget period": or_missing(team.budget_period if team.budget_usd else None),
+            }
+        )
+    st.dataframe(rows, hide_index=True)
+    st.caption(
+        "A team's spend is what its keys spent while in it: the capacity cost the ledger "
+        "priced each request at, summed (GET /admin/v1/savings?group_by=team). Its budget "
+        "holds over all its keys beside each key's own."
+    )
+
+
+def _top_users(rows: list[UsageRow]) -> None:
+    """The end users who cost the most, from the `user` field or the user header."""
+    named = sorted((r for r in rows if r.end_user), key=lambda r: r.cost_usd, reverse=True)
+    if not named:
+        return
+    st.subheader(f"Top end users (30 days, {min(len(named), TOP_USERS)} of {len(named)})")
+    st.dataframe(
+        [
+            {
+                "end user": r.end_user,
+                "requests": count(r.requests),
+                "output tokens": count(r.completion_tokens),
+                "spent": usd(r.cost_usd),
+            }
+            for r in named[:TOP_USERS]
+        ],
+        hide_index=True,
+    )
 
 
 def _keyless(row: UsageRow | None) -> None:
@@ -67,16 +119,31 @@ def _download(api: AdminClient, keys: list[ApiKey]) -> None:
     usage_csv_button(api, period_start("30 days"), "30 days", labels[chosen], "keys-usage-csv")
 
 
-def _create_form(api: AdminClient) -> None:
+def _create_form(api: AdminClient, teams: list[Team]) -> None:
     with st.form("create-key", clear_on_submit=True):
         st.subheader("Create a key")
         name = st.text_input("Name", key="key-name")
         budget = st.number_input("Budget, USD per month (0: none)", 0.0, 1e6, 0.0, key="key-budget")
+        choices: dict[str, int | None] = {"none": None} | {t.name: t.id for t in teams}
+        team = st.selectbox("Team", list(choices), key="key-team")
         if not st.form_submit_button("Create key", key="key-create"):
             return
-    created = api.create_key(name, float(budget) or None)
+    created = api.create_key(name, float(budget) or None, choices[team])
     message = f"Created key {created.id} ({created.name}). Copy it now: it is shown only once."
     changed(message, secret=created.key)
+
+
+def _team_form(api: AdminClient) -> None:
+    with st.form("create-team", clear_on_submit=True):
+        st.subheader("Create a team")
+        name = st.text_input("Team name", key="team-name")
+        budget = st.number_input(
+            "Team budget, USD per month over its keys (0: none)", 0.0, 1e6, 0.0, key="team-budget"
+        )
+        if not st.form_submit_button("Create team", key="team-create"):
+            return
+    created = api.create_team(name, float(budget) or None)
+    changed(f"Created team {created.id} ({created.name}): give it keys as you create them.")
 
 
 def _revoke_form(api: AdminClient, keys: list[ApiKey]) -> None:
@@ -93,8 +160,8 @@ def _revoke_form(api: AdminClient, keys: list[ApiKey]) -> None:
 
 @shows_api_errors
 def render() -> None:
-    """The Keys and usage page."""
-    st.title("Keys and usage")
+    """The Teams and keys page."""
+    st.title("Teams and keys")
     show_flash()
     api = admin_client()
     revoked = st.toggle(
@@ -103,14 +170,17 @@ def render() -> None:
         help="A revoked key's usage stays its own: `draftgate up` revokes the previous "
         "start's demo key, and its traffic is listed under it.",
     )
-    keys = api.keys(include_revoked=revoked)
-    usage = {row.key: row for row in api.usage(period_start("30 days"), "key").data}
+    keys, teams, since = api.keys(include_revoked=revoked), api.teams(), period_start("30 days")
+    usage = {row.key: row for row in api.usage(since, "key").data}
     if keys:
-        _table(keys, usage)
+        _table(keys, usage, {t.id: t.name for t in teams})
     else:
         st.info("No API keys yet. Create one below; clients send it as a bearer token.")
     _keyless(usage.get(KEYLESS))
+    _teams(teams, {row.team: row for row in api.usage(since, "team").data})
+    _top_users(api.usage(since, "user").data)
     _download(api, keys)
     if offers_changes(api):
         _revoke_form(api, keys)
-        _create_form(api)
+        _create_form(api, teams)
+        _team_form(api)

@@ -29,7 +29,7 @@ PAGES = {
     "planner": ("Planner / what-if", "Deploy "),
     "backends": ("Backends", "Add backend"),
     "benchmarks": ("Benchmarks", "Stored measurements"),
-    "keys": ("Keys and usage", "Create key"),
+    "keys": ("Teams and keys", "Create key"),
     "prices": ("Prices", "Set a price"),
     "accuracy": ("Accuracy", "predicted from the other measurements"),
 }

@@ -291,3 +291,35 @@ def test_backends_shows_each_pool_and_whether_its_discovery_works(dashboard_env:
         0,
     )
     assert row["discovery"].startswith("failing: ")
+
+
+def test_teams_and_keys_creates_a_team_gives_it_a_key_and_shows_its_spend(
+    dashboard_env: Stack,
+) -> None:
+    at = _run(_keys)
+    at.text_input(key="team-name").set_value("dash-team")
+    at.number_input(key="team-budget").set_value(20.0)
+    at.button(key="team-create").click().run()
+    with dashboard_env.admin() as admin:
+        [team] = [
+            t for t in admin.get("/admin/v1/teams").json()["data"] if t["name"] == "dash-team"
+        ]
+    assert team["budget_usd"] == 20.0
+    assert at.success[0].value.startswith(f"Created team {team['id']} (dash-team)")
+    at = _run(_keys)
+    at.text_input(key="key-name").set_value("dash-team-key")
+    at.selectbox(key="key-team").set_value("dash-team")
+    at.button(key="key-create").click().run()
+    with dashboard_env.admin() as admin:
+        keys = admin.get("/admin/v1/keys").json()["data"]
+        savings = admin.get("/admin/v1/savings", params={"group_by": "team"}).json()["data"]
+    [key] = [k for k in keys if k["name"] == "dash-team-key"]
+    assert key["team_id"] == team["id"]
+    keys_table = at.dataframe[0].value.set_index("name")
+    assert keys_table.loc["dash-team-key", "team"] == "dash-team"
+    teams_table = next(
+        d.value for d in at.dataframe if "team" in d.value.columns and "keys" in d.value.columns
+    )
+    row = teams_table.set_index("team").loc["dash-team"]
+    assert (row["keys"], row["budget"], row["spent (30 days)"]) == (1, "$20.00", "$0.0000")
+    assert not [r for r in savings if r["team"] == team["id"]]  # no request of it yet
