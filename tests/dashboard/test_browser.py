@@ -251,7 +251,7 @@ def test_each_change_shows_at_once_and_every_page_stays_clean(page: Page, stack:
     _walk(page, stack, "remove-backend")
 
     _open(page, stack, "keys")
-    page.get_by_label("Name").fill("walk-key")
+    page.get_by_label("Name", exact=True).fill("walk-key")
     page.get_by_role("button", name="Create key").click()
     page.get_by_text("Copy it now: it is shown only once.").wait_for()
     _shows(page, "walk-key")
