@@ -1,5 +1,5 @@
 """Budget thresholds: a `budget.threshold` webhook the first time a key's spend in its budget
-period reaches each configured fraction of its budget.
+period reaches each configured fraction of its budget (`team.budget.threshold` for a team's).
 
 Checked on every registry load, never on the hot path: the snapshot carries each budgeted
 key's spend in its period, from the ledger's hourly rollups, so a crossing is seen within
@@ -44,7 +44,7 @@ class BudgetWatch:
         """The events of the thresholds passed since the last look (and remember them)."""
         now = self._read_at or dt.datetime.now(dt.UTC)
         events, passed = [], {}
-        for key in snapshot.keys.values():
+        for key in (*snapshot.keys.values(), *snapshot.teams.values()):  # teams: ids below 0
             budget = key.budget_usd
             if not budget or budget <= 0:
                 continue

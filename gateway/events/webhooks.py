@@ -51,6 +51,7 @@ EventType = Literal[
     "method.moved",
     "method.quarantined",
     "budget.threshold",
+    "team.budget.threshold",
     "backend.down",
     "backend.up",
     "backend.mismatch",
@@ -82,6 +83,20 @@ class BudgetThreshold(BaseModel):
 
     key_id: int
     key_name: str
+    budget_usd: float
+    budget_period: str
+    period_start: dt.datetime | None  # None: a `total` budget
+    spent_usd: float
+    fraction: float
+    threshold: float
+
+
+class TeamBudgetThreshold(BaseModel):
+    """`team.budget.threshold`: what a team's keys spent in its period reached a fraction of
+    the team's budget (docs/teams.md)."""
+
+    team_id: int
+    team_name: str
     budget_usd: float
     budget_period: str
     period_start: dt.datetime | None  # None: a `total` budget
@@ -122,7 +137,14 @@ class WebhookEvent(BaseModel):
     replica: str = ""  # the host name of the gateway that sent it
     model: str | None = None
     backend: str | None = None
-    data: MethodMoved | MethodQuarantined | BudgetThreshold | BackendHealth | BackendMismatch
+    data: (
+        MethodMoved
+        | MethodQuarantined
+        | BudgetThreshold
+        | TeamBudgetThreshold
+        | BackendHealth
+        | BackendMismatch
+    )
 
 
 def _now() -> dt.datetime:
@@ -232,8 +254,18 @@ def backend_mismatch(backend: BackendView, reason: str) -> WebhookEvent:
 def budget_threshold(
     key: KeyView, period_start: dt.datetime | None, spent_usd: float, threshold: float
 ) -> WebhookEvent:
-    """`budget.threshold` for a key; its id is the same on every replica for one crossing."""
+    """`budget.threshold` for a key (`team.budget.threshold` for a team: a subject below 0);
+    its id is the same on every replica for one crossing."""
     budget = key.budget_usd or 0.0
+    start = "total" if period_start is None else period_start.isoformat()
+    if key.id < 0:  # a team, as the limiter counts it (registry.team_subject)
+        team = TeamBudgetThreshold(
+            team_id=-key.id, team_name=key.name, budget_usd=budget,
+            budget_period=key.budget_period, period_start=period_start, spent_usd=spent_usd,
+            fraction=round(spent_usd / budget, 6) if budget else 0.0, threshold=threshold,
+        )  # fmt: skip
+        event_id = stable_id("team.budget.threshold", -key.id, start, budget, threshold)
+        return WebhookEvent(type="team.budget.threshold", id=event_id, time=_now(), data=team)
     data = BudgetThreshold(
         key_id=key.id,
         key_name=key.name,
@@ -244,7 +276,6 @@ def budget_threshold(
         fraction=round(spent_usd / budget, 6) if budget else 0.0,
         threshold=threshold,
     )
-    start = "total" if period_start is None else period_start.isoformat()
     event_id = stable_id("budget.threshold", key.id, start, budget, threshold)
     return WebhookEvent(type="budget.threshold", id=event_id, time=_now(), data=data)
 

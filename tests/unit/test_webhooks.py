@@ -31,7 +31,7 @@ from gateway.events.webhooks import (
     sign,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendView, KeyView, Snapshot
+from gateway.registry import BackendView, KeyView, Snapshot, team_subject
 from gateway.settings import Settings
 from planner.cost import ThroughputCurve
 from tests.webhook_receiver import verify
@@ -302,3 +302,28 @@ def test_budget_thresholds_are_sorted_fractions() -> None:
 
 def test_without_urls_no_sender_exists() -> None:
     assert WebhookSender.of(Settings(admin_token=TOKEN), GatewayMetrics()) is None
+
+
+def test_a_teams_budget_crossing_is_its_own_event_beside_its_keys() -> None:
+    """A team's spend is watched as a key's is, and sent as `team.budget.threshold`."""
+    team = KeyView(team_subject(3), "search", None, None, 10.0, "total", None)
+    member = key()
+    snapshot = Snapshot(
+        keys={"h": member},
+        teams={3: team},
+        key_spend_usd={member.id: 1.0, team.id: 9.0},
+    )
+    watch = BudgetWatch((0.8,), Sink())  # type: ignore[arg-type]
+    [event] = watch.crossings(snapshot)
+    assert watch.crossings(snapshot) == []  # once per crossing
+    assert event.type == "team.budget.threshold"
+    assert json.loads(event.model_dump_json())["data"] == {
+        "team_id": 3,
+        "team_name": "search",
+        "budget_usd": 10.0,
+        "budget_period": "total",
+        "period_start": None,
+        "spent_usd": 9.0,
+        "fraction": 0.9,
+        "threshold": 0.8,
+    }
