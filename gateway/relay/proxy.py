@@ -535,7 +535,7 @@ class Relay:
                 if x.sample is not None:
                     x.sample.transcript.feed(chunk)
             call.release()
-            rest = tap.finish()
+            rest = _finish(tap, call)
             if asked.cost:
                 rest, held = hold_done(rest, held)
                 rest += cost_comment(x, tap, self.metrics) + held
@@ -589,6 +589,13 @@ class Relay:
         await send({"type": "http.response.start", "status": x.status, "headers": headers})
         x.responded = True
         await send({"type": "http.response.body", "body": content, "more_body": False})
+
+
+def _finish(tap: UsageTap, call: Call) -> bytes:
+    """What a stream's tap held back to its end (an unfinished last event), the token ids
+    the gateway asked for cut out of it too."""
+    rest = tap.finish()
+    return cut_token_ids(rest) if call.cut_ids else rest
 
 
 def _cut_asked(body: dict[str, Any], call: Call) -> bool:

@@ -45,6 +45,7 @@ SCHEMA_OF = {
     "PoolService": "KubernetesDiscovery",
     "Price": "PricePublic",
     "Spend": "SpendReport",
+    "Team": "TeamPublic",
     "Usage": "SavingsReport",
     "UsageRow": "SavingsRow",  # the API's UsageRow is a record of GET /usage, not a total
 }

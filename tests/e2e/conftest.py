@@ -22,6 +22,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
+from tests.conftest import DATABASES, new_postgres_schema
+
 DRAFTGATE = Path(sys.executable).parent / "draftgate"
 ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -99,6 +101,19 @@ def sqlalchemy_url(database_url: str) -> str:
 
 
 CliRunner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def module_database(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A database for one module's stack: a SQLite file, or a fresh schema of the real
+    PostgreSQL (dropped afterwards)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('module-db')}/draftgate.db"
+        return
+    with new_postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture

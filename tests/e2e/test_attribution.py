@@ -19,7 +19,6 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import DATABASES, new_postgres_schema
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     SIM_MODEL,
@@ -64,27 +63,16 @@ def _post(gateway: Server, path: str, body: dict[str, Any]) -> dict[str, Any]:
     return dict(response.json())
 
 
-@pytest.fixture(scope="module", params=DATABASES)
-def database(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('attribution')}/draftgate.db"
-        return
-    with new_postgres_schema() as url:
-        yield url
-
-
 @pytest.fixture(scope="module")
 def stack(
-    database: str,
+    module_database: str,
     start_module_servers: ModuleServerStarter,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     [sim] = start_module_servers(sim_args("--time-scale", "50"))
     log_dir = tmp_path_factory.mktemp("gateway")
     fleet = write_fleet(log_dir / "fleet.yaml", [fleet_backend("b-plain", sim.base_url)])
-    env = gateway_env(database, fleet, REQUIRE_API_KEY="true", USER_HEADER=USER_HEADER)
+    env = gateway_env(module_database, fleet, REQUIRE_API_KEY="true", USER_HEADER=USER_HEADER)
     gateway = spawn_server(("gateway",), env, log_dir)
     try:
         gateway.wait_healthy()

@@ -18,7 +18,6 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import DATABASES, new_postgres_schema
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     SIM_MODEL,
@@ -150,20 +149,9 @@ def _key(gateway: Server, **fields: Any) -> str:
     return str(created.json()["key"])
 
 
-@pytest.fixture(scope="module", params=DATABASES)
-def database(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('lossless')}/draftgate.db"
-        return
-    with new_postgres_schema() as url:
-        yield url
-
-
 @pytest.fixture(scope="module")
 def stack(
-    database: str,
+    module_database: str,
     start_module_servers: ModuleServerStarter,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
@@ -180,7 +168,9 @@ def stack(
     )
     with running_receiver(SECRET) as receiver:
         settings = SETTINGS | {"WEBHOOK_URLS": receiver.url}
-        gateway = spawn_server(("gateway",), gateway_env(database, fleet, **settings), log_dir)
+        gateway = spawn_server(
+            ("gateway",), gateway_env(module_database, fleet, **settings), log_dir
+        )
         try:
             gateway.wait_healthy()
             _versions_known(gateway)
