@@ -456,7 +456,7 @@ def _around(rows: list[dict[str, Any]], created_at: str) -> list[dict[str, Any]]
 
 def test_both_replicas_price_a_backend_at_its_whole_load(replicas: Replicas) -> None:
     """Eight streams through A and one at a time through B, to the same plain backend: both
-    price its tokens at the backend's load, within 5% of each other at the same instants (B
+    price its tokens at the backend's load, within 10% of each other at the same instants (B
     priced at its own one request in flight would pay the $/1M of concurrency 1)."""
     id_a, key_a = create_key(replicas, "load-a")
     id_b, key_b = create_key(replicas, "load-b")
@@ -512,4 +512,8 @@ def test_both_replicas_price_a_backend_at_its_whole_load(replicas: Replicas) -> 
         f"{load_of['a']:.2f}, B {load_of['b']:.2f}; $/1M on today's curve A {price['a']:.4f}, "
         f"B {price['b']:.4f} ({len(rows['a'])} and {len(rows['b'])} requests)"
     )
-    assert price["b"] == pytest.approx(price["a"], rel=0.05)
+    # Each replica prices at its own collector's last scrape of the backend (every 0.5 s, at
+    # phases of their own) of a load that ripples as streams end: 0.2-2% apart alone here,
+    # 5.6% once in a whole suite's run. What this guards against, B pricing at its own one
+    # request, is 2-3x apart.
+    assert price["b"] == pytest.approx(price["a"], rel=0.10)
