@@ -66,6 +66,7 @@ class GatewayMetrics:
         self._requests(r)
         self._routing(r)
         self._lossless(r)
+        self._fair_share(r)
         self._backends(r)
         self._pricing(r)
         self._replica(r)
@@ -192,6 +193,30 @@ class GatewayMetrics:
             "Samples the lossless watchdog dropped unreplayed: over its cap per minute "
             '("cap"), its queue full ("queue"), no healthy reference backend ("no_reference"), '
             'or the replay failed ("replay_failed").',
+            ["model", "reason"],
+            registry=r,
+        )
+
+    def _fair_share(self, r: CollectorRegistry) -> None:
+        """The fair-share queue of each model whose backends are full (relay/fairshare.py)."""
+        self.fair_queue_waiting = Gauge(
+            "draftgate_fair_queue_waiting",
+            "Requests waiting in the model's fair-share queue for room on its backends.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.fair_queue_wait = Histogram(
+            "draftgate_fair_queue_wait_seconds",
+            "Time requests that found the model's backends full waited to be let in.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.fair_queue_refusals = Counter(
+            "draftgate_fair_queue_refusals",
+            'Requests the fair-share queue answered 429: it was full ("queue_full") or they '
+            'waited past its timeout ("queue_timeout").',
             ["model", "reason"],
             registry=r,
         )

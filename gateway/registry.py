@@ -227,6 +227,14 @@ def by_method(backends: Iterable[BackendView]) -> dict[str, tuple[BackendView, .
     return {method: tuple(group) for method, group in groups.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class TeamShare:
+    """A team's weight in a full model's fair-share queue, and its requests' priority."""
+
+    weight: float = 1.0
+    priority: int = 0
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything routing, auth and costing need, as of one database read."""
@@ -249,6 +257,8 @@ class Snapshot:
     key_spend_usd: Mapping[int, float] = field(default_factory=dict)
     # Each team as the limiter checks it, by team id: its limits under its subject id
     teams: Mapping[int, KeyView] = field(default_factory=dict)
+    # Each team whose weight or priority is not the default, by team id (relay/fairshare.py)
+    team_shares: Mapping[int, TeamShare] = field(default_factory=dict)
     # By (model, method, request class): the class's price from its own acceptance, where it
     # has enough requests that reported their speculation (gateway/acceptance.py)
     class_prices: Mapping[tuple[str, str, str], ClassPrice] = field(default_factory=dict)
@@ -399,6 +409,7 @@ def load_snapshot(
         rejected=rejected,
         key_spend_usd=_key_spend(session, keys.values()) | _team_spend(session, teams.values()),
         teams=teams,
+        team_shares=_team_shares(session),
         class_prices=_class_prices(session, class_min_requests) if class_min_requests else {},
         drafters=drafter_curves(samples, live, curves.k),
     )
@@ -450,6 +461,14 @@ def _keys(session: Session) -> dict[str, KeyView]:
 def team_subject(team_id: int) -> int:
     """A team's id among what the limiter counts: keys from 1 up, teams from -1 down."""
     return -team_id
+
+
+def _team_shares(session: Session) -> dict[int, TeamShare]:
+    """Each team whose weight or priority is not the default."""
+    return {
+        t.id: TeamShare(t.weight, t.priority)
+        for t in session.scalars(select(Team).where((Team.weight != 1) | (Team.priority != 0)))
+    }
 
 
 def _teams(session: Session) -> dict[int, KeyView]:

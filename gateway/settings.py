@@ -353,6 +353,44 @@ class Settings(BaseSettings):
             "spill`. Default true."
         ),
     )
+    fair_share: bool = Field(
+        default=True,
+        description=(
+            "Fair share under saturation (docs/teams.md): while a model's backends are full "
+            "(the streams its curves give within its ITL objective, or every one reporting "
+            "requests waiting in its engine), its requests wait in a bounded queue and are let "
+            "in by weighted fair share of tokens across teams (a key without a team is one of "
+            "its own), highest priority first. Nothing waits while there is room. Default true."
+        ),
+    )
+    fair_queue_max: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description=(
+            "Requests one worker process holds waiting per model; one past it is a 429 "
+            "`queue_full`. Default 1000."
+        ),
+    )
+    fair_queue_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description=(
+            "Seconds a request may wait in its model's fair-share queue; then a 429 "
+            "`queue_timeout` with `Retry-After`. Default 30."
+        ),
+    )
+    class_priorities: str = Field(
+        default="",
+        pattern=r"^([a-z0-9][a-z0-9_-]{0,31}=-?[0-9]{1,3}(,[a-z0-9][a-z0-9_-]{0,31}=-?[0-9]{1,3})*)?$",
+        description=(
+            "Request classes' priorities, lower first, as `class=priority` pairs (e.g. "
+            "`interactive=-1,batch=1`); a class not listed takes its team's (0 without). Used "
+            "by the fair-share queue and sent as vLLM's `priority` to backends that schedule "
+            "by priority. Default: none."
+        ),
+    )
     lossless_sample_share: float = Field(
         default=0.0,
         ge=0.0,
@@ -954,6 +992,12 @@ class Settings(BaseSettings):
     def classes(self) -> tuple[str, ...]:
         """`request_classes` in order; the first is the default."""
         return tuple(self.request_classes.split(","))
+
+    @property
+    def class_priority(self) -> dict[str, int]:
+        """`class_priorities` by class."""
+        pairs = (p.partition("=") for p in self.class_priorities.split(",") if p)
+        return {name: int(value) for name, _, value in pairs}
 
     @property
     def affinity_header_name(self) -> bytes:

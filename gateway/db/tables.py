@@ -141,6 +141,10 @@ class Team(Base):
     requests_per_minute: Mapped[int | None]
     tokens_per_minute: Mapped[int | None]
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON)
+    # Its share of a full model's backends beside other teams', and its requests' priority
+    # (lower first, as vLLM orders them): gateway/relay/fairshare.py
+    weight: Mapped[float] = mapped_column(default=1.0, server_default="1")
+    priority: Mapped[int] = mapped_column(default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 

@@ -35,6 +35,7 @@ from gateway.usage import Speculation, Tokens, tokens_of
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from gateway.relay.fairshare import Ticket
     from gateway.relay.transcripts import Sample
 
 # A model with no throughput curve is charged its share of the backend's GPU time; before it
@@ -92,6 +93,8 @@ class Exchange:
     refusal: str | None = None  # why it was refused before its body was read (no record)
     sample: Sample | None = None  # its answer as served, sampled for the lossless watchdog
     pinned: str | None = None  # the only method that may serve it (a watchdog's replay)
+    priority: int | None = None  # its class's or team's, once the fair-share queue asks
+    ticket: Ticket | None = None  # its place among its model's backends (fair share)
 
 
 def admit(

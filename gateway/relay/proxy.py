@@ -70,6 +70,7 @@ from gateway.relay.checks import (
 from gateway.relay.departure import Departure
 from gateway.relay.endings import end_cut_stream, end_failed, interrupted, send_error, sse_error
 from gateway.relay.exchange import Exchange, admit, estimate_abandoned, settle
+from gateway.relay.fairshare import FairShare
 from gateway.relay.headers import (
     cost_comment,
     cost_headers,
@@ -96,7 +97,14 @@ from gateway.relay.upstream import (
 )
 from gateway.server.http_limits import STALLED
 from gateway.settings import Settings
-from gateway.usage import cut_speculation, json_body, response_id_in, speculation_in, usage_in
+from gateway.usage import (
+    cut_speculation,
+    json_body,
+    response_id_in,
+    speculation_in,
+    tokens_of,
+    usage_in,
+)
 
 if TYPE_CHECKING:
     from gateway.events.tracing import Tracing
@@ -166,6 +174,12 @@ class Relay:
         self.user_header, self.tags_header = settings.user_header_name, settings.tags_header_name
         self.classes = settings.classes
         self.hold_refusal = RefusalHold(settings.refused_key_delay_s)
+        self.fair: FairShare | None = None  # the fair-share queues, when they are on
+        if settings.fair_share:
+            self.fair = FairShare(
+                registry.states, metrics, settings.fair_queue_max, settings.fair_queue_timeout_s
+            )
+        self.class_priority = settings.class_priority
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -192,6 +206,10 @@ class Relay:
             logger.exception("request %s failed in the gateway", rid)
             await end_failed(exchange, send)
         finally:
+            if exchange.ticket is not None:  # room for the next waiting request
+                served = tokens_of(exchange.usage)
+                exchange.ticket.served(served.prompt, served.completion)
+                exchange.ticket.done()
             try:
                 settle(exchange, self.ledger, self.limiter, self.metrics)
             except Exception:  # the top of the relay: accounting must not drop the connection
@@ -257,12 +275,44 @@ class Relay:
         states, limit = self.registry.states, self.settings.default_max_model_len
         admit(x, path, payload, len(body), states, limit, self.limiter, self.metrics)
         departure = Departure(scope, receive, x)
+        await self._let_in(x, path, payload, len(body), departure)  # its turn, when full
         call = Call(x, path, body, stream, asked, departure, send, ids_body=ids_body)
         try:
             await self._forward(call)
         except (ClientGone, UpstreamTimeout):
             if not stream:  # the backend never said what it generated: estimate it
                 estimate_abandoned(x, path, payload, len(body), limit)
+            raise
+
+    async def _let_in(
+        self,
+        x: Exchange,
+        path: str,
+        payload: dict[str, Any],
+        body_bytes: int,
+        departure: Departure,
+    ) -> None:
+        """Into the model's backends now, or once it is the request's turn among teams
+        (while they are full)."""
+        fair = self.fair
+        if fair is None:
+            return
+        assert x.snapshot is not None
+        assert x.model is not None
+        key, limit = x.key, self.settings.default_max_model_len
+        team = 0 if key is None else key.id if key.team_id is None else -key.team_id
+        x.priority = self.class_priority.get(x.request_class or "")
+        if x.priority is None:
+            share = x.snapshot.team_shares.get(-team) if team < 0 else None
+            x.priority = share.priority if share is not None else 0
+        try:
+            x.ticket = await fair.enter(
+                x.snapshot, x.model, team, x.priority,
+                lambda: prompt_estimate(path, payload, body_bytes, limit), departure,
+            )  # fmt: skip
+        except asyncio.CancelledError as exc:
+            if departure.happened:  # its client left while it waited
+                raise ClientGone from exc
             raise
 
     def _attribute(

@@ -23,6 +23,21 @@ class TeamLimits(Strict):
         default=None,
         description="The models its keys may use; a key's own list narrows it further.",
     )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Its share of a full model's backends beside other teams' (fair share).",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description=(
+            "Its requests' priority, lower first (vLLM's order): in the fair-share queue, and "
+            "sent to backends that schedule by priority. A request class's priority wins."
+        ),
+    )
 
 
 class TeamCreate(TeamLimits):
@@ -40,6 +55,8 @@ class TeamUpdate(Strict):
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     allowed_models: list[Name] | None = None
+    weight: float | None = Field(default=None, gt=0, le=1000)
+    priority: int | None = Field(default=None, ge=-100, le=100)
 
 
 class TeamPublic(Public):
@@ -52,5 +69,7 @@ class TeamPublic(Public):
     requests_per_minute: int | None
     tokens_per_minute: int | None
     allowed_models: list[str] | None
+    weight: float
+    priority: int
     created_at: dt.datetime
     keys: int = Field(default=0, description="Its keys not revoked")

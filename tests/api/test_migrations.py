@@ -14,7 +14,7 @@ from gateway.db.base import Base
 from gateway.db.session import make_engine, make_sessionmaker
 from gateway.ledger_entry import UsageEntry
 
-HEAD = "0025"  # the newest migration
+HEAD = "0026"  # the newest migration
 TABLES = {
     "alembic_version",
     "api_keys",
