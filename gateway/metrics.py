@@ -436,6 +436,20 @@ class GatewayMetrics:
                 counts.update((s.labels["backend"], s.value) for s in family.samples)
         return counts
 
+    def queued_by_model(self) -> dict[str, float]:
+        """Requests waiting in each model's fair-share queue, over every worker."""
+        if self.multiprocess_dir is None:
+            families = self.fair_queue_waiting.collect()
+        else:
+            files = [str(f) for f in self.multiprocess_dir.glob("gauge_livesum_*.db")]
+            families = MultiProcessCollector.merge(files)  # type: ignore[no-untyped-call]
+        counts: dict[str, float] = defaultdict(float)
+        for family in families:
+            if family.name == "draftgate_fair_queue_waiting":
+                for s in family.samples:
+                    counts[s.labels["model"]] += s.value
+        return counts
+
     def in_flight_clocks(self) -> dict[str, InFlightClock] | None:
         """Each backend's in-flight clock over every worker, as their collectors last
         published it (None without workers: the registry's own clock is the replica's)."""

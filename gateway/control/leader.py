@@ -80,6 +80,7 @@ class Leader:
             webhooks=self.webhooks,
             prices=PriceGauges(metrics.method_usd_per_mtok, metrics.plain_usd_per_mtok),
             in_flight=metrics.in_flight_by_backend,
+            queued=metrics.queued_by_model,
             load_window_s=settings.selector_load_window_s,
         )
         ready = metrics.ready

@@ -153,12 +153,16 @@ class Selector:
         webhooks: WebhookSender | None = None,  # told of each move, with its candidates
         prices: PriceGauges | None = None,
         in_flight: Callable[[], Mapping[str, float] | None] | None = None,
+        queued: Callable[[], Mapping[str, float]] | None = None,
         load_window_s: float = 0.0,
     ) -> None:
         self.webhooks = webhooks
         # Requests in flight per backend over the replica's worker processes (None: this
         # process's own counts, which are the replica's with one worker).
         self.in_flight = in_flight or (lambda: None)
+        # Requests waiting in each model's fair-share queue: demand its backends did not
+        # take yet, counted in its load and throughput, so sizing sees it
+        self.queued = queued or (lambda: {})
         self.registry, self.sessions = registry, sessions
         self.interval_s, self.min_dwell_s, self.switch_margin = (
             interval_s,
@@ -190,7 +194,7 @@ class Selector:
         snapshot, now = self.registry.snapshot, time.monotonic()
         was = self.registry.choices
         chosen = _Chosen(dict(was.auto), dict(was.classes), dict(was.moves))
-        in_flight = self.in_flight()
+        in_flight, queued = self.in_flight(), self.queued()
         if in_flight is None:
             in_flight = {name: state.in_flight for name, state in self.registry.states.items()}
         starts: list[Decision] = []
@@ -198,9 +202,12 @@ class Selector:
         for model, backends in snapshot.backends.items():
             policy = snapshot.policies.get(model)
             model_in_flight = sum(in_flight.get(b.name, 0) for b in backends)
-            load = self._smooth(self._load, model, float(model_in_flight))
-            loads = self._window(model, float(model_in_flight), load, now)
+            waiting = queued.get(model, 0.0)
+            load = self._smooth(self._load, model, model_in_flight + waiting)
+            loads = self._window(model, model_in_flight + waiting, load, now)
             delivering = self._delivering(snapshot, model, backends, in_flight)
+            if waiting and model_in_flight:  # the waiting at the rate each stream gets now
+                delivering *= (model_in_flight + waiting) / model_in_flight
             self._smooth(self._throughput, model, delivering)
             if policy is None or policy.mode == "auto":
                 self._choose(snapshot, model, policy, loads, now, chosen, starts, decisions)
