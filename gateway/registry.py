@@ -81,6 +81,7 @@ class BackendView:
     pool: str = ""  # the pool it is a member of; a backend without one is a pool of one
     drafter: str | None = None
     engine_version: str | None = None  # its `/version`, as the leader last read it
+    priority_scheduling: bool = False  # its server takes vLLM's `priority` (schedules by it)
     seed: int = field(init=False, repr=False, compare=False)  # its rendezvous-hash seed
 
     def __post_init__(self) -> None:
@@ -377,7 +378,7 @@ def load_snapshot(
     for b in session.scalars(select(Backend).where(Backend.enabled).order_by(Backend.name)):
         view = BackendView(
             b.name, b.url, b.model, b.method, b.k, b.gpu_type, b.gpu_count, b.api_key,
-            b.pool or "", b.drafter, b.engine_version,
+            b.pool or "", b.drafter, b.engine_version, b.scheduling == "priority",
         )  # fmt: skip
         backends[b.model].append(view)
     policies = _policies(session)

@@ -75,6 +75,7 @@ class SimConfig:
     served_model_name: str | None = None
     time_scale: float = 1.0
     max_num_seqs: int = 256
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: "fcfs" or "priority"
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -113,6 +114,10 @@ class SimConfig:
             raise ValueError(f"--k must be > 0 for method {self.method!r}, got {self.k}")
         if self.adaptive_verification and self.method != "dspark":
             raise ValueError(f"adaptive verification needs method dspark, got {self.method!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"--scheduling-policy is fcfs or priority, not {self.scheduling_policy!r}"
+            )
         if self.time_scale <= 0:
             raise ValueError(f"--time-scale must be > 0, got {self.time_scale}")
         if self.block_size < 1:
@@ -163,6 +168,7 @@ def build_engine(config: SimConfig) -> EngineCore:
         )
     limits = EngineLimits(
         max_num_seqs=config.max_num_seqs,
+        by_priority=config.scheduling_policy == "priority",
         max_num_batched_tokens=config.max_num_batched_tokens,
         kv_cache_bytes=kv_cache_bytes,
         max_model_len=max_model_len(config),

@@ -48,6 +48,7 @@ class SimRequest:
     first_token_s: float | None = None
     last_token_s: float | None = None
     finish_reason: FinishReason | None = None
+    priority: int = 0  # lower first, under the priority scheduling policy
     spec: SpecStats = field(default_factory=SpecStats)
     block_hashes: tuple[bytes, ...] = ()  # the prompt's full blocks, for the prefix cache
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at its last admission
@@ -77,6 +78,7 @@ class EngineLimits:
     max_num_batched_tokens: int = 8192
     kv_cache_bytes: float = 64e9
     max_model_len: int = 32768
+    by_priority: bool = False  # vLLM's --scheduling-policy priority: waiting by priority
 
 
 @dataclass
@@ -119,7 +121,15 @@ class EngineCore:
         self._rng = random.Random(seed)
 
     def add(self, request: SimRequest) -> None:
-        """Queue a request."""
+        """Queue a request: last, or by priority then arrival under the priority policy."""
+        if self.limits.by_priority:
+            place = (request.priority, request.arrived_s)
+            at = next(
+                (i for i, w in enumerate(self.waiting) if (w.priority, w.arrived_s) > place),
+                len(self.waiting),
+            )
+            self.waiting.insert(at, request)
+            return
         self.waiting.append(request)
 
     def abort(self, request: SimRequest) -> None:

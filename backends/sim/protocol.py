@@ -71,6 +71,7 @@ class Generation:
     prompts: tuple[tuple[str, int], ...] = ()
     store: bool = False  # the Responses API's `store` (kept only where the server stores)
     token_ids: bool = False  # vLLM's `return_token_ids`: each choice's ids, and the prompt's
+    priority: int = 0  # vLLM's `priority`: lower first, where the server schedules by it
 
     def prompt_words(self) -> list[str]:
         """The prompt as the engine sees it, one string per token: a chat prompt's
@@ -136,6 +137,7 @@ def parse_generation(
         parts=parts,
         prompts=tuple(zip(texts, counts, strict=True)) if len(texts) > 1 else (),
         token_ids=_flag(body, "return_token_ids"),
+        priority=_integer(body, "priority", 0),
     )
 
 

@@ -222,6 +222,9 @@ class SimServer:
         await _respond(send, 200, json.dumps(self.faults.__dict__).encode())
 
     async def _generate(self, generation: Generation, receive: Receive, send: Send) -> None:
+        if generation.priority and self.config.scheduling_policy != "priority":
+            message = f"Got priority {generation.priority} but Priority scheduling is not enabled."
+            raise ApiError(400, message)
         poisoned = bool(self.faults.poison) and self.faults.poison in generation.prompt_text
         if poisoned or self._rng.random() < self.faults.error_rate:
             message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
@@ -320,6 +323,7 @@ class SimServer:
             acceptance=profile,
             arrived_s=self.runner.now_s(),
             block_hashes=blocks,
+            priority=generation.priority,
         )
         diverge = self.faults.diverge_rate and self._rng.random() < self.faults.diverge_rate
         at = int(self.faults.diverge_at) if diverge else None

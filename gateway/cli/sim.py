@@ -21,6 +21,9 @@ sim_app = typer.Typer(help="Simulated vLLM servers.", invoke_without_command=Tru
 # The options of `sim` whose help would not fit beside their name.
 Method = Annotated[str, typer.Option(help="plain, eagle3, p-eagle, dflash, dspark, ...")]
 Workload = Annotated[str, typer.Option(help="Acceptance profile: code, chat, mixed, math.")]
+SchedulingPolicy = Annotated[
+    str, typer.Option(help="vLLM's --scheduling-policy: fcfs, or priority (lower first).")
+]
 MemoryShare = Annotated[
     float, typer.Option(min=0.01, max=1.0, help="Share of GPU memory for weights + KV.")
 ]
@@ -52,6 +55,7 @@ def sim(
     workload: Workload = "chat",
     time_scale: Annotated[float, typer.Option(help="Run simulated time X times as fast.")] = 1.0,
     max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
+    scheduling_policy: SchedulingPolicy = "fcfs",
     max_model_len: Annotated[int | None, typer.Option(min=16)] = None,
     gpu_memory_utilization: MemoryShare = 0.9,
     enable_prefix_caching: PrefixCaching = True,
@@ -86,6 +90,7 @@ def sim(
         served_model_name=served_model_name,
         time_scale=time_scale,
         max_num_seqs=max_num_seqs,
+        scheduling_policy=scheduling_policy,
         max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization,
         enable_prefix_caching=enable_prefix_caching,

@@ -73,6 +73,8 @@ class Backend(Timestamps, Base):
     api_key: Mapped[str | None] = mapped_column(Sealed())  # sealed when keys are set
     # The pool whose discovery added it (one member per address), or None: a pool of one.
     pool: Mapped[str | None] = mapped_column(String(NAME), index=True)
+    # Its server's --scheduling-policy: "priority" servers are sent each request's priority
+    scheduling: Mapped[str] = mapped_column(String(16), default="fcfs", server_default="fcfs")
 
 
 class Pool(Timestamps, Base):

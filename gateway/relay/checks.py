@@ -241,6 +241,12 @@ def with_usage_options(payload: dict[str, Any]) -> bytes:
     return orjson.dumps({**payload, "stream_options": options})
 
 
+def with_priority(body: bytes, priority: int) -> bytes:
+    """The JSON object `body` with vLLM's `priority` set last, so it wins over a `priority`
+    the client sent (a JSON object's last duplicate key is the one parsed)."""
+    return b'%s,"priority":%d}' % (body.rstrip()[:-1], priority)
+
+
 def worst_case_tokens(path: str, payload: dict[str, Any], body_bytes: int, limit: int) -> int:
     """The most tokens a request can use: its prompts' estimate plus every completion token it
     may ask for. What it is reserved against a key's limits."""

@@ -93,7 +93,7 @@ class Exchange:
     refusal: str | None = None  # why it was refused before its body was read (no record)
     sample: Sample | None = None  # its answer as served, sampled for the lossless watchdog
     pinned: str | None = None  # the only method that may serve it (a watchdog's replay)
-    priority: int | None = None  # its class's or team's, once the fair-share queue asks
+    priority: int | None = None  # its class's or team's (lower first), once its class is known
     ticket: Ticket | None = None  # its place among its model's backends (fair share)
 
 

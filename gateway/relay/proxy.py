@@ -65,6 +65,7 @@ from gateway.relay.checks import (
     read_body,
     request_class,
     usage_asked,
+    with_priority,
     with_usage_options,
 )
 from gateway.relay.departure import Departure
@@ -301,13 +302,9 @@ class Relay:
         assert x.model is not None
         key, limit = x.key, self.settings.default_max_model_len
         team = 0 if key is None else key.id if key.team_id is None else -key.team_id
-        x.priority = self.class_priority.get(x.request_class or "")
-        if x.priority is None:
-            share = x.snapshot.team_shares.get(-team) if team < 0 else None
-            x.priority = share.priority if share is not None else 0
         try:
             x.ticket = await fair.enter(
-                x.snapshot, x.model, team, x.priority,
+                x.snapshot, x.model, team, x.priority or 0,
                 lambda: prompt_estimate(path, payload, body_bytes, limit), departure,
             )  # fmt: skip
         except asyncio.CancelledError as exc:
@@ -383,8 +380,15 @@ class Relay:
         body_bytes: int,
         policy: PolicyView | None,
     ) -> None:
-        """The request's class, the first of its model's rules it matches, its session."""
+        """The request's class and priority, the first of its model's rules it matches, its
+        session."""
         x.request_class = own = request_class(headers.get(CLASS_HEADER), x.key, self.classes)
+        x.priority = self.class_priority.get(own)
+        if x.priority is None:  # its team's, else 0
+            assert x.snapshot is not None
+            team = x.key.team_id if x.key is not None else None
+            share = x.snapshot.team_shares.get(team) if team is not None else None
+            x.priority = share.priority if share is not None else 0
         if policy is not None and policy.rules:  # no rules, no cost
             prompt = prompt_estimate(path, payload, body_bytes, self.settings.default_max_model_len)
             x.rule = first_match(policy.rules, RuleRequest(payload, own, prompt))
@@ -479,6 +483,8 @@ class Relay:
         body, call.cut_ids = call.body, False
         if call.ids_body is not None and state.engine_version:  # vLLM's, which serves it
             body, call.cut_ids = call.ids_body, x.sample is not None
+        if backend.priority_scheduling:  # the gateway's priority, never a client's own
+            body = with_priority(body, x.priority or 0)
         try:
             url, stream = backend.url + call.path, call.stream
             response = await self._send_upstream(url, body, upstream, state, stream)

@@ -87,6 +87,9 @@ class Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+Scheduling = Literal["fcfs", "priority"]  # vLLM's --scheduling-policy
+
+
 class Decoding(Strict):
     """How a backend decodes and what it runs on: every field a backend and a pool's members
     share (a member has its own address)."""
@@ -99,6 +102,13 @@ class Decoding(Strict):
     gpu_type: GpuType = "B200"
     gpu_count: int = Field(default=1, ge=1, le=1024)
     api_key: BackendKey | None = Field(default=None, repr=False)
+    scheduling: Scheduling = Field(
+        default="fcfs",
+        description=(
+            "Its server's `--scheduling-policy`: with `priority`, each request is sent with "
+            "vLLM's `priority` (its class's or team's, 0 without), the gateway's alone."
+        ),
+    )
 
     def method_spec(self) -> MethodSpec:
         """The validated method spec (raises `InvalidMethodSpec`)."""
@@ -216,6 +226,7 @@ class BackendUpdate(Strict):
     enabled: bool | None = None
     managed: bool | None = None
     api_key: BackendKey | None = Field(default=None, repr=False)  # null: no key any more
+    scheduling: Scheduling | None = None
 
 
 class BackendSwitch(Strict):
@@ -278,6 +289,7 @@ class BackendPublic(Public):
     speculative_config: dict[str, Any] | None = None
     gpu_type: str
     gpu_count: int
+    scheduling: str
     enabled: bool
     managed: bool
     has_api_key: bool = False  # the key itself is write-only
@@ -297,6 +309,7 @@ class PoolTemplatePublic(Public):
     speculative_options: dict[str, Any]
     gpu_type: str
     gpu_count: int
+    scheduling: str = "fcfs"
     has_api_key: bool
 
 

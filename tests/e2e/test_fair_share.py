@@ -144,3 +144,54 @@ def test_a_team_of_short_prompts_gets_its_weight_of_a_full_backend(
     )
     assert waited > 0
     assert metric_value(fcfs_gateway.base_url, "draftgate_fair_queue_wait_seconds_count") == 0
+
+
+def test_only_a_backend_that_schedules_by_priority_is_sent_the_teams_priority(
+    start_module_servers: ModuleServerStarter, start_module_gateway: ModuleGatewayStarter
+) -> None:
+    """Three models, each on a simulator that answers a non-zero `priority` 400 unless it
+    schedules by priority, as vLLM does: declared `fcfs`, it is sent none; declared
+    `priority` it is sent the team's, over the client's own (one wrongly declared proves it)."""
+    fcfs, wrong, by_priority = start_module_servers(
+        sim_args("--method", "plain", "--served-model-name", "fcfs-model"),
+        sim_args("--method", "plain", "--served-model-name", "wrong-model"),
+        sim_args(
+            "--method", "plain", "--served-model-name", "priority-model",
+            "--scheduling-policy", "priority",
+        ),
+    )  # fmt: skip
+    gateway, _ = start_module_gateway(
+        [
+            fleet_backend("prio-fcfs", fcfs.base_url, model="fcfs-model"),
+            fleet_backend("prio-wrong", wrong.base_url, model="wrong-model", scheduling="priority"),
+            fleet_backend(
+                "prio-priority", by_priority.base_url, model="priority-model", scheduling="priority"
+            ),
+        ]
+    )
+    team = {"name": "urgent", "priority": -5}
+    made = httpx.post(f"{gateway.base_url}/admin/v1/teams", json=team, headers=ADMIN)
+    assert made.status_code == 201, made.text
+    assert made.json()["priority"] == -5
+    key = {"name": "urgent-key", "team_id": made.json()["id"]}
+    issued = httpx.post(f"{gateway.base_url}/admin/v1/keys", json=key, headers=ADMIN)
+    headers = {"authorization": f"Bearer {issued.json()['key']}"}
+
+    def ask(model: str, **extra: object) -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        return httpx.post(
+            f"{gateway.base_url}/v1/chat/completions",
+            json=body | extra,
+            headers=headers,
+            timeout=30,
+        )
+
+    assert ask("fcfs-model").status_code == 200  # not sent: it would refuse it
+    assert ask("priority-model").status_code == 200
+    assert ask("priority-model", priority=50).status_code == 200  # the team's wins
+    refused = ask("wrong-model")  # declared priority, serving fcfs: it was sent -5
+    assert refused.status_code == 400
+    assert "Got priority -5 but Priority scheduling is not enabled" in refused.text
+    backends = httpx.get(f"{gateway.base_url}/admin/v1/backends", headers=ADMIN).json()
+    declared = {b["name"]: b["scheduling"] for b in backends["data"]}
+    assert declared == {"prio-fcfs": "fcfs", "prio-wrong": "priority", "prio-priority": "priority"}
