@@ -80,29 +80,9 @@ def sim(
     from backends.sim.config import Faults, SimConfig
 
     faults = Faults(error_rate, stall_rate, drop_rate, crash_after_s, startup_delay_s, delay_s)
-    config = SimConfig(
-        model=model,
-        method=method,
-        k=k,
-        gpu=gpu,
-        gpu_count=gpu_count,
-        workload=workload,
-        served_model_name=served_model_name,
-        time_scale=time_scale,
-        max_num_seqs=max_num_seqs,
-        scheduling_policy=scheduling_policy,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enable_prefix_caching=enable_prefix_caching,
-        block_size=block_size,
-        adaptive_verification=adaptive_verification,
-        per_request_spec_metrics=per_request_spec_metrics,
-        enable_prompt_tokens_details=enable_prompt_tokens_details,
-        seed=seed,
-        faults=faults,
-        api_key=api_key,
-        engine_version=engine_version,
-    )
+    given = locals()  # every option that names a field of the configuration is that field
+    fields = {name: given[name] for name in SimConfig.__dataclass_fields__ if name in given}
+    config = SimConfig(**fields)
     _serve_simulator(config, host, port)
 
 

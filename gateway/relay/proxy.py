@@ -245,15 +245,7 @@ class Relay:
         x.forward = {
             n.decode(): v.decode("latin-1") for n in self.forwarded if (v := headers.get(n))
         }
-        try:
-            may_use(x.key, model)
-        except ModelNotAllowed as refusal:
-            self.metrics.rejections.labels(refusal.code).inc()
-            raise
-        backends = x.snapshot.backends.get(model)
-        if not backends:
-            message = f"The model `{model}` does not exist or has no enabled backend"
-            raise ModelNotFound(message, param="model")
+        self._check_model(x, model)
         if path in COMPLETION_PATHS:
             check_completion(path, payload)
         elif path == RESPONSES_PATH and payload.get("previous_response_id") is not None:
@@ -284,6 +276,18 @@ class Relay:
             if not stream:  # the backend never said what it generated: estimate it
                 estimate_abandoned(x, path, payload, len(body), limit)
             raise
+
+    def _check_model(self, x: Exchange, model: str) -> None:
+        """The request's key may use its model, and the model has a backend."""
+        assert x.snapshot is not None
+        try:
+            may_use(x.key, model)
+        except ModelNotAllowed as refusal:
+            self.metrics.rejections.labels(refusal.code).inc()
+            raise
+        if not x.snapshot.backends.get(model):
+            message = f"The model `{model}` does not exist or has no enabled backend"
+            raise ModelNotFound(message, param="model")
 
     async def _let_in(
         self,
