@@ -19,10 +19,13 @@ that of the supervisor and every worker. `floor` (`floor-wN`) is bench/floor_rel
 least a Python relay does on the gateway's own stack, one (N) uvicorn process(es): the floor
 the gateway's own work sits on. The target `traced` is this gateway with tracing on
 (every request sampled, the SDK's default batching), exporting over OTLP/HTTP to
-bench/otlp_sink.py on this machine.
+bench/otlp_sink.py on this machine. `keyed` is this gateway requiring API keys, its clients
+sending one, and `teams` the same with 10,000 keys in 500 teams, every key and team with
+request and token limits and a budget: admission's cost as keys and teams grow.
 
 Run: .venv/bin/python bench/overhead.py
-         [--targets direct,draftgate,draftgate-w2,floor,floor-w2,traced,vllm-router,litellm]
+         [--targets direct,draftgate,draftgate-w2,floor,floor-w2,traced,keyed,teams,
+                    vllm-router,litellm]
          [--concurrency 1,16,64,256] [--duration 5] [--rounds 2] [--quick] [--baseline DIR]
 """
 
@@ -55,7 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL = "mock-model"
 ALL_TARGETS = (
     "direct", "draftgate", "draftgate-w2", "floor", "floor-w2", "granian", "traced",
-    "vllm-router", "litellm",
+    "keyed", "teams", "vllm-router", "litellm",
 )  # fmt: skip
 WORKERS_TARGET = re.compile(r"draftgate-w(\d+)")  # the gateway with N worker processes
 FLOOR_TARGET = re.compile(r"floor(?:-w(\d+))?")  # bench/floor_relay.py, N uvicorn workers
@@ -80,6 +83,10 @@ class Target:
     port: int
     pid: int | None
     spans_url: str | None = None  # where the counts of the spans it exported are read
+    key: str | None = None  # the API key its requests carry (None: it requires none)
+
+    def auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.key}"} if self.key else {}
 
 
 @dataclass(frozen=True)
@@ -257,6 +264,55 @@ def start_draftgate(
     return why or Target(name, port, pid)
 
 
+# `keyed`: the gateway requiring keys, one key; `teams`: 10,000 keys in 500 teams. Every
+# key and team has a requests and a tokens per minute and a budget (high: none refuses).
+KEYED_TARGETS = {"keyed": (1, 0), "teams": (10_000, 500)}  # (keys, teams)
+BENCH_KEY = "sk-bench-overhead-0"  # the first seeded key, of a throwaway database
+
+
+def seed_keys(url: str, keys: int, teams: int) -> None:
+    """A fresh database at `url` with `keys` keys (BENCH_KEY the first) spread over `teams`
+    teams (none at 0), each limited."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from gateway.apikeys import hash_key
+    from gateway.db import migrate
+    from gateway.db.tables import ApiKey, Team
+
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    limits = {"requests_per_minute": 10**8, "tokens_per_minute": 10**11, "budget_usd": 1e9}
+    with Session(engine) as session:
+        session.add_all(Team(id=t + 1, name=f"team-{t}", **limits) for t in range(teams))
+        session.add_all(
+            ApiKey(
+                name=f"key-{i}",
+                key_prefix=f"sk-bench-{i}"[:16],
+                key_hash=hash_key(f"sk-bench-overhead-{i}"),
+                team_id=i % teams + 1 if teams else None,
+                **limits,
+            )
+            for i in range(keys)
+        )
+        session.commit()
+    engine.dispose()
+
+
+def start_keyed(
+    procs: Processes, upstream: Target, work: Path, extra_env: dict[str, str], name: str
+) -> Target | str:
+    """The gateway requiring keys, on a database seeded with the target's keys and teams."""
+    keys, teams = KEYED_TARGETS[name]
+    url = f"sqlite:///{work}/{name}-{upstream.port}.db"
+    seed_keys(url, keys, teams)
+    env = {"DRAFTGATE_REQUIRE_API_KEY": "true", "DRAFTGATE_DATABASE_URL": url}
+    started = start_draftgate(procs, upstream, work, extra_env | env, name)
+    if isinstance(started, str):
+        return started
+    return Target(started.name, started.port, started.pid, key=BENCH_KEY)
+
+
 def start_traced(
     procs: Processes, upstream: Target, work: Path, extra_env: dict[str, str]
 ) -> Target | str:
@@ -407,7 +463,7 @@ def preflight(target: Target, timeout_s: float) -> str | None:
     deadline, why = time.monotonic() + timeout_s, ""
     while time.monotonic() < deadline:
         try:
-            headers = {"content-type": "application/json"}  # as every OpenAI client sends
+            headers = {"content-type": "application/json"} | target.auth()  # as clients send
             plain = httpx.post(url, content=request_body(False), headers=headers, timeout=30)
             streamed = httpx.post(url, content=request_body(True), headers=headers, timeout=30)
         except httpx.HTTPError as exc:
@@ -537,9 +593,10 @@ def measure_round(
     """One round: warm the connections, load for `duration_s`, wait for the proxy to settle;
     CPU is counted from the start of the load until the proxy is idle again."""
     body = request_body(scenario.stream)
+    auth = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in target.auth().items())
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n%s"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (auth, len(body), body)
     )
     clients = [Client(target.port, request, scenario.stream) for _ in range(scenario.concurrency)]
     runner.run(warm_up(clients, result))
@@ -558,9 +615,10 @@ def run_wrk(
 ) -> tuple[float | None, str]:
     """wrk's req/s for non-streamed requests, and a note on anything odd."""
     script = work / "post.lua"
+    auth = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in target.auth().items())
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = [[{request_body(False).decode()}]]\n"
+        f"{auth}wrk.body = [[{request_body(False).decode()}]]\n"
     )
     argv = [
         "wrk",
@@ -682,6 +740,8 @@ def start_target(
         return start_floor(procs, upstream, work, name, int(floor[1] or 1))
     if name == "traced":
         return start_traced(procs, upstream, work, plan.draftgate_env)
+    if name in KEYED_TARGETS:
+        return start_keyed(procs, upstream, work, plan.draftgate_env, name)
     if name == "baseline" and plan.baseline is not None:
         exe = plan.baseline / ".venv" / "bin" / "draftgate"
         return start_draftgate(procs, upstream, work, plan.draftgate_env, name, exe)
