@@ -67,6 +67,7 @@ def vllm_argv(
     vllm_python: Path | None = None,
     served_model_name: str | None = None,
     extra_args: Sequence[str] = CPU_SERVE_ARGS,
+    scheduling: str = "fcfs",
 ) -> list[str]:
     """`vllm serve` for `model` decoding with `spec` on 127.0.0.1:`port`.
 
@@ -84,6 +85,7 @@ def vllm_argv(
         host=LOCALHOST,
         served_model_name=served_model_name,
         extra_args=extra_args,
+        scheduling=scheduling,
     )
     if vllm_python is not None:
         argv[0] = str(vllm_python.parent / "vllm")

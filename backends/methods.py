@@ -395,14 +395,18 @@ def render_vllm_args(
     host: str | None = None,
     served_model_name: str | None = None,
     extra_args: Sequence[str] = (),
+    scheduling: str = "fcfs",
 ) -> list[str]:
-    """Argv for `vllm serve` serving `model` with `spec`."""
+    """Argv for `vllm serve` serving `model` with `spec`, scheduling by priority where
+    `scheduling` says so (vLLM's default is first come, first served)."""
     if isinstance(extra_args, str):
         raise TypeError("extra_args must be a sequence of arguments, not a single string")
     argv = ["vllm", "serve", model]
     config = render_speculative_config(spec)
     if config is not None:
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    if scheduling != "fcfs":
+        argv += ["--scheduling-policy", scheduling]
     if host is not None:
         argv += ["--host", host]
     if port is not None:

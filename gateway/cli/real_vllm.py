@@ -86,6 +86,7 @@ def vllm_launcher(vllm_python: Path | None, target: Path) -> Launch:
             port,
             vllm_python=vllm_python,
             served_model_name=backend.model,
+            scheduling=backend.scheduling,
         )
         return LocalServer(backend.name, argv, port, log_path, env=vllm_env(vllm_python))
 

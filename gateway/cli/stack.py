@@ -132,6 +132,7 @@ def sim_launcher(time_scale: float) -> Launch:
         argv += ["--gpu-count", str(backend.gpu_count)]
         if backend.k is not None:
             argv += ["--k", str(backend.k)]
+        argv += ["--scheduling-policy", backend.scheduling]
         return LocalServer(backend.name, argv, port, log_path)
 
     return launch

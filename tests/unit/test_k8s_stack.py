@@ -266,7 +266,10 @@ def test_each_vllm_backend_serves_its_fleet_entry(base: Build, method: str) -> N
     port = port_number(container, service["spec"]["ports"][0]["targetPort"])
     spec = make_spec(method, backend.k, DRAFTERS[method])
     assert backend.method_spec() == spec
-    assert container["command"] == render_vllm_args(MODEL, spec, host=ALL_INTERFACES, port=port)
+    assert backend.scheduling == "priority"
+    assert container["command"] == render_vllm_args(
+        MODEL, spec, host=ALL_INTERFACES, port=port, scheduling=backend.scheduling
+    )
     rendered = render_speculative_config(spec)
     if rendered is None:
         assert "--speculative-config" not in container["command"]
