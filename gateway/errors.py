@@ -129,6 +129,15 @@ class InsufficientScope(GatewayError):
     code = "insufficient_scope"
 
 
+class UntrustedProxy(GatewayError):
+    """An admin request naming a person in the login proxy's header, from an address that
+    is not a trusted proxy's."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "untrusted_proxy"
+
+
 class HostNotAllowed(GatewayError):
     """A keyless gateway was asked under a host name it does not serve."""
 
