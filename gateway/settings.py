@@ -121,8 +121,8 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "The audience a token's `aud` must hold (the client id the issuer gives the "
-            "gateway). Required with `oidc_issuer`: without it a token the issuer made for "
-            "any other application would do."
+            "gateway). No default, and required with `oidc_issuer`: without it a token the "
+            "issuer made for any other application would do."
         ),
     )
     oidc_jwks_url: str | None = Field(

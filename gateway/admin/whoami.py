@@ -12,6 +12,5 @@ router = APIRouter(prefix="/whoami", tags=["auth"])
 
 @router.get("")
 def whoami(caller: CallerDep) -> TokenScope:
-    """The scope of the token this request carries, and the name its changes are audited
-    under."""
+    """The scope of this request's token, and the name the audit log gives its changes."""
     return TokenScope(scope=caller.scope, actor=caller.actor)
