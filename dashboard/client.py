@@ -117,11 +117,30 @@ def _path_name(name: str) -> str:
     return quote(name, safe="/")
 
 
-class AdminClient:
-    """Typed calls of the admin API at `base_url` with the admin `token`."""
+def signed_in_person(header: str) -> dict[str, str]:
+    """The login proxy's header naming the person this page runs for, to forward with their
+    changes (empty: the header is off, or not sent, or no page is running)."""
+    name = header.strip().lower()
+    if not name or not st.runtime.exists():
+        return {}
+    value = st.context.headers.get(name)
+    return {name: value} if value else {}
 
-    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0) -> None:
+
+class AdminClient:
+    """Typed calls of the admin API at `base_url` with the admin `token`; `person` (a login
+    proxy's header and value) goes with every change, so the audit log names who made it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout_s: float = 10.0,
+        person: dict[str, str] | None = None,
+    ) -> None:
         self.base_url, self._token, self._timeout_s = base_url.rstrip("/"), token, timeout_s
+        self._person = person or {}
 
     def _get(self, path: str, **params: object) -> Any:
         pairs = tuple((k, str(v)) for k, v in params.items() if v is not None)
@@ -137,7 +156,7 @@ class AdminClient:
 
     def _write(self, method: str, path: str, body: object = None) -> Any:
         """A change: sent at once, then every cached read is dropped so pages show it."""
-        headers = {"Authorization": f"Bearer {self._token}"}
+        headers = {"Authorization": f"Bearer {self._token}", **self._person}
         with httpx.Client(base_url=self.base_url, headers=headers, timeout=self._timeout_s) as http:
             answer = _call(http, method, path, json=body)
         refresh_reads()
@@ -331,6 +350,7 @@ def admin_client(settings: DashboardSettings | None = None) -> AdminClient:
         settings.dashboard_gateway_url,
         token.get_secret_value(),
         timeout_s=settings.dashboard_timeout_s,
+        person=signed_in_person(settings.admin_user_header),
     )
 
 

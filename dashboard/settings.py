@@ -34,6 +34,14 @@ class DashboardSettings(BaseSettings):
         "front of it first (docs/deploy.md). `draftgate up` turns it on for its loopback "
         "demo; `draftgate dashboard --admin` does too.",
     )
+    admin_user_header: str = Field(
+        default="",
+        description="The header a login proxy in front of the dashboard sets to the signed-in "
+        "person (`x-forwarded-user`, `x-auth-request-user`): the dashboard forwards it with "
+        "each change it makes, so the gateway's audit log names that person (the gateway "
+        "reads the same setting and must list the dashboard's address in "
+        "`DRAFTGATE_ADMIN_TRUSTED_PROXIES`; docs/identity.md). Default empty: off.",
+    )
     dashboard_allowed_hosts: str = Field(
         default="localhost,127.0.0.1,::1",
         description="Comma-separated host names the dashboard answers to (the `Host` of a "

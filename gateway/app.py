@@ -46,6 +46,7 @@ from gateway.metrics import GatewayMetrics, set_exactly
 from gateway.registry import Registry
 from gateway.relay.proxy import Relay
 from gateway.relay.shadow import Check, Shadow
+from gateway.relay.tokens import Tokens
 from gateway.relay.upstream import UPSTREAM_KEEPALIVE_S, Upstream
 from gateway.server.inflight import INFLIGHT_FILE, SharedInFlight
 from gateway.server.replica import Changes, Replica
@@ -377,8 +378,9 @@ async def _running(
     if tracing is not None:
         on_audit_commit(sessions, tracing.audited)
     shadow = _shadow(settings, metrics, registry, sessions)
+    tokens = Tokens.of(settings, control)  # None unless an OIDC issuer is configured
     app.relay = relay = Relay(
-        settings, registry, ledger, limiter, metrics, client, homes, tracing, shadow
+        settings, registry, ledger, limiter, metrics, client, homes, tracing, shadow, tokens
     )
     app.tracing = tracing
     loops = _start_loops(components, ledger, limiter, control, webhooks, replica)

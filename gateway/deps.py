@@ -6,6 +6,7 @@ import logging
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network, ip_address
 from typing import Annotated, Literal
 
 import httpx
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.control.managed import ManagedBackends
 from gateway.db.session import transaction
-from gateway.errors import AuthenticationFailed, InsufficientScope
+from gateway.errors import AuthenticationFailed, InsufficientScope, InvalidRequest, UntrustedProxy
 from gateway.homes import ResponseHomes
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Registry
@@ -31,6 +32,8 @@ Scope = Literal["read", "admin"]
 # read token may call it: `@router.post(..., openapi_extra=READ_ONLY)`.
 SCOPE_FIELD = "x-draftgate-scope"
 READ_ONLY = {SCOPE_FIELD: "read"}
+VIA = " via "  # an audited change a login proxy named: `<person> via <token name>`
+ACTOR_CHARS = 64  # audit_log.actor's length
 
 
 @dataclass(frozen=True)
@@ -66,27 +69,70 @@ def get_session(components: ComponentsDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def token_scope(settings: Settings, authorization: str | None) -> Scope:
-    """The scope of the bearer token in `authorization`: the admin token's or the read
-    token's; anything else is a 401."""
+@dataclass(frozen=True)
+class Caller:
+    """Who makes an admin request: its token's scope, and the name its changes are audited
+    under (the token's name, or the person a trusted login proxy named, via that token)."""
+
+    scope: Scope
+    actor: str
+
+
+def token_scope(settings: Settings, authorization: str | None) -> tuple[Scope, str]:
+    """The scope and name of the bearer token in `authorization`: the admin token's or the
+    read token's; anything else is a 401."""
     if not authorization:
         raise AuthenticationFailed("missing admin token: send 'Authorization: Bearer <token>'")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or settings.admin_token is None:
         raise AuthenticationFailed("admin API expects 'Authorization: Bearer <token>'")
     given = token.strip().encode()
-    scope: Scope | None = None
-    tokens: tuple[tuple[Scope, SecretStr | None], ...] = (
-        ("admin", settings.admin_token),
-        ("read", settings.admin_read_token),
+    found: tuple[Scope, str] | None = None
+    tokens: tuple[tuple[Scope, str, SecretStr | None], ...] = (
+        ("admin", settings.admin_token_name, settings.admin_token),
+        ("read", settings.admin_read_token_name, settings.admin_read_token),
     )
-    for name, secret in tokens:
+    for scope, name, secret in tokens:
         # every token is compared, so the time taken does not say which one nearly matched
         if secret is not None and secrets.compare_digest(given, secret.get_secret_value().encode()):
-            scope = scope or name
-    if scope is None:
+            found = found or (scope, name)
+    if found is None:
         raise AuthenticationFailed("invalid admin token")
-    return scope
+    return found
+
+
+def proxied_person(request: Request, settings: Settings, token_name: str) -> str | None:
+    """The signed-in person a login proxy names in `admin_user_header` (None: the header is
+    off or not sent); a 403 when it comes from an address not in `admin_trusted_proxies`,
+    so a header anyone can send never names anyone."""
+    header = settings.admin_user_header.strip()
+    value = request.headers.get(header) if header else None
+    if value is None:
+        return None
+    peer = request.client.host if request.client is not None else ""
+    if not trusted(peer, settings.trusted_proxies):
+        raise UntrustedProxy(
+            f"the {header} header is accepted only from the addresses in "
+            f"DRAFTGATE_ADMIN_TRUSTED_PROXIES; {peer or 'this caller'} is not one of them"
+        )
+    person = value.strip()
+    room = ACTOR_CHARS - len(VIA) - len(token_name)
+    if not person or len(person) > room or not person.isprintable():
+        raise InvalidRequest(
+            f"the {header} header must name a person in 1 to {room} printable characters",
+            param=header,
+            code="invalid_admin_user",
+        )
+    return person
+
+
+def trusted(peer: str, networks: tuple[IPv4Network | IPv6Network, ...]) -> bool:
+    """Whether the address `peer` lies in one of `networks`."""
+    try:
+        address = ip_address(peer)
+    except ValueError:
+        return False
+    return any(address in network for network in networks)
 
 
 def required_scope(request: Request) -> Scope:
@@ -97,16 +143,26 @@ def required_scope(request: Request) -> Scope:
     return "read" if extra.get(SCOPE_FIELD) == "read" else "admin"
 
 
-def authorize_admin(request: Request) -> Scope:
-    """Check the request's admin token against what its route needs; the token's scope."""
-    components = get_components(request)
-    scope = token_scope(components.settings, request.headers.get("authorization"))
+def authorize_admin(request: Request) -> Caller:
+    """Check the request's admin token against what its route needs, and the person a login
+    proxy names, if any: who the caller is."""
+    settings = get_components(request).settings
+    scope, name = token_scope(settings, request.headers.get("authorization"))
     if scope == "read" and required_scope(request) == "admin":
         raise InsufficientScope("this token may only read; changes need the admin token")
-    return scope
+    person = proxied_person(request, settings, name)
+    return Caller(scope, name if person is None else f"{person}{VIA}{name}")
 
 
-AdminScopeDep = Annotated[Scope, Depends(authorize_admin)]
+CallerDep = Annotated[Caller, Depends(authorize_admin)]
+
+
+def admin_actor(caller: CallerDep) -> str:
+    """The name the audit log gives the request's changes."""
+    return caller.actor
+
+
+ActorDep = Annotated[str, Depends(admin_actor)]
 
 
 def refresh_registry_after_changes(request: Request, components: ComponentsDep) -> Iterator[None]:

@@ -93,6 +93,26 @@ class InvalidApiKey(InvalidRequest):
     code = "invalid_api_key"
 
 
+class InvalidToken(InvalidApiKey):
+    """A `/v1` bearer token (a JWT) that fails a check: signature, issuer, audience, times."""
+
+    code = "invalid_token"
+
+
+class TokenExpired(InvalidToken):
+    """A `/v1` bearer token (a JWT) past its `exp` (and the leeway)."""
+
+    code = "token_expired"
+
+
+class TeamNotFound(GatewayError):
+    """A valid token whose team claim names no team of the gateway's."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "team_not_found"
+
+
 class AuthenticationFailed(GatewayError):
     """Missing or wrong credentials."""
 
@@ -107,6 +127,15 @@ class InsufficientScope(GatewayError):
     status_code = 403
     error_type = "permission_error"
     code = "insufficient_scope"
+
+
+class UntrustedProxy(GatewayError):
+    """An admin request naming a person in the login proxy's header, from an address that
+    is not a trusted proxy's."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "untrusted_proxy"
 
 
 class HostNotAllowed(GatewayError):

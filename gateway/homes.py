@@ -9,8 +9,8 @@ replica knows its own at once and finds another replica's in the database, writt
 the ledger's flush interval (so an id it does not know is looked up again once after that
 interval before the request is routed as any other).
 
-A response is its key's: a key asking for another key's response is told it does not exist,
-as the backend cannot tell (vLLM's store has no owner).
+A response is its key's (or, made for a token, its team's): a key asking for another key's
+response is told it does not exist, as the backend cannot tell (vLLM's store has no owner).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.tables import RESPONSE_ID, UsageRecord
 from gateway.errors import InvalidRequest, ResponseNotFound
+from gateway.registry import KeyView
 
 RESPONSES_PATH = "/v1/responses"
 STORED_RESPONSES = "/v1/responses/"  # GET /v1/responses/{id}, POST /v1/responses/{id}/cancel
@@ -38,6 +39,16 @@ class Home:
 
     backend: str
     api_key_id: int | None
+    team_id: int | None = None  # the team it was served for
+
+    def owned_by(self, key: KeyView | None) -> bool:
+        """Whether `key` (None: a keyless caller) may use it: a key its own, a team caller
+        (a token's) its team's made without a key, a keyless caller those of neither."""
+        if key is None:
+            return self.api_key_id is None and self.team_id is None
+        if key.team_caller:
+            return self.api_key_id is None and self.team_id == key.team_id
+        return self.api_key_id == key.id
 
 
 class ResponseHomes:
@@ -68,7 +79,7 @@ class ResponseHomes:
 
     def _read(self, response_id: str) -> Home | None:
         query = (
-            select(UsageRecord.backend_name, UsageRecord.api_key_id)
+            select(UsageRecord.backend_name, UsageRecord.api_key_id, UsageRecord.team_id)
             .where(UsageRecord.response_id == response_id)
             .where(UsageRecord.backend_name.is_not(None))
             .order_by(UsageRecord.id.desc())
@@ -76,7 +87,7 @@ class ResponseHomes:
         )
         with self._sessions() as session:
             row = session.execute(query).first()
-        return None if row is None else Home(row.backend_name, row.api_key_id)
+        return None if row is None else Home(row.backend_name, row.api_key_id, row.team_id)
 
 
 def checked_id(value: object, param: str) -> str:

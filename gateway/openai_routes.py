@@ -110,7 +110,7 @@ async def _at_home(
     assert components.homes is not None
     assert components.control is not None
     home = await components.homes.find(checked)
-    if home is None or home.api_key_id != (key.id if key is not None else None):
+    if home is None or not home.owned_by(key):
         raise not_found(checked, "response_id")
     backends = components.registry.snapshot.backends.values()
     backend = next((b for group in backends for b in group if b.name == home.backend), None)

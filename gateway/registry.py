@@ -218,6 +218,15 @@ class KeyView:
     max_body_bytes: int | None = None  # its bodies' bound, under the gateway's
     lossless_opt_out: bool = False  # its requests are never replayed by the lossless watchdog
     team_id: int | None = None  # the team it belongs to (its allowed models are within its)
+    # A team as its own caller, for requests a token (JWT) authenticated: its id is the team's
+    # subject id (`team_subject`), so it reserves against the team's counters, and no key
+    # is recorded for its requests.
+    team_caller: bool = False
+
+    @property
+    def api_key_id(self) -> int | None:
+        """The key its requests are recorded under: None for a team caller."""
+        return None if self.team_caller else self.id
 
 
 def by_method(backends: Iterable[BackendView]) -> dict[str, tuple[BackendView, ...]]:
@@ -260,6 +269,8 @@ class Snapshot:
     teams: Mapping[int, KeyView] = field(default_factory=dict)
     # Each team whose weight or priority is not the default, by team id (relay/fairshare.py)
     team_shares: Mapping[int, TeamShare] = field(default_factory=dict)
+    # Every team as the caller of a token naming it, by team name (`team_caller` views)
+    team_callers: Mapping[str, KeyView] = field(default_factory=dict)
     # By (model, method, request class): the class's price from its own acceptance, where it
     # has enough requests that reported their speculation (gateway/acceptance.py)
     class_prices: Mapping[tuple[str, str, str], ClassPrice] = field(default_factory=dict)
@@ -411,6 +422,7 @@ def load_snapshot(
         key_spend_usd=_key_spend(session, keys.values()) | _team_spend(session, teams.values()),
         teams=teams,
         team_shares=_team_shares(session),
+        team_callers=_team_callers(session),
         class_prices=_class_prices(session, class_min_requests) if class_min_requests else {},
         drafters=drafter_curves(samples, live, curves.k),
     )
@@ -486,6 +498,25 @@ def _teams(session: Session) -> dict[int, KeyView]:
         )
         for t in session.scalars(select(Team))
         if t.budget_usd is not None or t.requests_per_minute or t.tokens_per_minute
+    }
+
+
+def _team_callers(session: Session) -> dict[str, KeyView]:
+    """Every team as a token's caller, by name: its limits under its subject id (the same
+    counters its keys' requests reserve against) and its allowed models."""
+    return {
+        t.name: KeyView(
+            team_subject(t.id),
+            t.name,
+            t.requests_per_minute,
+            t.tokens_per_minute,
+            t.budget_usd,
+            t.budget_period,
+            None if t.allowed_models is None else frozenset(t.allowed_models),
+            team_id=t.id,
+            team_caller=True,
+        )
+        for t in session.scalars(select(Team))
     }
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,6 +17,14 @@ PLACEHOLDER_TOKENS = frozenset(
     {"", "admin", "changeme", "change-me", "password", "secret", "token", "test", "draftgate"}
 )
 MIN_ADMIN_TOKEN_CHARS = 16
+# An admin token's name stands in the audit log's 64-character actor beside a person's
+MAX_ACTOR_NAME_CHARS = 24
+ACTOR_NAME_PATTERN = r"^[A-Za-z0-9._:@-]+$"
+# The JWT signing algorithms a gateway may accept: public-key ones only (never `none`, never
+# HS*, whose "key" would be the issuer's public key, known to all)
+ASYMMETRIC_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
 # Headers the relay sets itself or that belong to one hop: never taken from a client.
 UNFORWARDABLE_HEADERS = frozenset(
     {"authorization", "host", "content-length", "content-type", "transfer-encoding",
@@ -57,6 +66,131 @@ class Settings(BaseSettings):
             "a 403 `insufficient_scope`. The dashboard runs with it unless started with "
             "`--admin`. Default: none (only the admin token). Held to the admin token's rules "
             "and must differ from it."
+        ),
+    )
+    admin_token_name: str = Field(
+        default="admin-api",
+        min_length=1,
+        max_length=MAX_ACTOR_NAME_CHARS,
+        pattern=ACTOR_NAME_PATTERN,
+        description=(
+            "The name the audit log gives changes made with the admin token (docs/identity.md). "
+            "Default `admin-api`, the name every change through the admin API had before "
+            "tokens were named."
+        ),
+    )
+    admin_read_token_name: str = Field(
+        default="admin-read",
+        min_length=1,
+        max_length=MAX_ACTOR_NAME_CHARS,
+        pattern=ACTOR_NAME_PATTERN,
+        description=(
+            "The read token's name, as `whoami` reports it (it changes nothing, so the audit "
+            "log never shows it). Default `admin-read`."
+        ),
+    )
+    admin_user_header: str = Field(
+        default="",
+        description=(
+            "The header a login proxy in front of the dashboard sets to the signed-in person "
+            "(`x-forwarded-user`, `x-auth-request-user`), which the dashboard forwards to the "
+            "admin API: a change carrying it from an address in `admin_trusted_proxies` is "
+            "audited as `<person> via <token name>`; carrying it from any other address, "
+            "any admin request is a 403 `untrusted_proxy`. Empty (the default): off, the "
+            "header is neither read nor forwarded."
+        ),
+    )
+    admin_trusted_proxies: str = Field(
+        default="",
+        description=(
+            "Comma-separated addresses or CIDR blocks (`127.0.0.1,10.0.0.0/8`) from which the "
+            "admin API believes `admin_user_header`: list the dashboard's address (on one "
+            "machine, `127.0.0.1`). The address is the connection's peer as the server "
+            "sees it. Default: none, so the header is refused from everywhere until listed."
+        ),
+    )
+    oidc_issuer: str | None = Field(
+        default=None,
+        description=(
+            "The OIDC issuer whose JWTs `/v1` accepts as bearer tokens beside API keys "
+            "(docs/identity.md): a token's `iss` must equal it. Default: none, tokens are "
+            "off and only API keys authenticate."
+        ),
+    )
+    oidc_audience: str | None = Field(
+        default=None,
+        description=(
+            "The audience a token's `aud` must hold (the client id the issuer gives the "
+            "gateway). No default, and required with `oidc_issuer`: without it a token the "
+            "issuer made for any other application would do."
+        ),
+    )
+    oidc_jwks_url: str | None = Field(
+        default=None,
+        description=(
+            "Where the issuer's signing keys (a JWK set) are read. Default: the `jwks_uri` of "
+            "`<oidc_issuer>/.well-known/openid-configuration`, read once at the first need."
+        ),
+    )
+    oidc_team_claim: str = Field(
+        default="draftgate_team",
+        min_length=1,
+        description=(
+            "The claim naming the token's team, by the team's name: a string, or a list "
+            "(`groups`) of which exactly one entry is a team's name. A token naming no team "
+            "is a 403 `team_not_found`. Default `draftgate_team`."
+        ),
+    )
+    oidc_user_claim: str = Field(
+        default="sub",
+        min_length=1,
+        description=(
+            "The claim naming the end user a token's requests are attributed to (before the "
+            "`user` field and `user_header`); at most 128 characters. Default `sub`."
+        ),
+    )
+    oidc_algorithms: str = Field(
+        default="RS256,ES256",
+        description=(
+            "Comma-separated signing algorithms accepted: asymmetric ones only "
+            f"({', '.join(sorted(ASYMMETRIC_ALGORITHMS))}); `none` and the HS* (shared secret) "
+            "ones are refused here, so a public key can never serve as a secret. Default "
+            "`RS256,ES256`."
+        ),
+    )
+    oidc_leeway_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=300,
+        description=(
+            "Seconds of clock difference allowed when checking `exp` and `nbf`. Default 30 s."
+        ),
+    )
+    oidc_jwks_ttl_s: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "Seconds the signing keys are used before they are read again (when a token "
+            "needs them). Default 10 minutes; a key the issuer adds is read sooner, on the "
+            "first token naming it."
+        ),
+    )
+    oidc_jwks_min_refetch_s: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "The least seconds between two reads of the signing keys: a token naming an "
+            "unknown key id reads them again only this long after the last read, so a flood "
+            "of tokens with made-up key ids reads them once, not once each. Default 30 s."
+        ),
+    )
+    oidc_fetch_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds a read of the issuer's discovery document or signing keys may take; "
+            "the first token waits for the first read at most this long (then a 503). "
+            "Default 5 s."
         ),
     )
     metrics_token: SecretStr | None = Field(
@@ -1052,6 +1186,46 @@ class Settings(BaseSettings):
     def budget_thresholds(self) -> tuple[float, ...]:
         """`webhook_budget_thresholds`, ascending."""
         return tuple(float(t) for t in self.webhook_budget_thresholds.split(","))
+
+    @field_validator("oidc_algorithms")
+    @classmethod
+    def _asymmetric(cls, names: str) -> str:
+        listed = [n.strip() for n in names.split(",") if n.strip()]
+        refused = [n for n in listed if n not in ASYMMETRIC_ALGORITHMS]
+        if refused or not listed:
+            known = ", ".join(sorted(ASYMMETRIC_ALGORITHMS))
+            raise ValueError(f"DRAFTGATE_OIDC_ALGORITHMS may list only {known}")
+        return ",".join(listed)
+
+    @field_validator("admin_trusted_proxies")
+    @classmethod
+    def _networks(cls, listed: str) -> str:
+        for entry in (e.strip() for e in listed.split(",") if e.strip()):
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"DRAFTGATE_ADMIN_TRUSTED_PROXIES: {entry!r} is no address or CIDR block"
+                ) from None
+        return listed
+
+    @model_validator(mode="after")
+    def _audience_with_issuer(self) -> Settings:
+        """Refuse an issuer without an audience: any token it made would be accepted."""
+        if self.oidc_issuer and not self.oidc_audience:
+            raise ValueError("DRAFTGATE_OIDC_ISSUER needs DRAFTGATE_OIDC_AUDIENCE")
+        return self
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """`oidc_algorithms` as a tuple."""
+        return tuple(self.oidc_algorithms.split(","))
+
+    @property
+    def trusted_proxies(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """`admin_trusted_proxies` as networks (an address is a network of one)."""
+        entries = (e.strip() for e in self.admin_trusted_proxies.split(","))
+        return tuple(ipaddress.ip_network(e, strict=False) for e in entries if e)
 
     @model_validator(mode="after")
     def _signed_webhooks(self) -> Settings:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from gateway.db import queries
 from gateway.db.measurements import latest_acceptance
-from gateway.deps import ComponentsDep, SessionDep
+from gateway.deps import ActorDep, ComponentsDep, SessionDep
 from gateway.schemas.resources import (
     BackendCreate,
     BackendPublic,
@@ -22,7 +22,6 @@ from gateway.services.backends import (
 )
 
 router = APIRouter(prefix="/backends", tags=["backends"])
-ACTOR = "admin-api"
 
 
 @router.get("")
@@ -39,11 +38,14 @@ def list_backends(
 
 @router.post("", status_code=201)
 def post_backend(
-    data: BackendCreate, session: SessionDep, components: ComponentsDep
+    data: BackendCreate,
+    session: SessionDep,
+    components: ComponentsDep,
+    actor: ActorDep,
 ) -> BackendPublic:
     """Add a backend."""
     allow = components.settings.allow_link_local_backends
-    return backend_public(create_backend(session, data, ACTOR, allow_link_local=allow))
+    return backend_public(create_backend(session, data, actor, allow_link_local=allow))
 
 
 @router.get("/{name}")
@@ -55,15 +57,19 @@ def get_backend(name: str, session: SessionDep, components: ComponentsDep) -> Ba
 
 @router.patch("/{name}")
 def patch_backend(
-    name: str, patch: BackendUpdate, session: SessionDep, components: ComponentsDep
+    name: str,
+    patch: BackendUpdate,
+    session: SessionDep,
+    components: ComponentsDep,
+    actor: ActorDep,
 ) -> BackendPublic:
     """Change some fields of a backend (enable, disable, move, re-tune)."""
     allow = components.settings.allow_link_local_backends
-    return backend_public(update_backend(session, name, patch, ACTOR, allow_link_local=allow))
+    return backend_public(update_backend(session, name, patch, actor, allow_link_local=allow))
 
 
 @router.delete("/{name}", status_code=204)
-def remove_backend(name: str, session: SessionDep) -> Response:
+def remove_backend(name: str, session: SessionDep, actor: ActorDep) -> Response:
     """Remove a backend."""
-    delete_backend(session, name, ACTOR)
+    delete_backend(session, name, actor)
     return Response(status_code=204)

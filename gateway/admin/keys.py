@@ -5,12 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.db import queries
-from gateway.deps import SessionDep
+from gateway.deps import ActorDep, SessionDep
 from gateway.schemas.resources import KeyCreate, KeyCreated, KeyPublic, KeyUpdate, ListOf
 from gateway.services.keys import create_key, revoke_key, update_key
 
 router = APIRouter(prefix="/keys", tags=["keys"])
-ACTOR = "admin-api"
 
 
 @router.get("")
@@ -21,9 +20,9 @@ def list_keys(session: SessionDep, include_revoked: bool = False) -> ListOf[KeyP
 
 
 @router.post("", status_code=201)
-def post_key(data: KeyCreate, session: SessionDep) -> KeyCreated:
+def post_key(data: KeyCreate, session: SessionDep, actor: ActorDep) -> KeyCreated:
     """Create an API key; the response shows the key once."""
-    return create_key(session, data, ACTOR)
+    return create_key(session, data, actor)
 
 
 @router.get("/{key_id}")
@@ -33,12 +32,12 @@ def get_key(key_id: int, session: SessionDep) -> KeyPublic:
 
 
 @router.patch("/{key_id}")
-def patch_key(key_id: int, patch: KeyUpdate, session: SessionDep) -> KeyPublic:
+def patch_key(key_id: int, patch: KeyUpdate, session: SessionDep, actor: ActorDep) -> KeyPublic:
     """Change an API key's name or limits."""
-    return KeyPublic.model_validate(update_key(session, key_id, patch, ACTOR))
+    return KeyPublic.model_validate(update_key(session, key_id, patch, actor))
 
 
 @router.delete("/{key_id}")
-def delete_key(key_id: int, session: SessionDep) -> KeyPublic:
+def delete_key(key_id: int, session: SessionDep, actor: ActorDep) -> KeyPublic:
     """Revoke an API key (the record is kept for usage history)."""
-    return KeyPublic.model_validate(revoke_key(session, key_id, ACTOR))
+    return KeyPublic.model_validate(revoke_key(session, key_id, actor))

@@ -6,14 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from gateway.deps import SessionDep
+from gateway.deps import ActorDep, SessionDep
 from gateway.schemas.reports import Instant, LosslessReport
 from gateway.schemas.resources import ListOf, QuarantinePublic
 from gateway.services.lossless import lossless
 from gateway.services.quarantine import lift, listed
 
 router = APIRouter(prefix="/lossless", tags=["lossless"])
-ACTOR = "admin-api"
 
 
 @router.get("")
@@ -42,6 +41,6 @@ def get_quarantines(
 
 
 @router.delete("/quarantines/{quarantine_id}")
-def delete_quarantine(quarantine_id: int, session: SessionDep) -> QuarantinePublic:
+def delete_quarantine(quarantine_id: int, session: SessionDep, actor: ActorDep) -> QuarantinePublic:
     """Lift a quarantine: `auto` may choose the method again, judged by later checks only."""
-    return QuarantinePublic.model_validate(lift(session, quarantine_id, ACTOR))
+    return QuarantinePublic.model_validate(lift(session, quarantine_id, actor))

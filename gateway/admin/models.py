@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from gateway.db import queries
-from gateway.deps import ComponentsDep, SessionDep
+from gateway.deps import ActorDep, ComponentsDep, SessionDep
 from gateway.registry import auto_method
 from gateway.schemas.resources import ListOf, ModelCreate, ModelPublic, Policy, PolicySaved
 from gateway.services.models import (
@@ -20,7 +20,6 @@ from gateway.services.models import (
 )
 
 router = APIRouter(prefix="/models", tags=["models"])
-ACTOR = "admin-api"
 
 
 @router.get("")
@@ -30,9 +29,9 @@ def list_models(session: SessionDep) -> ListOf[ModelPublic]:
 
 
 @router.post("", status_code=201)
-def post_model(data: ModelCreate, session: SessionDep) -> ModelPublic:
+def post_model(data: ModelCreate, session: SessionDep, actor: ActorDep) -> ModelPublic:
     """Add a model."""
-    return model_public(create_model(session, data, ACTOR))
+    return model_public(create_model(session, data, actor))
 
 
 @router.get("/{name:path}/policy")
@@ -47,6 +46,7 @@ def put_policy(
     policy: Policy,
     session: SessionDep,
     components: ComponentsDep,
+    actor: ActorDep,
     immediate: Annotated[
         bool, Query(description="Move all traffic to a newly pinned method at once.")
     ] = False,
@@ -59,7 +59,7 @@ def put_policy(
     registry, settings = components.registry, components.settings
     steps = None if immediate else (settings.move_step_share, settings.move_step_s)
     auto = auto_method(registry.snapshot, registry.choices, name)
-    row = set_policy(session, name, policy, ACTOR, auto_method=auto, steps=steps)
+    row = set_policy(session, name, policy, actor, auto_method=auto, steps=steps)
     public = model_public(row)
     warnings = policy_warnings(session, name, policy)
     return PolicySaved(**public.model_dump(), warnings=warnings)
@@ -72,7 +72,7 @@ def get_model(name: str, session: SessionDep) -> ModelPublic:
 
 
 @router.delete("/{name:path}", status_code=204)
-def remove_model(name: str, session: SessionDep) -> Response:
+def remove_model(name: str, session: SessionDep, actor: ActorDep) -> Response:
     """Remove a model no backend serves."""
-    delete_model(session, name, ACTOR)
+    delete_model(session, name, actor)
     return Response(status_code=204)

@@ -8,12 +8,11 @@ from fastapi import APIRouter, Path, Response
 from sqlalchemy import select
 
 from gateway.db.tables import Pool
-from gateway.deps import SessionDep
+from gateway.deps import ActorDep, SessionDep
 from gateway.schemas.resources import POOL_NAME, ListOf, PoolCreate, PoolFields, PoolPublic
 from gateway.services.pools import apply_pool, delete_pool, get_pool, pool_public
 
 router = APIRouter(prefix="/pools", tags=["pools"])
-ACTOR = "admin-api"
 
 
 @router.get("")
@@ -34,15 +33,16 @@ def put_pool(
     name: Annotated[str, Path(max_length=100, pattern=POOL_NAME)],
     data: PoolFields,
     session: SessionDep,
+    actor: ActorDep,
 ) -> PoolPublic:
     """Create or replace a pool: its members take its new fields at once, and its DNS name
     is resolved at discovery's next round."""
-    row = apply_pool(session, PoolCreate(name=name, **data.model_dump()), ACTOR)
+    row = apply_pool(session, PoolCreate(name=name, **data.model_dump()), actor)
     return pool_public(session, row)
 
 
 @router.delete("/{name}", status_code=204)
-def remove_pool(name: str, session: SessionDep) -> Response:
+def remove_pool(name: str, session: SessionDep, actor: ActorDep) -> Response:
     """Remove a pool and its members: no new requests go to them, those in flight finish."""
-    delete_pool(session, name, ACTOR)
+    delete_pool(session, name, actor)
     return Response(status_code=204)

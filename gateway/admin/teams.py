@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.deps import SessionDep
+from gateway.deps import ActorDep, SessionDep
 from gateway.schemas.resources import ListOf
 from gateway.schemas.teams import TeamCreate, TeamPublic, TeamUpdate
 from gateway.services import teams
 
 router = APIRouter(prefix="/teams", tags=["keys"])
-ACTOR = "admin-api"
 
 
 @router.get("")
@@ -20,9 +19,9 @@ def list_teams(session: SessionDep) -> ListOf[TeamPublic]:
 
 
 @router.post("", status_code=201)
-def post_team(data: TeamCreate, session: SessionDep) -> TeamPublic:
+def post_team(data: TeamCreate, session: SessionDep, actor: ActorDep) -> TeamPublic:
     """Create a team; give keys to it with `team_id` on the key."""
-    return teams.create_team(session, data, ACTOR)
+    return teams.create_team(session, data, actor)
 
 
 @router.get("/{team_id}")
@@ -32,12 +31,12 @@ def get_team(team_id: int, session: SessionDep) -> TeamPublic:
 
 
 @router.patch("/{team_id}")
-def patch_team(team_id: int, patch: TeamUpdate, session: SessionDep) -> TeamPublic:
+def patch_team(team_id: int, patch: TeamUpdate, session: SessionDep, actor: ActorDep) -> TeamPublic:
     """Change a team's name or limits."""
-    return teams.update_team(session, team_id, patch, ACTOR)
+    return teams.update_team(session, team_id, patch, actor)
 
 
 @router.delete("/{team_id}")
-def delete_team(team_id: int, session: SessionDep) -> TeamPublic:
+def delete_team(team_id: int, session: SessionDep, actor: ActorDep) -> TeamPublic:
     """Delete a team that owns no active key (409 otherwise)."""
-    return teams.delete_team(session, team_id, ACTOR)
+    return teams.delete_team(session, team_id, actor)

@@ -130,12 +130,17 @@ class RefusalHold:
             self.held -= 1
 
 
+def bearer_token(headers: dict[bytes, bytes]) -> str:
+    """The secret of a request's `Authorization: Bearer` header ("" without one)."""
+    scheme, _, secret = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    return secret.strip() if scheme.lower() == "bearer" else ""
+
+
 def authenticate(headers: dict[bytes, bytes], snapshot: Snapshot, required: bool) -> KeyView | None:
     """The caller's key from its `Authorization` header (None when keys are not `required`
     and it has none), refused before anything else of the request is read."""
-    authorization = headers.get(b"authorization", b"")
-    scheme, _, secret = authorization.decode("latin-1").partition(" ")
-    key = snapshot.keys.get(hash_key(secret.strip())) if scheme.lower() == "bearer" else None
+    secret = bearer_token(headers)
+    key = snapshot.keys.get(hash_key(secret)) if secret else None
     if key is None and required:
         raise InvalidApiKey("Incorrect API key provided")
     return key
@@ -156,7 +161,8 @@ def body_bound(key: KeyView | None, gateway_bound: int) -> int:
 def may_use(key: KeyView | None, model: str) -> None:
     """Refuse a key limited to other models."""
     if key is not None and key.allowed_models is not None and model not in key.allowed_models:
-        raise ModelNotAllowed(f"This key may not use model `{model}`")
+        who = f"Team `{key.name}`" if key.team_caller else "This key"
+        raise ModelNotAllowed(f"{who} may not use model `{model}`")
 
 
 def parse_body(body: bytes, max_depth: int) -> dict[str, Any]:

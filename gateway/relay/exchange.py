@@ -117,7 +117,9 @@ def admit(
     key, snapshot, model = x.key, x.snapshot, x.model
     if key is None or snapshot is None or model is None:
         return
-    team = snapshot.teams.get(key.team_id) if key.team_id is not None else None
+    # a team caller (a token's) is the team itself: reserved against once, as the key
+    own_team = key.team_id is not None and not key.team_caller
+    team = snapshot.teams.get(key.team_id) if own_team and key.team_id is not None else None
     tokens, usd = 0, 0.0
     subjects = (key,) if team is None else (key, team)
     if any(s.tokens_per_minute is not None or s.budget_usd is not None for s in subjects):
@@ -134,6 +136,8 @@ def admit(
             x.team_reservation = _admit_team(limiter, team, spent, tokens, usd, x.reservation)
     except GatewayError as refusal:
         metrics.rejections.labels(refusal.code).inc()
+        if key.team_caller:
+            refusal.message = f"Team `{key.name}`: {refusal.message}"
         raise
 
 
@@ -230,7 +234,7 @@ def _record(
             request_id=x.ledger_id,
             client_request_id=x.request_id,
             created_at=x.created_at,
-            api_key_id=x.key.id if x.key else None,
+            api_key_id=x.key.api_key_id if x.key else None,
             model=model if model in snapshot.backends else UNKNOWN_MODEL,
             method=x.method,
             backend_name=x.backend.name if x.backend else None,

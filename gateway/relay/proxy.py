@@ -35,6 +35,7 @@ from gateway.errors import (
     PoisonRequest,
     ResponseNotFound,
     ServiceUnavailable,
+    TeamNotFound,
     UnknownPath,
     UpstreamError,
     UpstreamTimeout,
@@ -55,6 +56,7 @@ from gateway.relay.checks import (
     RefusalHold,
     UsageAsked,
     authenticate,
+    bearer_token,
     body_bound,
     check_completion,
     has_key,
@@ -83,6 +85,7 @@ from gateway.relay.routing import Route, route_request
 from gateway.relay.shadow import REPLAY, REPLAY_CLASS, ReplayOrder, Shadow
 from gateway.relay.spans import end_span
 from gateway.relay.sse import UsageTap, closes, hold_done
+from gateway.relay.tokens import Tokens, looks_like_jwt
 from gateway.relay.transcripts import (
     asks_token_ids,
     cut_body_token_ids,
@@ -155,8 +158,10 @@ class Relay:
         homes: ResponseHomes,
         tracing: Tracing | None = None,
         shadow: Shadow | None = None,
+        tokens: Tokens | None = None,
     ) -> None:
         self.settings = settings
+        self.tokens = tokens  # bearer JWTs' checks, when an issuer is configured
         self.shadow = shadow  # the lossless watchdog's sampler, when it samples
         self.homes = homes
         self.registry = registry
@@ -216,8 +221,9 @@ class Relay:
             except Exception:  # the top of the relay: accounting must not drop the connection
                 logger.exception("settling request %s failed", exchange.request_id)
             if exchange.response_id is not None and exchange.backend is not None:
-                key = exchange.key.id if exchange.key is not None else None
-                self.homes.remember(exchange.response_id, Home(exchange.backend.name, key))
+                key = exchange.key
+                owner = (None, None) if key is None else (key.api_key_id, key.team_id)
+                self.homes.remember(exchange.response_id, Home(exchange.backend.name, *owner))
             if self.tracing is not None:
                 end_span(exchange, self.tracing)
             if exchange.sample is not None and self.shadow is not None:
@@ -234,7 +240,7 @@ class Relay:
         x.snapshot = self.registry.snapshot  # the request's only read of it
         x.choices = self.registry.choices  # and of these
         if order is None:  # the key is in a header: without one, no body read and no record
-            x.key = self._authenticate(headers, x)
+            x.key = await self._authenticate(headers, x)
         body = await read_body(headers, receive, body_bound(x.key, self.settings.max_body_bytes))
         payload = parse_body(body, self.settings.max_json_depth)
         model = payload.get("model")
@@ -322,17 +328,23 @@ class Relay:
         """Who the request is attributed to beside its key: its end user, tags, endpoint."""
         x.endpoint = path
         user = headers.get(self.user_header, b"") if self.user_header else b""
-        x.end_user, x.tags = end_user(user, payload), tags(headers.get(self.tags_header, b""))
+        x.end_user = x.end_user or end_user(user, payload)  # a token's user comes first
+        x.tags = tags(headers.get(self.tags_header, b""))
 
-    def _authenticate(self, headers: dict[bytes, bytes], x: Exchange) -> KeyView | None:
+    async def _authenticate(self, headers: dict[bytes, bytes], x: Exchange) -> KeyView | None:
         """The request's key (None: keys are not required and it sent none), from a host
-        that may call without one when keys are not required."""
+        that may call without one when keys are not required; or, for a bearer JWT, its
+        team (and its end user, set on `x`)."""
         assert x.snapshot is not None
         if self.keyless_hosts is not None:
             keyless_door(headers, self.keyless_hosts)
         try:
+            token = bearer_token(headers)
+            if self.tokens is not None and looks_like_jwt(token):
+                key, x.end_user = await self.tokens.caller(token, x.snapshot)
+                return key
             return authenticate(headers, x.snapshot, self.settings.require_api_key)
-        except InvalidApiKey as refusal:
+        except (InvalidApiKey, TeamNotFound, ServiceUnavailable) as refusal:
             x.refusal = refusal.code
             raise
 
@@ -361,7 +373,7 @@ class Relay:
         home = await self.homes.find(response_id)
         if home is None:
             return None
-        if home.api_key_id != (x.key.id if x.key is not None else None):
+        if not home.owned_by(x.key):
             raise not_found(response_id, param)
         assert x.snapshot is not None
         assert x.model is not None

@@ -646,3 +646,4 @@ class TokenScope(BaseModel):
     `x-draftgate-scope: read`) or `admin` (everything)."""
 
     scope: Literal["read", "admin"]
+    actor: str  # its changes' name in the audit log: the token's, or `<person> via <token>`
