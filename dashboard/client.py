@@ -311,8 +311,11 @@ class AdminClient:
         body = {"name": name, "budget_usd": budget_usd, "team_id": team_id}
         return _parse(CreatedKey, self._write("POST", "/keys", body))
 
-    def create_team(self, name: str, budget_usd: float | None) -> Team:
-        return _parse(Team, self._write("POST", "/teams", {"name": name, "budget_usd": budget_usd}))
+    def create_team(
+        self, name: str, budget_usd: float | None, weight: float = 1.0, priority: int = 0
+    ) -> Team:
+        body = {"name": name, "budget_usd": budget_usd, "weight": weight, "priority": priority}
+        return _parse(Team, self._write("POST", "/teams", body))
 
     def revoke_key(self, key_id: int) -> None:
         self._write("DELETE", f"/keys/{key_id}")

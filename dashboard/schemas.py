@@ -183,6 +183,8 @@ class Team(Record):
     name: str
     budget_usd: float | None
     budget_period: str
+    weight: float  # its share of a full model's backends beside other teams'
+    priority: int  # its requests', lower first
     keys: int  # not revoked
 
 

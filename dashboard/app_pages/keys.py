@@ -63,13 +63,16 @@ def _teams(teams: list[Team], usage: dict[int | None, UsageRow]) -> None:
                 "spent (30 days)": usd(row.cost_usd if row else 0.0),
                 "budget": usd(team.budget_usd),
                 "budget period": or_missing(team.budget_period if team.budget_usd else None),
+                "weight": team.weight,
+                "priority": team.priority,
             }
         )
     st.dataframe(rows, hide_index=True)
     st.caption(
         "A team's spend is what its keys spent while in it: the capacity cost the ledger "
         "priced each request at, summed (GET /admin/v1/savings?group_by=team). Its budget "
-        "holds over all its keys beside each key's own."
+        "holds over all its keys beside each key's own. While a model's backends are full, "
+        "its requests wait their turn by its weight and priority (docs/teams.md)."
     )
 
 
@@ -140,9 +143,16 @@ def _team_form(api: AdminClient) -> None:
         budget = st.number_input(
             "Team budget, USD per month over its keys (0: none)", 0.0, 1e6, 0.0, key="team-budget"
         )
+        weight = st.number_input(
+            "Weight: its share of a full model beside other teams'", 0.01, 1000.0, 1.0,
+            key="team-weight",
+        )  # fmt: skip
+        priority = st.number_input(
+            "Priority: lower goes first", -100, 100, 0, step=1, key="team-priority"
+        )
         if not st.form_submit_button("Create team", key="team-create"):
             return
-    created = api.create_team(name, float(budget) or None)
+    created = api.create_team(name, float(budget) or None, float(weight), int(priority))
     changed(f"Created team {created.id} ({created.name}): give it keys as you create them.")
 
 

@@ -299,12 +299,14 @@ def test_teams_and_keys_creates_a_team_gives_it_a_key_and_shows_its_spend(
     at = _run(_keys)
     at.text_input(key="team-name").set_value("dash-team")
     at.number_input(key="team-budget").set_value(20.0)
+    at.number_input(key="team-weight").set_value(3.0)
+    at.number_input(key="team-priority").set_value(-2)
     at.button(key="team-create").click().run()
     with dashboard_env.admin() as admin:
         [team] = [
             t for t in admin.get("/admin/v1/teams").json()["data"] if t["name"] == "dash-team"
         ]
-    assert team["budget_usd"] == 20.0
+    assert (team["budget_usd"], team["weight"], team["priority"]) == (20.0, 3.0, -2)
     assert at.success[0].value.startswith(f"Created team {team['id']} (dash-team)")
     at = _run(_keys)
     at.text_input(key="key-name").set_value("dash-team-key")
@@ -322,4 +324,5 @@ def test_teams_and_keys_creates_a_team_gives_it_a_key_and_shows_its_spend(
     )
     row = teams_table.set_index("team").loc["dash-team"]
     assert (row["keys"], row["budget"], row["spent (30 days)"]) == (1, "$20.00", "$0.0000")
+    assert (row["weight"], row["priority"]) == (3.0, -2)
     assert not [r for r in savings if r["team"] == team["id"]]  # no request of it yet
