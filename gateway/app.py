@@ -180,6 +180,7 @@ def _publish_snapshot_figures(
     """The gauges a fresh snapshot changes: keys' budget use and the planner's error."""
     snapshot = registry.snapshot
     set_exactly(metrics.budget_used, limiter.budget_used(snapshot, named))
+    set_exactly(metrics.team_budget_used, limiter.budget_used(snapshot, named, teams=True))
     set_exactly(metrics.planner_error, {(m,): e for m, e in snapshot.planner_error().items()})
 
 

@@ -29,6 +29,9 @@ one client holds of one replica (its upstream connections, its streams), as ngin
 `limit_conn` does, not across the fleet.
 """
 
+# Over 400 lines: one limiter, its keys' and teams' checks, reservations and their sharing
+# across workers and replicas, read as one.
+
 from __future__ import annotations
 
 import asyncio
@@ -221,16 +224,19 @@ class Limiter:
         if budgets is not None:
             budgets.write(key.id, held_here + usd, since)
 
-    def budget_used(self, snapshot: Snapshot, named: bool = True) -> dict[tuple[str, ...], float]:
-        """The share of its budget each budgeted key spent in its period, as its checks see
-        it (reservations in flight aside), by (key id, key name: `key <id>` unless `named`)."""
-        budgeted = [(k, k.budget_usd) for k in snapshot.keys.values() if k.budget_usd]
+    def budget_used(
+        self, snapshot: Snapshot, named: bool = True, teams: bool = False
+    ) -> dict[tuple[str, ...], float]:
+        """The share of its budget each budgeted key (team) spent in its period, as its checks
+        see it (reservations in flight aside), by (id, name: `key <id>` unless `named`)."""
+        kind, subjects = ("team", snapshot.teams) if teams else ("key", snapshot.keys)
+        budgeted = [(k, k.budget_usd) for k in subjects.values() if k.budget_usd]
         budgets = self._budgets
         if budgets is not None and not any(budgets.covers(k.id) for k, _ in budgeted):
             budgets = None  # no other worker's figures to read: no lock to take
         with contextlib.nullcontext() if budgets is None else budgets.locked():
             return {
-                (str(k.id), k.name if named else f"key {k.id}"): self._spent(
+                (str(abs(k.id)), k.name if named else f"{kind} {abs(k.id)}"): self._spent(
                     k.id, snapshot, budgets
                 )
                 / budget

@@ -314,11 +314,17 @@ class GatewayMetrics:
         )
 
     def _replica(self, r: CollectorRegistry) -> None:
-        """Key budgets and this replica's readiness."""
+        """Key and team budgets and this replica's readiness."""
         self.budget_used = Gauge(
             "draftgate_key_budget_used_ratio",
             "Share of each budgeted API key's budget spent in its current period.",
             ["key_id", "key_name"],
+            registry=r,
+        )
+        self.team_budget_used = Gauge(
+            "draftgate_team_budget_used_ratio",
+            "Share of each budgeted team's budget its keys spent in its current period.",
+            ["team_id", "team_name"],
             registry=r,
         )
         self.pool_discovery_ok = Gauge(

@@ -93,7 +93,7 @@ def test_each_alert_has_a_firing_and_a_quiet_case() -> None:
 
 def test_every_alert_has_a_severity_a_summary_a_description_and_a_runbook() -> None:
     rules = alerting_rules()
-    assert len(rules) == len({r["alert"] for r in rules}) == 11
+    assert len(rules) == len({r["alert"] for r in rules}) == 12
     for rule in rules:
         assert rule["alert"].startswith("Draftgate"), rule["alert"]
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]

@@ -131,6 +131,19 @@ def test_budget_use_is_the_snapshots_spend_and_what_was_served_since() -> None:
     assert lim.budget_used(snapshot) == {("7", "k"): pytest.approx(0.8)}
 
 
+def test_a_teams_budget_use_is_its_keys_spend_together_under_its_own_id() -> None:
+    """What `draftgate_team_budget_used_ratio` shows, named by team id when names are kept
+    off /metrics."""
+    lim = limiter()
+    team = KeyView(-3, "search", None, None, 2.0, "monthly", None)  # team 3's subject id
+    snapshot = Snapshot(keys={"h7": BUDGET}, teams={3: team}, key_spend_usd={7: 0.5, -3: 0.5})
+    assert lim.budget_used(snapshot, teams=True) == {("3", "search"): 0.25}
+    held = lim.admit(team, 0.5, 0, 0.1, NOW)
+    lim.settle(held, 0, 0.5)
+    assert lim.budget_used(snapshot, named=False, teams=True) == {("3", "team 3"): 0.5}
+    assert lim.budget_used(snapshot) == {("7", "k"): 0.5}  # the key's own, apart
+
+
 def test_a_small_budget_is_named_to_the_cent_fraction() -> None:
     """A $0.004 budget read "of $0.00" before."""
     small = KeyView(8, "small", None, None, 0.004, "daily", None)
