@@ -119,13 +119,20 @@ def teams_create(
     budget_usd: Annotated[
         float | None, typer.Option(min=0, help="Its keys' spend together, per month.")
     ] = None,
+    weight: Annotated[
+        float, typer.Option(min=0.01, max=1000, help="Its share of a full model's backends.")
+    ] = 1.0,
+    priority: Annotated[
+        int, typer.Option(min=-100, max=100, help="Its requests' priority, lower first.")
+    ] = 0,
 ) -> None:
     """Create a team (give it keys with `keys create --team-id`)."""
     from gateway.schemas.teams import TeamCreate
     from gateway.services.teams import create_team
 
+    data = TeamCreate(name=name, budget_usd=budget_usd, weight=weight, priority=priority)
     with session() as db:
-        team = create_team(db, TeamCreate(name=name, budget_usd=budget_usd), CLI_ACTOR)
+        team = create_team(db, data, CLI_ACTOR)
     typer.echo(f"created team {team.id} ({team.name})")
 
 
@@ -136,10 +143,11 @@ def teams_list() -> None:
 
     with session() as db:
         teams = list_teams(db)
-    typer.echo(f"{'id':>5}  {'name':<24} {'keys':>5}  budget")
+    typer.echo(f"{'id':>5}  {'name':<24} {'keys':>5}  {'weight':>6}  {'priority':>8}  budget")
     for team in teams:
         budget = "-" if team.budget_usd is None else f"${team.budget_usd:,.2f} {team.budget_period}"
-        typer.echo(f"{team.id:>5}  {team.name:<24} {team.keys:>5}  {budget}")
+        shares = f"{team.weight:>6g}  {team.priority:>8}"
+        typer.echo(f"{team.id:>5}  {team.name:<24} {team.keys:>5}  {shares}  {budget}")
 
 
 @keys_app.command("list")
@@ -149,11 +157,13 @@ def keys_list(include_revoked: bool = False) -> None:
 
     with session() as db:
         rows = queries.list_keys(db, include_revoked)
-        typer.echo(f"{'id':>5}  {'prefix':<12} {'name':<24} {'created':<20} revoked")
+        typer.echo(f"{'id':>5}  {'prefix':<12} {'name':<24} {'team':>5}  {'created':<20} revoked")
         for row in rows:
             created = row.created_at.strftime("%Y-%m-%d %H:%M:%S")
             revoked = row.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if row.revoked_at else "-"
-            typer.echo(f"{row.id:>5}  {row.key_prefix:<12} {row.name:<24} {created:<20} {revoked}")
+            team = "-" if row.team_id is None else str(row.team_id)
+            named = f"{row.id:>5}  {row.key_prefix:<12} {row.name:<24}"
+            typer.echo(f"{named} {team:>5}  {created:<20} {revoked}")
 
 
 @keys_app.command("revoke")

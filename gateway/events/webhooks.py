@@ -78,11 +78,9 @@ class MethodMoved(BaseModel):
     candidates: list[Candidate]  # cheapest first
 
 
-class BudgetThreshold(BaseModel):
-    """`budget.threshold`: a key's spend in its period reached a fraction of its budget."""
+class BudgetSpend(BaseModel):
+    """A budget's spend in its period, past one of the fractions watched."""
 
-    key_id: int
-    key_name: str
     budget_usd: float
     budget_period: str
     period_start: dt.datetime | None  # None: a `total` budget
@@ -91,18 +89,19 @@ class BudgetThreshold(BaseModel):
     threshold: float
 
 
-class TeamBudgetThreshold(BaseModel):
+class BudgetThreshold(BudgetSpend):
+    """`budget.threshold`: a key's spend in its period reached a fraction of its budget."""
+
+    key_id: int
+    key_name: str
+
+
+class TeamBudgetThreshold(BudgetSpend):
     """`team.budget.threshold`: what a team's keys spent in its period reached a fraction of
     the team's budget (docs/teams.md)."""
 
     team_id: int
     team_name: str
-    budget_usd: float
-    budget_period: str
-    period_start: dt.datetime | None  # None: a `total` budget
-    spent_usd: float
-    fraction: float
-    threshold: float
 
 
 class BackendHealth(BaseModel):

@@ -313,6 +313,25 @@ def test_keys_create_list_revoke(run_cli: CliRunner, database_url: str) -> None:
     assert "999999" in unknown.stderr
 
 
+def test_teams_create_list_and_a_key_of_a_team(run_cli: CliRunner, database_url: str) -> None:
+    env = draftgate_env(DRAFTGATE_DATABASE_URL=database_url)
+    made = run_cli("teams", "create", "search", "--weight", "2", "--priority", "-3", env=env)
+    assert made.returncode == 0, made.stderr
+    match = re.search(r"created team (\d+) \(search\)", made.stdout)
+    assert match, made.stdout
+    team_id = match.group(1)
+    teams = run_cli("teams", "list", env=env).stdout.splitlines()
+    (row,) = [line for line in teams if "search" in line]
+    assert row.split()[:5] == [team_id, "search", "0", "2", "-3"]
+    key = run_cli("keys", "create", "search-app", "--team-id", team_id, env=env)
+    assert key.returncode == 0, key.stderr
+    keys = run_cli("keys", "list", env=env).stdout.splitlines()
+    (row,) = [line for line in keys if "search-app" in line]
+    assert row.split()[3] == team_id
+    refused = run_cli("teams", "create", "heavy", "--weight", "0", env=env)
+    assert refused.returncode != 0
+
+
 def test_keys_create_opts_out_of_the_lossless_watchdog(
     run_cli: CliRunner, database_url: str
 ) -> None:
