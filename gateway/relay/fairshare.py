@@ -18,13 +18,15 @@ pays for them and does not starve one that sends short ones. A key without a tea
 of its own, and so are keyless requests together. Counters last while there is contention:
 once no request has waited for `CALM_S`, the next starts afresh.
 
-A request that waits past the queue timeout, or finds the queue at its bound, is answered 429
-with `Retry-After`; its client leaving while it waits takes it out of the queue.
+A request that waits past the queue timeout (to within `POLL_S`), or finds the queue at its
+bound, is answered 429 with `Retry-After`; its client leaving while it waits takes it out of
+the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -69,7 +71,8 @@ class Share:
     weight: float = 1.0
     counter: float = 0.0  # tokens served while contended, over the weight
     completion: float = float(FIRST_COMPLETION_GUESS)  # its requests' mean completion
-    waiting: deque[Waiter] = field(default_factory=deque)
+    waiting: dict[int, deque[Waiter]] = field(default_factory=dict)  # by priority, in order
+    version: int = 0  # its places in the gate's order older than this are stale
 
 
 @dataclass(eq=False, slots=True)
@@ -81,6 +84,7 @@ class Waiter:
     tokens: float  # charged when it is let in
     since: float
     let_in: asyncio.Future[None]
+    admitted: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -108,6 +112,8 @@ class Ticket:
             return
         share.completion += COMPLETION_SMOOTHING * (completion - share.completion)
         share.counter += (prompt + completion - self.charged) / share.weight
+        if share.waiting:
+            self.gate.place(share)
 
 
 @dataclass(eq=False)
@@ -122,34 +128,87 @@ class Gate:
     spell: int = 0  # counts the spells of contention: counters last one spell
     waited_at: float = -CALM_S  # when a request last had to wait (monotonic)
     teams: dict[int, Share] = field(default_factory=dict)
+    # Who goes next: a heap of (priority, counter, push count, version, team) for each
+    # priority a team has requests waiting at; a place whose version is not its team's is
+    # stale and dropped when it comes up (a counter changed, or the waiters left)
+    order: list[tuple[int, float, int, int, Share]] = field(default_factory=list)
+    pushes: int = 0
+    ticking: asyncio.TimerHandle | None = None  # the next look for room while requests wait
+    arrivals: deque[Waiter] = field(default_factory=deque)  # in order, to time them out
     capacity: float | None = None
     capacity_at: float = -CAPACITY_TTL_S
     capacity_of: Snapshot | None = None
+
+    def __post_init__(self) -> None:
+        metrics = self.share.metrics  # its series, looked up once
+        self.waiting = metrics.fair_queue_waiting.labels(self.model)
+        self.waited = metrics.fair_queue_wait.labels(self.model)
 
     def let_in_next(self) -> None:
         """Let waiting requests in while there is room."""
         while self.queued and not self.share.full(self):
             waiter = self._next()
             share = waiter.share
-            share.waiting.popleft()
-            self.queued -= 1
+            self.leave(waiter)
             self.inside += 1
             self.floor = share.counter
             share.counter += waiter.tokens / share.weight
+            if share.waiting:
+                self.place(share)
+            waiter.admitted = True
             waiter.let_in.set_result(None)
+
+    def join(self, waiter: Waiter) -> None:
+        """A request starts waiting, last of its team's at its priority."""
+        line = waiter.share.waiting.setdefault(waiter.priority, deque())
+        line.append(waiter)
+        self.queued += 1
+        self.arrivals.append(waiter)
+        if len(line) == 1:
+            self.place(waiter.share)
+        if self.ticking is None:
+            self.ticking = asyncio.get_running_loop().call_later(POLL_S, self._look)
+
+    def _look(self) -> None:
+        """Every `POLL_S` while requests wait: let them in if room came from elsewhere (a
+        scrape, another replica), and answer those that waited past the timeout (all wait
+        as long, so the oldest go first)."""
+        self.ticking = None
+        self.let_in_next()
+        arrivals, expired = self.arrivals, time.monotonic() - self.share.timeout_s
+        while arrivals and (arrivals[0].let_in.done() or arrivals[0].since <= expired):
+            waiter = arrivals.popleft()
+            if not waiter.let_in.done():
+                self.share.time_out(self, waiter)
+        if self.queued:
+            self.ticking = asyncio.get_running_loop().call_later(POLL_S, self._look)
+        else:
+            arrivals.clear()
+
+    def leave(self, waiter: Waiter) -> None:
+        """A request stops waiting: let in, timed out, or its client gone."""
+        waiting = waiter.share.waiting
+        line = waiting[waiter.priority]
+        line.remove(waiter)  # the first, unless it timed out or its client left
+        if not line:
+            del waiting[waiter.priority]
+        self.queued -= 1
+
+    def place(self, share: Share) -> None:
+        """(Re)place a team in the order at each priority it has requests waiting at."""
+        share.version += 1
+        for priority in share.waiting:
+            self.pushes += 1
+            heapq.heappush(self.order, (priority, share.counter, self.pushes, share.version, share))
 
     def _next(self) -> Waiter:
         """The first waiter of the highest priority's team with the lowest counter."""
-        best: Waiter | None = None
-        best_place = (0, 0.0)
-        for share in self.teams.values():
-            if share.waiting:
-                first = share.waiting[0]
-                place = (first.priority, share.counter)
-                if best is None or place < best_place:
-                    best, best_place = first, place
-        assert best is not None
-        return best
+        while True:
+            priority, _, _, version, share = self.order[0]
+            line = share.waiting.get(priority)
+            if version == share.version and line:
+                return line[0]
+            heapq.heappop(self.order)  # stale
 
 
 class FairShare:
@@ -189,6 +248,7 @@ class FairShare:
             return Ticket(gate, None)
         if time.monotonic() - gate.waited_at > CALM_S:  # the contention is over
             gate.teams.clear()
+            gate.order.clear()
             return Ticket(gate, None)
         share = self._share(gate, snapshot, team)  # contended lately: charged as it goes in
         charged = prompt() + share.completion
@@ -218,37 +278,32 @@ class FairShare:
             share.counter = max(share.counter, gate.floor)  # idle time banks no credit
         gate.waited_at = since = time.monotonic()
         tokens = prompt + share.completion
-        waiter = Waiter(share, priority, tokens, since, asyncio.get_running_loop().create_future())
-        share.waiting.append(waiter)
-        gate.queued += 1
-        waiting = self.metrics.fair_queue_waiting.labels(gate.model)
-        waiting.inc()
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(share, priority, tokens, since, loop.create_future())
+        gate.join(waiter)
+        gate.waiting.inc()
         departure.arm()
         try:
-            await self._until_let_in(gate, waiter)
+            await waiter.let_in
         finally:
             departure.disarm()
-            waiting.dec()
-            if not waiter.let_in.done():  # timed out, or its client left: out of the queue
-                share.waiting.remove(waiter)
-                gate.queued -= 1
+            gate.waiting.dec()
+            if not waiter.admitted:  # timed out, or its client left: out of the queue
+                gate.leave(waiter)
                 waiter.let_in.cancel()
-        self.metrics.fair_queue_wait.labels(gate.model).observe(time.monotonic() - since)
+        gate.waited.observe(time.monotonic() - since)
         return Ticket(gate, share, tokens, gate.spell)
 
-    async def _until_let_in(self, gate: Gate, waiter: Waiter) -> None:
-        deadline = waiter.since + self.timeout_s
-        while not waiter.let_in.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.metrics.fair_queue_refusals.labels(gate.model, "queue_timeout").inc()
-                raise QueueTimeout(
-                    f"The backends of `{gate.model}` stayed full for {self.timeout_s:g} s "
-                    "while the request waited its turn; retry shortly",
-                    retry_after_s=max(1, round(self.timeout_s / 4)),
-                )
-            await asyncio.wait((waiter.let_in,), timeout=min(POLL_S, left))
-            gate.let_in_next()  # room may have come from elsewhere (a scrape, a replica)
+    def time_out(self, gate: Gate, waiter: Waiter) -> None:
+        """A waiter's time is up: a 429 (it leaves the queue as it wakes)."""
+        self.metrics.fair_queue_refusals.labels(gate.model, "queue_timeout").inc()
+        waiter.let_in.set_exception(
+            QueueTimeout(
+                f"The backends of `{gate.model}` stayed full for {self.timeout_s:g} s "
+                "while the request waited its turn; retry shortly",
+                retry_after_s=max(1, round(self.timeout_s / 4)),
+            )
+        )
 
     @staticmethod
     def _share(gate: Gate, snapshot: Snapshot, team: int) -> Share:
