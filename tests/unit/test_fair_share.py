@@ -164,3 +164,23 @@ def test_a_client_that_leaves_while_it_waits_is_taken_out_of_the_queue() -> None
         assert share.gates["m"].inside == 2
 
     asyncio.run(run())
+
+
+def test_a_teams_urgent_request_does_not_wait_behind_its_own_batch() -> None:
+    async def run() -> None:
+        share = fair()
+        held = await enter(share, -4, SHORT)
+        await enter(share, -4, SHORT)
+        batch = asyncio.ensure_future(enter(share, -4, SHORT, priority=1))
+        await settle()
+        urgent = asyncio.ensure_future(enter(share, -4, SHORT, priority=-1))
+        await settle()
+        held.done()
+        await settle()
+        assert urgent.done()
+        assert not batch.done()
+        urgent.result().done()
+        await settle()
+        assert batch.done()
+
+    asyncio.run(run())
