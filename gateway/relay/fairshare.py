@@ -35,7 +35,7 @@ from typing import Protocol
 
 from gateway.errors import RateLimited
 from gateway.metrics import GatewayMetrics
-from gateway.registry import BackendState, Snapshot
+from gateway.registry import BackendState, BackendView, Snapshot
 
 CAPACITY_TTL_S = 0.5  # capacity is worked out again at most this often per model
 POLL_S = 0.25  # a waiting request looks again this often (room may come from elsewhere)
@@ -138,6 +138,7 @@ class Gate:
     capacity: float | None = None
     capacity_at: float = -CAPACITY_TTL_S
     capacity_of: Snapshot | None = None
+    serving: tuple[BackendView, ...] = ()  # the backends its capacity counts
 
     def __post_init__(self) -> None:
         metrics = self.share.metrics  # its series, looked up once
@@ -321,18 +322,30 @@ class FairShare:
         if gate.capacity_of is not snapshot or now - gate.capacity_at > CAPACITY_TTL_S:
             gate.capacity = capacity(snapshot, gate.model, self.states, now)
             gate.capacity_at, gate.capacity_of = now, snapshot
+            gate.serving = serving(snapshot, gate.model)
         if gate.capacity is None:
             return False
-        return gate.inside + self._others(snapshot, gate.model) >= gate.capacity
+        return gate.inside + self._others(gate.serving) >= gate.capacity
 
-    def _others(self, snapshot: Snapshot, model: str) -> float:
-        """Requests on the model's backends that this process did not send, as last scraped."""
+    def _others(self, backends: tuple[BackendView, ...]) -> int:
+        """Requests on these backends that this process did not send, as last scraped (whole
+        ones: the smoothed scrape's lag behind this process's count is no request)."""
         scraped = sent = 0.0
-        for b in snapshot.backends.get(model, ()):
+        for b in backends:
             state = self.states[b.name]
             scraped += state.scraped_running or 0.0
             sent += state.in_flight
-        return max(scraped - sent, 0.0)
+        return int(max(scraped - sent, 0.0))
+
+
+def serving(snapshot: Snapshot, model: str) -> tuple[BackendView, ...]:
+    """The backends the model's requests may go to: a pinned method's alone (requests past
+    their room spill to other methods only under `auto`)."""
+    backends = snapshot.backends.get(model, ())
+    policy = snapshot.policies.get(model)
+    if policy is not None and policy.mode == "pinned" and policy.method is not None:
+        return tuple(b for b in backends if b.method == policy.method) or backends
+    return backends
 
 
 def capacity(
@@ -345,7 +358,7 @@ def capacity(
     policy = snapshot.policies.get(model)
     objective = policy.itl_objective_ms if policy is not None else None
     total, available = 0.0, False
-    for b in snapshot.backends.get(model, ()):
+    for b in serving(snapshot, model):
         state = states[b.name]
         if not state.available(now):
             continue

@@ -184,3 +184,16 @@ def test_a_teams_urgent_request_does_not_wait_behind_its_own_batch() -> None:
         assert batch.done()
 
     asyncio.run(run())
+
+
+def test_a_pinned_models_room_is_its_methods_backends_alone() -> None:
+    eagle = BackendView("e", "http://e", "m", "eagle3", 3, "B200", 1)
+    curve = SNAPSHOT.curves[("m", "plain", "B200")]
+    curves = {("m", "plain", "B200"): curve, ("m", "eagle3", "B200"): curve}
+    states: defaultdict[str, BackendState] = defaultdict(BackendState)
+    pinned = PolicyView("pinned", "plain", itl_objective_ms=20.0)
+    both = Snapshot(backends={"m": (PLAIN, eagle)}, policies={"m": pinned}, curves=curves)
+    assert capacity(both, "m", states, 0.0) == 2
+    auto = PolicyView("auto", itl_objective_ms=20.0)  # past one method's room, it spills
+    both = Snapshot(backends={"m": (PLAIN, eagle)}, policies={"m": auto}, curves=curves)
+    assert capacity(both, "m", states, 0.0) == 4
