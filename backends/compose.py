@@ -48,11 +48,18 @@ def gpu_reservation(gpu_count: int, first_gpu: int = 0) -> dict[str, object]:
 
 
 def vllm_command(
-    model: str, spec: MethodSpec, *, port: int = VLLM_PORT, extra_args: Sequence[str] = ()
+    model: str,
+    spec: MethodSpec,
+    *,
+    port: int = VLLM_PORT,
+    extra_args: Sequence[str] = (),
+    scheduling: str = "fcfs",
 ) -> list[str]:
     """The service's `command:`, the arguments of the image's entrypoint `vllm serve`."""
     host = "0.0.0.0"  # noqa: S104  (inside the container; compose decides what is published)
-    argv = render_vllm_args(model, spec, host=host, port=port, extra_args=extra_args)
+    argv = render_vllm_args(
+        model, spec, host=host, port=port, extra_args=extra_args, scheduling=scheduling
+    )
     return argv[2:]
 
 

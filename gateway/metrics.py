@@ -42,7 +42,9 @@ Series = TypeVar("Series", Counter, Histogram)
 
 # Gauges each worker holds a share of, summed over the live workers; every other gauge is
 # the replica's (the leader's).
-SUMMED_GAUGES = frozenset({"draftgate_backend_in_flight", "draftgate_ledger_pending"})
+SUMMED_GAUGES = frozenset(
+    {"draftgate_backend_in_flight", "draftgate_ledger_pending", "draftgate_fair_queue_waiting"}
+)
 
 
 class _Families:

@@ -506,7 +506,9 @@ def test_gpu_services_serve_every_method_with_the_rendered_speculative_config(
             GPU_K.get(entry.method),
         )
         spec = make_spec(entry.method, entry.k, entry.drafter)
-        assert service["command"] == vllm_command(entry.model, spec), name
+        assert entry.scheduling == "priority"
+        command = vllm_command(entry.model, spec, scheduling=entry.scheduling)
+        assert service["command"] == command, name
         argv, flag = service["command"], "--speculative-config"
         config = json.loads(argv[argv.index(flag) + 1]) if flag in argv else None
         assert config == render_speculative_config(spec), name

@@ -121,7 +121,8 @@ async def test_every_admin_route_refuses_a_missing_or_wrong_token(app: FastAPI) 
 async def test_the_right_token_is_accepted(client: httpx.AsyncClient) -> None:
     """The refusals above are about the token, not the routes: the real token passes."""
     assert (await client.get("/admin/v1/keys")).status_code == 200
-    assert (await client.get("/admin/v1/whoami")).json() == {"scope": "admin"}
+    whoami = (await client.get("/admin/v1/whoami")).json()
+    assert whoami == {"scope": "admin", "actor": "admin-api"}
 
 
 def _read_only(app: FastAPI, method: str, path: str) -> bool:
@@ -157,7 +158,8 @@ async def test_the_read_token_reads_and_changes_nothing(app: FastAPI, database_u
                     method, concrete(path), headers=headers, content=b"{}"
                 )
                 assert response.status_code not in (401, 403), (method, path, response.text)
-        assert (await http.get("/admin/v1/whoami", headers=headers)).json() == {"scope": "read"}
+        whoami = (await http.get("/admin/v1/whoami", headers=headers)).json()
+        assert whoami == {"scope": "read", "actor": "admin-read"}
         render = {"model": "m", "method": "eagle3", "k": 3, "drafter": "d"}
         rendered = await http.post("/admin/v1/methods/render", headers=headers, json=render)
         assert rendered.status_code == 200, rendered.text
