@@ -450,8 +450,20 @@ def _policies(session: Session) -> dict[str, PolicyView]:
     }
 
 
+KEY_COLUMNS = (
+    ApiKey.key_hash, ApiKey.id, ApiKey.name, ApiKey.requests_per_minute,
+    ApiKey.tokens_per_minute, ApiKey.budget_usd, ApiKey.budget_period, ApiKey.allowed_models,
+    ApiKey.max_concurrent_requests, ApiKey.request_class, ApiKey.max_body_bytes,
+    ApiKey.lossless_opt_out, ApiKey.team_id,
+)  # fmt: skip
+
+
 def _keys(session: Session) -> dict[str, KeyView]:
-    teams = {t.id: t for t in session.scalars(select(Team))}
+    """Every active key, read as rows (not ORM objects: a refresh reads every key, and with
+    thousands of them building objects was most of its time)."""
+    teams = {
+        team_id: models for team_id, models in session.execute(select(Team.id, Team.allowed_models))
+    }
     return {
         k.key_hash: KeyView(
             k.id,
@@ -467,7 +479,7 @@ def _keys(session: Session) -> dict[str, KeyView]:
             k.lossless_opt_out,
             k.team_id,
         )
-        for k in session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
+        for k in session.execute(select(*KEY_COLUMNS).where(ApiKey.revoked_at.is_(None)))
     }
 
 
@@ -522,28 +534,33 @@ def _team_callers(session: Session) -> dict[str, KeyView]:
 
 def _team_spend(session: Session, teams: Iterable[KeyView]) -> dict[int, float]:
     """USD each budgeted team's keys spent in its period, from the hourly rollups (by the
-    team each request was served for), by the team's subject id."""
+    team each request was served for), by the team's subject id: one query per period."""
     now = dt.datetime.now(dt.UTC)
-    spend: dict[int, float] = {}
+    by_period: dict[str, list[int]] = defaultdict(list)
     for team in teams:
-        if team.budget_usd is None:
-            continue
-        h = UsageHourly
-        query = select(func.coalesce(func.sum(h.cost_usd), 0.0)).where(
-            h.team_id == -team.id  # its subject id is minus its own
+        if team.budget_usd is not None:
+            by_period[team.budget_period].append(-team.id)  # its subject id is minus its own
+    spend: dict[int, float] = {}
+    h = UsageHourly
+    for period, ids in by_period.items():
+        query = (
+            select(h.team_id, func.coalesce(func.sum(h.cost_usd), 0.0))
+            .where(h.team_id.in_(ids))
+            .group_by(h.team_id)
         )
-        start = period_start(team.budget_period, now)
+        start = period_start(period, now)
         if start is not None:
             query = query.where(h.hour >= start)
-        spend[team.id] = float(session.scalar(query) or 0.0)
+        spend.update({-int(t): float(total or 0.0) for t, total in session.execute(query)})
     return spend
 
 
-def _allowed(own: list[str] | None, team: Team | None) -> frozenset[str] | None:
+def _allowed(own: list[str] | None, theirs: list[str] | None) -> frozenset[str] | None:
     """The models a key may use: its own list within its team's (None: any)."""
-    theirs = team.allowed_models if team is not None else None
-    lists = [set(names) for names in (own, theirs) if names is not None]
-    return frozenset(set.intersection(*lists)) if lists else None
+    if own is None or theirs is None:
+        either = own if theirs is None else theirs
+        return None if either is None else frozenset(either)
+    return frozenset(own).intersection(theirs)
 
 
 def auto_method(
