@@ -120,7 +120,7 @@ class Ticket:
 class Gate:
     """One model's queue and the requests it let in."""
 
-    share: FairShare
+    fair: FairShare  # the process's queues, whose settings and checks it uses
     model: str
     inside: int = 0  # requests let in, not yet done with by their backend (this process)
     queued: int = 0
@@ -141,13 +141,13 @@ class Gate:
     serving: tuple[BackendView, ...] = ()  # the backends its capacity counts
 
     def __post_init__(self) -> None:
-        metrics = self.share.metrics  # its series, looked up once
+        metrics = self.fair.metrics  # its series, looked up once
         self.waiting = metrics.fair_queue_waiting.labels(self.model)
         self.waited = metrics.fair_queue_wait.labels(self.model)
 
     def let_in_next(self) -> None:
         """Let waiting requests in while there is room."""
-        while self.queued and not self.share.full(self):
+        while self.queued and not self.fair.full(self):
             waiter = self._next()
             share = waiter.share
             self.leave(waiter)
@@ -176,11 +176,11 @@ class Gate:
         as long, so the oldest go first)."""
         self.ticking = None
         self.let_in_next()
-        arrivals, expired = self.arrivals, time.monotonic() - self.share.timeout_s
+        arrivals, expired = self.arrivals, time.monotonic() - self.fair.timeout_s
         while arrivals and (arrivals[0].let_in.done() or arrivals[0].since <= expired):
             waiter = arrivals.popleft()
             if not waiter.let_in.done():
-                self.share.time_out(self, waiter)
+                self.fair.time_out(self, waiter)
         if self.queued:
             self.ticking = asyncio.get_running_loop().call_later(POLL_S, self._look)
         else:
