@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from gateway.acceptance import Acceptance, ClassPrice, class_price
 from gateway.context import Context
@@ -534,25 +534,10 @@ def _team_callers(session: Session) -> dict[str, KeyView]:
 
 def _team_spend(session: Session, teams: Iterable[KeyView]) -> dict[int, float]:
     """USD each budgeted team's keys spent in its period, from the hourly rollups (by the
-    team each request was served for), by the team's subject id: one query per period."""
-    now = dt.datetime.now(dt.UTC)
-    by_period: dict[str, list[int]] = defaultdict(list)
-    for team in teams:
-        if team.budget_usd is not None:
-            by_period[team.budget_period].append(-team.id)  # its subject id is minus its own
-    spend: dict[int, float] = {}
-    h = UsageHourly
-    for period, ids in by_period.items():
-        query = (
-            select(h.team_id, func.coalesce(func.sum(h.cost_usd), 0.0))
-            .where(h.team_id.in_(ids))
-            .group_by(h.team_id)
-        )
-        start = period_start(period, now)
-        if start is not None:
-            query = query.where(h.hour >= start)
-        spend.update({-int(t): float(total or 0.0) for t, total in session.execute(query)})
-    return spend
+    team each request was served for), by the team's subject id (minus its own)."""
+    budgeted = ((-t.id, t.budget_period) for t in teams if t.budget_usd is not None)
+    spent = _period_spend(session, UsageHourly.team_id, budgeted)
+    return {-team_id: usd for team_id, usd in spent.items()}
 
 
 def _allowed(own: list[str] | None, theirs: list[str] | None) -> frozenset[str] | None:
@@ -610,27 +595,35 @@ def _class_prices(session: Session, min_requests: int) -> dict[tuple[str, str, s
 
 
 def _key_spend(session: Session, keys: Iterable[KeyView]) -> dict[int, float]:
-    """USD each budgeted key spent in its current period, from the hourly rollups.
+    """USD each budgeted key spent in its current period, from the hourly rollups."""
+    budgeted = ((k.id, k.budget_period) for k in keys if k.budget_usd is not None)
+    return _period_spend(session, UsageHourly.api_key_id, budgeted)
+
+
+def _period_spend(
+    session: Session, column: InstrumentedAttribute[int], subjects: Iterable[tuple[int, str]]
+) -> dict[int, float]:
+    """USD spent in each (id, budget period)'s current period, from the hourly rollups, by
+    its id in `column`: one query per period.
 
     Periods start on UTC hour boundaries (midnight, the 1st), so the rollups are exact here
     and the refresh never scans raw usage records.
     """
     now = dt.datetime.now(dt.UTC)
     by_period: dict[str, list[int]] = defaultdict(list)
-    for key in keys:
-        if key.budget_usd is not None:
-            by_period[key.budget_period].append(key.id)
+    for subject, period in subjects:
+        by_period[period].append(subject)
     spend: dict[int, float] = {}
     for period, ids in by_period.items():
         query = (
-            select(UsageHourly.api_key_id, func.coalesce(func.sum(UsageHourly.cost_usd), 0.0))
-            .where(UsageHourly.api_key_id.in_(ids))
-            .group_by(UsageHourly.api_key_id)
+            select(column, func.coalesce(func.sum(UsageHourly.cost_usd), 0.0))
+            .where(column.in_(ids))
+            .group_by(column)
         )
         start = period_start(period, now)
         if start is not None:
             query = query.where(UsageHourly.hour >= start)
-        spend.update({int(k): float(total or 0.0) for k, total in session.execute(query) if k})
+        spend.update({int(s): float(total or 0.0) for s, total in session.execute(query) if s})
     return spend
 
 
