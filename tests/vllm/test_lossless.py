@@ -155,7 +155,9 @@ def send(client: openai.OpenAI, text: str, *, chat: bool, stream: bool) -> None:
     # The gateway asked the engine for the token ids it compares; the client did not
     assert not any('_ids":[' in line for line in lines), lines[:2]
     if stream:
-        assert len(lines) > 2  # a speculative server may send several tokens in one event
+        # one event at least: vLLM sends the tokens its client has not read yet as one event,
+        # and the tiny CPU model can finish 64 before the first is read (seen in CI)
+        assert len(lines) >= 2
         assert lines[-1] == "data: [DONE]", lines[-3:]
     else:
         answer = json.loads("".join(lines))
